@@ -1,0 +1,73 @@
+"""``GraphBuilder``: write tensor programs in Python.
+
+```
+b = GraphBuilder()
+x = b.input("x", (8, 16))
+h = b.linear(x, b.parameter("W1", (16, 32)), b.parameter("b1", (32,)), name="fc1")
+y = b.relu(h, name="act1")
+g = b.build(outputs=[y])
+```
+Every kernel in the registry is a method: ``b.<kernel>(*inputs, name=..., **params)`` with
+inputs in the kernel's port order (or by port name). Each op starts with one shard on device 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ir.graph import Graph, Op, Shards, Tensor
+from ir.kernels import REGISTRY, get_kernel
+from ir.validate import check
+
+
+class GraphBuilder:
+    def __init__(self, dtype: str = "float32") -> None:
+        self.dtype = dtype
+        self._tensors: dict[str, Tensor] = {}
+        self._ops: dict[str, Op] = {}
+
+    def _add_tensor(self, t: Tensor) -> str:
+        if t.name in self._tensors:
+            raise ValueError(f"tensor {t.name!r} already exists")
+        self._tensors[t.name] = t
+        return t.name
+
+    def input(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
+        return self._add_tensor(Tensor(name, tuple(shape), dtype or self.dtype, "input"))
+
+    def parameter(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
+        return self._add_tensor(Tensor(name, tuple(shape), dtype or self.dtype, "parameter"))
+
+    def op(self, kernel: str, name: str, inputs: dict[str, str], **params: Any) -> str:
+        """Add an op reading ``inputs`` (port → tensor); returns its output tensor's name."""
+        if name in self._ops:
+            raise ValueError(f"operation {name!r} already exists")
+        k = get_kernel(kernel)
+        specs = {p: self._tensors[t].spec for p, t in inputs.items()}
+        sig = k.signature(specs, params)
+        out = self._add_tensor(Tensor(f"{name}.out", sig.out_spec.shape, sig.out_spec.dtype, "intermediate"))
+        ports = tuple((p, inputs[p]) for p in k.inputs)
+        self._ops[name] = Op(name, kernel, ports, out, dict(params), Shards.whole(sig.extents))
+        return out
+
+    def __getattr__(self, kernel: str):
+        if kernel.startswith("_") or kernel not in REGISTRY:
+            raise AttributeError(kernel)
+        ports = REGISTRY[kernel].inputs
+
+        def apply(*args: str, name: str, **kw: Any) -> str:
+            inputs = dict(zip(ports, args))
+            params = {}
+            for key, v in kw.items():
+                (inputs if key in ports else params)[key] = v
+            return self.op(kernel, name, inputs, **params)
+
+        return apply
+
+    def build(self, outputs: Sequence[str] = ()) -> Graph:
+        """The validated graph; ``outputs`` (default: tensors nobody reads) get role output."""
+        read = {t for o in self._ops.values() for _, t in o.inputs}
+        outs = set(outputs) or {o.output for o in self._ops.values() if o.output not in read}
+        tensors = {n: (Tensor(t.name, t.shape, t.dtype, "output") if n in outs else t)
+                   for n, t in self._tensors.items()}
+        return check(Graph(tensors, dict(self._ops)), "built graph")

@@ -1,0 +1,261 @@
+"""The block graph: logical tensors, operations, and each operation's shards.
+
+Node kinds and fields (the one place they are defined):
+
+- ``Tensor(name, shape, dtype, role)``: a whole logical tensor. ``role`` is ``input``
+  (activations fed in), ``parameter`` (weights), ``intermediate`` or ``output``. Inputs and
+  parameters have no producer; every other tensor has exactly one.
+- ``Op(name, kernel, params, inputs, output, shards)``: one block operation. ``inputs`` maps the
+  kernel's port names to tensor names, ``output`` names the tensor it writes (port ``y``).
+  ``params`` is plain JSON data (never mutated). The kernel's signature, derived from the input
+  tensors' specs, gives the index space and the projections.
+- ``Shards(lo, hi, device)``: ``n`` index sub-boxes as ``(n, d)`` int64 arrays plus a device
+  number each. They partition the op's index space. Arrays are read-only and shared between a
+  graph and the graphs rewritten from it (copy-on-write: a rewrite of one op copies only that
+  op's shards and a dict of references).
+
+There are no slice or concat nodes: a shard reads and writes boxes of whole logical tensors.
+Graphs are immutable; ``Graph.with_ops`` returns a new graph sharing everything unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from ir.kernels import DTYPES, TensorSpec, cached_signature
+from ir.kernels.base import Signature
+from ir.zspace import ZRange
+
+FORMAT = "tapestry-graph/1"
+ROLES = ("input", "parameter", "intermediate", "output")
+SOURCE_ROLES = ("input", "parameter")
+DTYPES_OK = DTYPES
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    role: str = "intermediate"
+
+    @property
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.shape, self.dtype)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "role": self.role}
+
+
+def _frozen(a: np.ndarray, dtype: Any) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=dtype)
+    a.flags.writeable = False
+    return a
+
+
+class Shards:
+    """Immutable shard table of one op: boxes ``[lo[i], hi[i])`` on ``device[i]``."""
+
+    __slots__ = ("lo", "hi", "device")
+
+    def __init__(self, lo: Any, hi: Any, device: Any) -> None:
+        lo = np.asarray(lo, dtype=np.int64)
+        n = len(device) if not isinstance(device, int) else 1
+        self.lo = _frozen(lo.reshape(n, -1) if lo.size or n == 0 else lo.reshape(n, 0), np.int64)
+        self.hi = _frozen(np.asarray(hi, dtype=np.int64).reshape(self.lo.shape), np.int64)
+        self.device = _frozen(np.asarray(device, dtype=np.int64).reshape(n), np.int64)
+
+    @classmethod
+    def whole(cls, extents: Iterable[int], device: int = 0) -> Shards:
+        ext = list(extents)
+        return cls([[0] * len(ext)], [ext], [device])
+
+    def __len__(self) -> int:
+        return self.device.shape[0]
+
+    @property
+    def ndim(self) -> int:
+        return self.lo.shape[1]
+
+    def box(self, i: int) -> ZRange:
+        return ZRange(self.lo[i], self.hi[i])
+
+    def boxes(self) -> Iterator[ZRange]:
+        return (self.box(i) for i in range(len(self)))
+
+    def with_devices(self, device: Any) -> Shards:
+        s = Shards.__new__(Shards)
+        s.lo, s.hi = self.lo, self.hi  # shared, read-only
+        s.device = _frozen(np.asarray(device, dtype=np.int64).reshape(len(self)), np.int64)
+        return s
+
+    def to_json(self) -> dict:
+        return {"lo": self.lo.tolist(), "hi": self.hi.tolist(), "device": self.device.tolist()}
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Shards) and np.array_equal(self.lo, other.lo)
+                and np.array_equal(self.hi, other.hi) and np.array_equal(self.device, other.device))
+
+    def __repr__(self) -> str:
+        return f"Shards(n={len(self)}, devices={sorted(set(self.device.tolist()))})"
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    name: str
+    kernel: str
+    inputs: tuple[tuple[str, str], ...]  # (port, tensor name), in port order
+    output: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    shards: Shards | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple((str(p), str(t)) for p, t in self.inputs))
+
+    @cached_property
+    def params_key(self) -> str:
+        return json.dumps(self.params, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def input_map(self) -> dict[str, str]:
+        return dict(self.inputs)
+
+    def replace(self, **changes: Any) -> Op:
+        d = {"name": self.name, "kernel": self.kernel, "inputs": self.inputs, "output": self.output,
+             "params": self.params, "shards": self.shards}
+        d.update(changes)
+        return Op(**d)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "kernel": self.kernel, "params": self.params,
+                "inputs": {p: t for p, t in self.inputs}, "output": self.output,
+                "shards": self.shards.to_json() if self.shards is not None else None}
+
+    @cached_property
+    def canonical_text(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+
+class Graph:
+    """An immutable block graph. Build with ``GraphBuilder``; change with ``ir.rewrites``."""
+
+    def __init__(self, tensors: Mapping[str, Tensor], ops: Mapping[str, Op]) -> None:
+        self.tensors: Mapping[str, Tensor] = tensors
+        self.ops: Mapping[str, Op] = ops
+
+    # -- derived views (cached per graph; cheap: O(ops), never O(shards)) ------------------
+    def signature(self, op: str | Op) -> Signature:
+        o = self.ops[op] if isinstance(op, str) else op
+        specs = tuple((p, self.tensors[t].spec) for p, t in o.inputs)
+        return cached_signature(o.kernel, o.params_key, specs)
+
+    @cached_property
+    def producers(self) -> dict[str, str]:
+        return {o.output: o.name for o in self.ops.values()}
+
+    @cached_property
+    def consumers(self) -> dict[str, list[tuple[str, str]]]:
+        """tensor -> [(op, port)] readers, in op order."""
+        out: dict[str, list[tuple[str, str]]] = {t: [] for t in self.tensors}
+        for o in self.ops.values():
+            for port, t in o.inputs:
+                out.setdefault(t, []).append((o.name, port))
+        return out
+
+    @cached_property
+    def topo_order(self) -> tuple[str, ...]:
+        """Operations in dependency order (ties keep insertion order). Raises on a cycle."""
+        indeg = {}
+        succ: dict[str, list[str]] = {n: [] for n in self.ops}
+        for o in self.ops.values():
+            preds = {self.producers[t] for _, t in o.inputs if t in self.producers}
+            indeg[o.name] = len(preds)
+            for p in preds:
+                succ[p].append(o.name)
+        ready = [n for n in self.ops if indeg[n] == 0]
+        order: list[str] = []
+        while ready:
+            n = ready.pop(0)
+            order.append(n)
+            for m in succ[n]:
+                indeg[m] -= 1
+                if indeg[m] == 0:
+                    ready.append(m)
+        if len(order) != len(self.ops):
+            raise ValueError(f"the graph has a cycle through {sorted(set(self.ops) - set(order))}")
+        return tuple(order)
+
+    @property
+    def n_shards(self) -> int:
+        return sum(len(o.shards) for o in self.ops.values())
+
+    @property
+    def devices(self) -> set[int]:
+        s: set[int] = set()
+        for o in self.ops.values():
+            s.update(o.shards.device.tolist())
+        return s
+
+    # -- copy-on-write edits -----------------------------------------------------------
+    def with_ops(self, replace: Mapping[str, Op | None] = (), insert_after: Mapping[str, list[Op]] | None = None,
+                 tensors: Mapping[str, Tensor | None] | None = None) -> Graph:
+        """A new graph: ops replaced (``None`` deletes), new ops inserted after named ones."""
+        replace = dict(replace)
+        ops: dict[str, Op] = {}
+        for name, o in self.ops.items():
+            new = replace.get(name, o) if name in replace else o
+            if new is not None:
+                ops[new.name] = new
+            for extra in (insert_after or {}).get(name, ()):
+                ops[extra.name] = extra
+        t = self.tensors
+        if tensors:
+            t = dict(t)
+            for name, v in tensors.items():
+                if v is None:
+                    t.pop(name, None)
+                else:
+                    t[name] = v
+        return Graph(t, ops)
+
+    # -- identity and text -------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {"format": FORMAT,
+                "tensors": [t.to_json() for t in self.tensors.values()],
+                "ops": [o.to_json() for o in self.ops.values()]}
+
+    @cached_property
+    def canonical_json(self) -> str:
+        """Sorted, whitespace-free JSON; per-op fragments are cached on the (shared) ops."""
+        tensors = ",".join(json.dumps(self.tensors[n].to_json(), sort_keys=True, separators=(",", ":"))
+                           for n in sorted(self.tensors))
+        ops = ",".join(self.ops[n].canonical_text for n in sorted(self.ops))
+        return f'{{"format":"{FORMAT}","ops":[{ops}],"tensors":[{tensors}]}}'
+
+    @cached_property
+    def digest(self) -> str:
+        return hashlib.sha256(self.canonical_json.encode()).hexdigest()
+
+    def __str__(self) -> str:
+        lines = []
+        for n in self.topo_order:
+            o = self.ops[n]
+            t = self.tensors[o.output]
+            args = ", ".join(f"{p}=%{x}" for p, x in o.inputs)
+            params = f"[{o.params_key}]" if o.params else ""
+            devs = sorted(set(o.shards.device.tolist()))
+            lines.append(f"%{o.output} : {t.dtype}{list(t.shape)} = {o.kernel}{params}({args})"
+                         f"  # {n}: {len(o.shards)} shards on {devs}")
+        return "\n".join(lines)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Graph) and self.digest == other.digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)

@@ -1,0 +1,34 @@
+"""Kernel registry: one list of every kernel signature, looked up by name."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ir.kernels import contraction, conv, elementwise, fused, layout, reduce, rowwise
+from ir.kernels.base import (DTYPES, ELEMENTWISE, ITEMSIZE, MONOIDS, Kernel, Reduction, Signature, SignatureError,
+                             TensorSpec)
+
+REGISTRY: dict[str, Kernel] = {
+    cls.name: cls()
+    for family in (elementwise, contraction, rowwise, reduce, layout, conv, fused)
+    for cls in family.KERNELS
+}
+
+
+def get_kernel(name: str) -> Kernel:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise SignatureError(f"unknown kernel {name!r}; known kernels: {sorted(REGISTRY)}") from None
+
+
+@lru_cache(maxsize=65536)
+def cached_signature(kernel: str, params_key: str, in_specs: tuple[tuple[str, TensorSpec], ...]) -> Signature:
+    """Signatures depend only on (kernel, params, input specs): computed once per process."""
+    import json
+
+    return get_kernel(kernel).signature(dict(in_specs), json.loads(params_key))
+
+
+__all__ = ["DTYPES", "ELEMENTWISE", "ITEMSIZE", "MONOIDS", "REGISTRY", "Kernel", "Reduction", "Signature",
+           "SignatureError", "TensorSpec", "cached_signature", "get_kernel"]

@@ -1,0 +1,100 @@
+"""Fused operations: a producer followed by a chain of elementwise consumers.
+
+``params["stages"]`` lists the stages in order; each stage records its original operation name,
+kernel, params, the port (``chain``) that reads the previous stage's output and the name of that
+intermediate tensor (``via``), so ``unfuse`` restores the original operations exactly. The fused
+op's input ports are ``"<stage>.<port>"`` for every non-chain input.
+
+The index space is stage 0's. Stage i's index box for a fused index point is the previous
+stage's output box, so its projections are composed: ``P_in ∘ M_i`` with
+``M_i = P_out(i-1) ∘ M_(i-1)`` and ``M_0`` the identity. Intermediates never leave the kernel,
+so the fused op's bytes count only its external inputs and final output.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ir.kernels.base import ELEMENTWISE, Kernel, Signature, SignatureError, TensorSpec
+from ir.zspace import Projection, ZRange, identity_projection
+
+
+def stage_port(i: int, port: str) -> str:
+    return f"{i}.{port}"
+
+
+class Fused(Kernel):
+    name = "fused"
+    inputs = ()
+    kernel_class = "fused"
+
+    def _stages(self, params: Mapping[str, Any]) -> list[dict]:
+        stages = params.get("stages")
+        if not isinstance(stages, list) or len(stages) < 2:
+            raise SignatureError("fused op needs params.stages: a list of at least two stages")
+        return stages
+
+    def stage_signatures(self, ins: Mapping[str, TensorSpec], params: Mapping[str, Any]):
+        """Per stage: (kernel, own signature, map M_i from fused index to stage index boxes)."""
+        from ir.kernels import get_kernel
+
+        out = []
+        prev_spec: TensorSpec | None = None
+        M: Projection | None = None
+        for i, st in enumerate(self._stages(params)):
+            k = get_kernel(st["kernel"])
+            own = {}
+            for port in k.inputs:
+                if i > 0 and port == st["chain"]:
+                    own[port] = prev_spec
+                elif stage_port(i, port) in ins:
+                    own[port] = ins[stage_port(i, port)]
+                else:
+                    raise SignatureError(f"fused op lacks input {stage_port(i, port)!r}")
+            sig = k.signature(own, st.get("params", {}))
+            if i == 0:
+                M = identity_projection(len(sig.dims))
+            else:
+                if ELEMENTWISE not in k.properties:
+                    raise SignatureError(f"fused stage {i} ({st['kernel']}) is not elementwise")
+                if sig.out_spec.shape != prev_spec.shape:
+                    raise SignatureError(f"fused stage {i} broadcasts the chained tensor {prev_spec.shape}")
+                M = out[-1][1].output.compose(M)
+            out.append((k, sig, M))
+            prev_spec = sig.out_spec
+        return out
+
+    def signature(self, ins, params):
+        stages = self.stage_signatures(ins, params)
+        k0, sig0, _ = stages[0]
+        inputs: dict[str, Projection] = {}
+        flops = 0.0
+        for i, (k, sig, M) in enumerate(stages):
+            chain = self._stages(params)[i].get("chain") if i else None
+            for port, proj in sig.inputs.items():
+                if port != chain:
+                    inputs[stage_port(i, port)] = proj.compose(M)
+            flops += sig.flops_per_point * float(np.prod(M.s))
+        k_last, sig_last, M_last = stages[-1]
+        return Signature(sig0.dims, sig0.extents, inputs, sig_last.output.compose(M_last), sig_last.out_spec,
+                         flops, (), dict(ins))
+
+    def run(self, xp, blocks, params, box: ZRange, sig: Signature):
+        stages = self._stages(params)
+        specs = sig.in_specs
+        y = None
+        for i, (k, ssig, M) in enumerate(self.stage_signatures(specs, params)):
+            own = {port: blocks[stage_port(i, port)] for port in k.inputs if not (i and port == stages[i]["chain"])}
+            if i:
+                own[stages[i]["chain"]] = y
+            y = k.compute(xp, own, ssig_params(k, stages[i]))
+        return y
+
+
+def ssig_params(k: Kernel, stage: Mapping[str, Any]) -> dict:
+    return {**k.params_defaults, **stage.get("params", {})}
+
+
+KERNELS = (Fused,)

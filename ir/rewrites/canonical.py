@@ -1,0 +1,22 @@
+"""``unshard``: the logical program behind any plan (the reference that ``verify`` runs).
+
+Undoes every fusion and reduction split and puts each op back to one whole shard on device 0.
+Two plans of one program have equal ``unshard`` digests.
+"""
+
+from __future__ import annotations
+
+from ir.graph import Graph, Shards
+from ir.rewrites.fusion import unfuse
+from ir.rewrites.reduction import merge_reduction
+
+
+def unshard(g: Graph) -> Graph:
+    while True:
+        fused = next((n for n, o in g.ops.items() if o.kernel == "fused"), None)
+        if fused is None:
+            break
+        g = unfuse(g, fused)
+    for n in [n for n, o in g.ops.items() if o.params.get("split")]:
+        g = merge_reduction(g, n)
+    return g.with_ops({n: o.replace(shards=Shards.whole(g.signature(o).extents)) for n, o in g.ops.items()})

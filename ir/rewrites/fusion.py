@@ -1,0 +1,103 @@
+"""Fusion: a producer and an elementwise consumer become one op; ``unfuse`` undoes it.
+
+``fuse(g, "fc1", "act1")`` where ``act1 = relu(fc1.out)`` and nobody else reads ``fc1.out``::
+
+    fc1:  fc1.out = linear(x, W1, b1)        ->  fc1+act1: act1.out = fused[linear → relu](x, W1, b1)
+    act1: act1.out = relu(fc1.out)
+
+The fused op keeps the producer's shards; the intermediate tensor disappears. Conditions: the
+consumer is elementwise, reads the intermediate through exactly one port with the identity
+projection (aligned, not broadcast), the intermediate has no other reader and is not an output.
+"""
+
+from __future__ import annotations
+
+from ir.graph import Graph, Op, Shards, Tensor
+from ir.kernels import ELEMENTWISE, get_kernel
+from ir.kernels.fused import Fused, stage_port
+from ir.rewrites.errors import RewriteError
+from ir.rewrites.shard import get_op
+from ir.zspace import identity_projection, project_boxes
+
+
+def _stages_of(o: Op) -> tuple[list[dict], dict[str, str]]:
+    """Stage list and port→tensor map of ``o`` viewed as a (possibly one-stage) fused op."""
+    if o.kernel == "fused":
+        return [dict(s) for s in o.params["stages"]], dict(o.inputs)
+    stage = {"op": o.name, "kernel": o.kernel, "params": dict(o.params), "chain": None, "via": None}
+    return [stage], {stage_port(0, p): t for p, t in o.inputs}
+
+
+def fusable(g: Graph, producer: str, consumer: str) -> str | None:
+    """Why ``producer`` and ``consumer`` cannot be fused, or ``None`` when they can."""
+    p, c = g.ops.get(producer), g.ops.get(consumer)
+    if p is None or c is None:
+        return f"no operation {producer if p is None else consumer!r}"
+    if c.kernel == "fused" or ELEMENTWISE not in get_kernel(c.kernel).properties:
+        return f"{consumer} ({c.kernel}) is not an elementwise kernel"
+    if p.params.get("split"):
+        return f"{producer} produces partials; only its accumulate may read them"
+    t = p.output
+    if g.tensors[t].role == "output":
+        return f"{t} is a graph output and must stay materialised"
+    readers = g.consumers.get(t, [])
+    if len(readers) != 1 or readers[0][0] != consumer:
+        return f"{t} is read by {[r for r, _ in readers]}, not by {consumer} alone"
+    port = readers[0][1]
+    sig = g.signature(c)
+    if sig.inputs[port] != identity_projection(len(sig.dims)) or sig.out_spec.shape != g.tensors[t].shape:
+        return f"{consumer} does not read {t} aligned (it broadcasts it)"
+    if f"{producer}+{consumer}" in g.ops:
+        return f"an operation named {producer}+{consumer} exists"
+    return None
+
+
+def fuse(g: Graph, producer: str, consumer: str) -> Graph:
+    """Fuse ``producer`` with its elementwise ``consumer``; the result keeps the producer's shards."""
+    get_op(g, producer), get_op(g, consumer)
+    why = fusable(g, producer, consumer)
+    if why:
+        raise RewriteError(f"cannot fuse {producer} into {consumer}: {why}")
+    p, c = g.ops[producer], g.ops[consumer]
+    stages, inputs = _stages_of(p)
+    i = len(stages)
+    chain = next(port for port, t in c.inputs if t == p.output)
+    stages.append({"op": c.name, "kernel": c.kernel, "params": dict(c.params), "chain": chain, "via": p.output})
+    for port, t in c.inputs:
+        if port != chain:
+            inputs[stage_port(i, port)] = t
+    fused = Op(f"{producer}+{consumer}", "fused", tuple(inputs.items()), c.output, {"stages": stages}, p.shards)
+    return g.with_ops({producer: fused, consumer: None}, tensors={p.output: None})
+
+
+def unfuse(g: Graph, op: str) -> Graph:
+    """Split the last stage off fused ``op``: restores the intermediate tensor and both ops."""
+    o = get_op(g, op)
+    if o.kernel != "fused":
+        raise RewriteError(f"{op} is not a fused operation")
+    stages, inputs = _stages_of(o)
+    last = stages[-1]
+    stage_sigs = Fused().stage_signatures({p: g.tensors[t].spec for p, t in o.inputs}, o.params)
+    mid_spec = stage_sigs[-2][1].out_spec
+    M = stage_sigs[-1][2]
+    via = last["via"]
+    k = len(stages) - 1
+    head = stages[:-1]
+    head_inputs = tuple((p, t) for p, t in o.inputs if int(p.split(".", 1)[0]) < k)
+    if len(head) == 1:
+        s0 = head[0]
+        producer = Op(s0["op"], s0["kernel"], tuple((p.split(".", 1)[1], t) for p, t in head_inputs), via,
+                      dict(s0["params"]), o.shards)
+    else:
+        producer = Op("+".join(s["op"] for s in head), "fused", head_inputs, via, {"stages": head}, o.shards)
+    ck = get_kernel(last["kernel"])
+    c_inputs = tuple((port, via if port == last["chain"] else dict(o.inputs)[stage_port(k, port)])
+                     for port in ck.inputs)
+    lo, hi = project_boxes(M, o.shards.lo, o.shards.hi)
+    consumer = Op(last["op"], last["kernel"], c_inputs, o.output, dict(last["params"]),
+                  Shards(lo, hi, o.shards.device))
+    for name in (producer.name, consumer.name):
+        if name in g.ops and name != op:
+            raise RewriteError(f"cannot unfuse {op}: an operation named {name} exists")
+    return g.with_ops({op: producer}, insert_after={op: [consumer]},
+                      tensors={via: Tensor(via, mid_spec.shape, mid_spec.dtype, "intermediate")})

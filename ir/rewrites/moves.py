@@ -1,0 +1,173 @@
+"""Rewrite moves as data: frozen dataclasses that apply, print and parse.
+
+``str(Split("fc1", "o", 4)) == "split{op=fc1,dim=o,parts=4}"`` and ``parse_move`` reverses it,
+so a candidate's lineage is stored as text and can be replayed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+from ir.graph import Graph
+from ir.rewrites import fusion, reduction, shard
+from ir.rewrites.errors import RewriteError
+
+
+@dataclass(frozen=True)
+class Move:
+    kind: ClassVar[str]
+
+    def apply(self, g: Graph) -> Graph:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        parts = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None:
+                continue
+            parts.append(f"{f.name}=" + ("[" + ",".join(map(str, v)) + "]" if isinstance(v, tuple) else str(v)))
+        return f"{self.kind}{{{','.join(parts)}}}"
+
+
+@dataclass(frozen=True)
+class Split(Move):
+    op: str
+    dim: str
+    parts: int
+    kind: ClassVar[str] = "split"
+
+    def apply(self, g: Graph) -> Graph:
+        return shard.split(g, self.op, self.dim, self.parts)
+
+
+@dataclass(frozen=True)
+class Merge(Move):
+    op: str
+    dim: str
+    factor: int | None = None
+    kind: ClassVar[str] = "merge"
+
+    def apply(self, g: Graph) -> Graph:
+        return shard.merge(g, self.op, self.dim, self.factor)
+
+
+@dataclass(frozen=True)
+class Retile(Move):
+    op: str
+    parts: tuple[int, ...]
+    devices: tuple[int, ...] | None = None
+    kind: ClassVar[str] = "retile"
+
+    def apply(self, g: Graph) -> Graph:
+        return shard.retile(g, self.op, self.parts, self.devices)
+
+
+@dataclass(frozen=True)
+class Place(Move):
+    op: str
+    devices: tuple[int, ...]
+    kind: ClassVar[str] = "place"
+
+    def apply(self, g: Graph) -> Graph:
+        return shard.place(g, self.op, self.devices)
+
+
+@dataclass(frozen=True)
+class MoveShard(Move):
+    op: str
+    shard: int
+    device: int
+    kind: ClassVar[str] = "move"
+
+    def apply(self, g: Graph) -> Graph:
+        return shard.move(g, self.op, self.shard, self.device)
+
+
+@dataclass(frozen=True)
+class SplitReduction(Move):
+    op: str
+    parts: int
+    reduction: str | None = None
+    kind: ClassVar[str] = "split_reduction"
+
+    def apply(self, g: Graph) -> Graph:
+        return reduction.split_reduction(g, self.op, self.parts, self.reduction)
+
+
+@dataclass(frozen=True)
+class MergeReduction(Move):
+    op: str
+    kind: ClassVar[str] = "merge_reduction"
+
+    def apply(self, g: Graph) -> Graph:
+        return reduction.merge_reduction(g, self.op)
+
+
+@dataclass(frozen=True)
+class Fuse(Move):
+    producer: str
+    consumer: str
+    kind: ClassVar[str] = "fuse"
+
+    def apply(self, g: Graph) -> Graph:
+        return fusion.fuse(g, self.producer, self.consumer)
+
+
+@dataclass(frozen=True)
+class Unfuse(Move):
+    op: str
+    kind: ClassVar[str] = "unfuse"
+
+    def apply(self, g: Graph) -> Graph:
+        return fusion.unfuse(g, self.op)
+
+
+@dataclass(frozen=True)
+class Sequence(Move):
+    """Several moves applied in order (structured search moves are sequences)."""
+
+    moves: tuple[Move, ...]
+    kind: ClassVar[str] = "seq"
+
+    def apply(self, g: Graph) -> Graph:
+        for m in self.moves:
+            g = m.apply(g)
+        return g
+
+    def __str__(self) -> str:
+        return "; ".join(str(m) for m in self.moves)
+
+
+MOVES: dict[str, type[Move]] = {c.kind: c for c in (Split, Merge, Retile, Place, MoveShard, SplitReduction,
+                                                      MergeReduction, Fuse, Unfuse)}
+_MOVE_RE = re.compile(r"^\s*(\w+)\{(.*)\}\s*$")
+_ARG_RE = re.compile(r"(\w+)=(\[[^\]]*\]|[^,\]]+)")
+
+
+def parse_move(text: str) -> Move:
+    """Parse ``"split{op=fc1,dim=o,parts=4}"`` (or ``a; b`` sequences) back into a move."""
+    if ";" in text:
+        return Sequence(tuple(parse_move(t) for t in text.split(";") if t.strip()))
+    m = _MOVE_RE.match(text)
+    if not m or m.group(1) not in MOVES:
+        raise RewriteError(f"cannot parse move {text!r}; moves look like split{{op=fc1,dim=o,parts=4}} "
+                           f"with kinds {sorted(MOVES)}")
+    cls = MOVES[m.group(1)]
+    types = {f.name: f.type for f in fields(cls)}
+    args = {}
+    for key, raw in _ARG_RE.findall(m.group(2)):
+        if key not in types:
+            raise RewriteError(f"move {cls.kind} has no argument {key!r}; it takes {list(types)}")
+        if raw.startswith("["):
+            args[key] = tuple(int(x) for x in raw[1:-1].split(",") if x.strip())
+        elif "int" in str(types[key]) and "str" not in str(types[key]):
+            args[key] = int(raw)
+        else:
+            args[key] = raw
+    try:
+        return cls(**args)
+    except TypeError as e:
+        raise RewriteError(f"cannot parse move {text!r}: {e}") from None

@@ -1,0 +1,98 @@
+"""``random_rewrite``: draw one legal rewrite (the search calls this millions of times).
+
+Draws a move kind by weight, builds a concrete move from cheap facts about the graph, and
+applies it; an illegal draw is retried (bounded). Returns the new graph and the move.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ir.graph import Graph
+from ir.rewrites import moves as M
+from ir.rewrites.errors import RewriteError
+from ir.rewrites.fusion import fusable
+
+DEFAULT_WEIGHTS: dict[str, float] = {
+    "split": 3.0, "merge": 1.5, "place": 2.0, "move": 1.0, "split_reduction": 0.6,
+    "merge_reduction": 0.3, "fuse": 0.6, "unfuse": 0.3,
+}
+
+
+def _choice(rng: np.random.Generator, seq: list):
+    return seq[int(rng.integers(len(seq)))]
+
+
+def draw_move(g: Graph, rng: np.random.Generator, n_devices: int, kind: str,
+              max_shards_per_op: int) -> M.Move | None:
+    """A concrete move of ``kind`` for ``g``, or ``None`` when none is possible."""
+    names = list(g.ops)
+    if kind in ("split", "merge", "place", "move"):
+        o = g.ops[_choice(rng, names)]
+        sig = g.signature(o)
+        sh = o.shards
+        if not sig.dims:
+            return None
+        d = int(rng.integers(len(sig.dims)))
+        if kind == "split":
+            ext = int((sh.hi[:, d] - sh.lo[:, d]).min())
+            room = max_shards_per_op // len(sh)
+            options = [p for p in (2, 2, 3, 4, 8) if p <= min(ext, room)]
+            return M.Split(o.name, sig.dims[d], _choice(rng, options)) if options else None
+        if kind == "merge":
+            if len(sh) < 2:
+                return None
+            return M.Merge(o.name, sig.dims[d], None if rng.random() < 0.5 else 2)
+        if kind == "place":
+            k = min(len(sh), n_devices)
+            start = int(rng.integers(n_devices))
+            stride = 1 if rng.random() < 0.8 else max(1, n_devices // k)
+            return M.Place(o.name, tuple((start + i * stride) % n_devices for i in range(k)))
+        return M.MoveShard(o.name, int(rng.integers(len(sh))), int(rng.integers(n_devices)))
+    if kind == "split_reduction":
+        cands = [n for n in names if g.ops[n].kernel != "fused" and not g.ops[n].params.get("split")
+                 and g.signature(n).reductions]
+        if not cands:
+            return None
+        n = _choice(rng, cands)
+        red = _choice(rng, list(g.signature(n).reductions))
+        parts = [p for p in (2, 4, 8) if red.extent % p == 0 and p <= n_devices * 2]
+        return M.SplitReduction(n, _choice(rng, parts), red.name) if parts else None
+    if kind == "merge_reduction":
+        cands = [n for n in names if g.ops[n].params.get("split")]
+        return M.MergeReduction(_choice(rng, cands)) if cands else None
+    if kind == "fuse":
+        pairs = []
+        for t, readers in g.consumers.items():
+            if len(readers) == 1 and t in g.producers:
+                p, c = g.producers[t], readers[0][0]
+                if fusable(g, p, c) is None:
+                    pairs.append((p, c))
+        return M.Fuse(*_choice(rng, pairs)) if pairs else None
+    if kind == "unfuse":
+        cands = [n for n in names if g.ops[n].kernel == "fused"]
+        return M.Unfuse(_choice(rng, cands)) if cands else None
+    raise ValueError(f"unknown move kind {kind!r}; kinds are {sorted(DEFAULT_WEIGHTS)}")
+
+
+def random_rewrite(g: Graph, rng: np.random.Generator, n_devices: int,
+                   weights: Mapping[str, float] | None = None, max_shards_per_op: int | None = None,
+                   tries: int = 40) -> tuple[Graph, M.Move]:
+    """Apply one randomly drawn legal rewrite; raises ``RewriteError`` if none was found."""
+    w = dict(DEFAULT_WEIGHTS if weights is None else weights)
+    kinds = [k for k, v in w.items() if v > 0]
+    p = np.array([w[k] for k in kinds], dtype=float)
+    p /= p.sum()
+    cap = max_shards_per_op or max(8, 4 * n_devices)
+    for _ in range(tries):
+        kind = kinds[int(rng.choice(len(kinds), p=p))]
+        move = draw_move(g, rng, n_devices, kind, cap)
+        if move is None:
+            continue
+        try:
+            return move.apply(g), move
+        except RewriteError:
+            continue
+    raise RewriteError(f"no legal rewrite found in {tries} draws")

@@ -1,0 +1,72 @@
+"""Splitting a hidden reduction into blocks: a partial op plus an ``accumulate`` op.
+
+``split_reduction(g, "fc2", 4)`` on ``fc2 = linear(h, W2, b2)`` (reduction ``f``)::
+
+    fc2: y[n, o] = Σ_f h[n, f] W2[f, o] + b2[o]
+ -> fc2:     p[kb, n, o] = Σ_{f in block kb} h[n, f] W2[f, o] (+ b2 in block 0)   -> fc2.partial
+    fc2.acc: y[n, o] = Σ_kb p[kb, n, o]
+
+The partial op keeps its shards (each now covering every block); the accumulate op gets the
+same boxes and devices. ``merge_reduction`` is the inverse.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ir.graph import Graph, Op, Shards, Tensor
+from ir.rewrites.errors import RewriteError
+from ir.rewrites.shard import get_op
+
+
+def partial_name(op: str) -> str:
+    return f"{op}.partial"
+
+
+def acc_name(op: str) -> str:
+    return f"{op}.acc"
+
+
+def split_reduction(g: Graph, op: str, parts: int, reduction: str | None = None) -> Graph:
+    """Split ``op``'s hidden reduction (default: its first) into ``parts`` equal blocks."""
+    o = get_op(g, op)
+    if o.kernel == "fused":
+        raise RewriteError(f"{op}: a fused op's reduction cannot be split (unfuse it first)")
+    if o.params.get("split"):
+        raise RewriteError(f"{op}: its reduction is already split into {o.params['split']['parts']} blocks")
+    sig = g.signature(o)
+    if not sig.reductions:
+        raise RewriteError(f"{op}: kernel {o.kernel} has no splittable reduction")
+    red = sig.reductions[0] if reduction is None else next((r for r in sig.reductions if r.name == reduction), None)
+    if red is None:
+        raise RewriteError(f"{op}: no reduction {reduction!r}; splittable: {[r.name for r in sig.reductions]}")
+    if not isinstance(parts, (int, np.integer)) or parts < 2 or red.extent % parts:
+        raise RewriteError(f"{op}: reduction {red.name!r} of extent {red.extent} does not split into "
+                           f"{parts} equal blocks")
+    if acc_name(op) in g.ops or partial_name(op) in g.tensors:
+        raise RewriteError(f"{op}: names {acc_name(op)!r}/{partial_name(op)!r} are taken")
+    out = g.tensors[o.output]
+    partial = Tensor(partial_name(op), (int(parts),) + out.shape, out.dtype, "intermediate")
+    sh = o.shards
+    n = len(sh)
+    lo = np.concatenate([np.zeros((n, 1), np.int64), sh.lo], axis=1)
+    hi = np.concatenate([np.full((n, 1), parts, np.int64), sh.hi], axis=1)
+    new_op = o.replace(params={**o.params, "split": {"reduction": red.name, "parts": int(parts)}},
+                       output=partial.name, shards=Shards(lo, hi, sh.device))
+    acc = Op(acc_name(op), "accumulate", (("p", partial.name),), o.output, {"monoid": red.monoid},
+             Shards(sh.lo, sh.hi, sh.device))
+    return g.with_ops({op: new_op}, insert_after={op: [acc]}, tensors={partial.name: partial})
+
+
+def merge_reduction(g: Graph, op: str) -> Graph:
+    """Undo ``split_reduction``: one op over the whole reduction again, sharded like its accumulate."""
+    o = get_op(g, op)
+    if not o.params.get("split"):
+        raise RewriteError(f"{op}: its reduction is not split")
+    readers = g.consumers.get(o.output, [])
+    if len(readers) != 1 or g.ops[readers[0][0]].kernel != "accumulate":
+        raise RewriteError(f"{op}: its partials are not read by exactly one accumulate op")
+    acc = g.ops[readers[0][0]]
+    params = {k: v for k, v in o.params.items() if k != "split"}
+    new_op = o.replace(params=params, output=acc.output, shards=acc.shards)
+    return g.with_ops({op: new_op, acc.name: None}, tensors={o.output: None})
