@@ -248,7 +248,10 @@ class Graph:
             o = self.ops[n]
             t = self.tensors[o.output]
             args = ", ".join(f"{p}=%{x}" for p, x in o.inputs)
-            params = f"[{o.params_key}]" if o.params else ""
+            if o.kernel == "fused":
+                params = "[" + " → ".join(st["kernel"] for st in o.params["stages"]) + "]"
+            else:
+                params = f"[{o.params_key}]" if o.params else ""
             devs = sorted(set(o.shards.device.tolist()))
             lines.append(f"%{o.output} : {t.dtype}{list(t.shape)} = {o.kernel}{params}({args})"
                          f"  # {n}: {len(o.shards)} shards on {devs}")

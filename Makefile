@@ -1,0 +1,39 @@
+# Quickstart: `make run` (the quickstart campaign) and `make test` (the test suite).
+# Both create the virtual environment on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: run test bench demo graphviz clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test,postgres]"
+	touch $(STAMP)
+
+# Graphviz renders plan pictures (SVG); without it plans are still written as .dot files.
+graphviz:
+	@command -v dot >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+	  { apt-get install -y -q graphviz >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q graphviz >/dev/null; }; }; } || \
+	  echo "note: Graphviz 'dot' is not installed; pictures will be written as .dot only"
+
+run: $(STAMP) graphviz
+	$(VENV)/bin/tapestry run configs/quickstart.yaml --db out/quickstart.db
+	$(VENV)/bin/tapestry export quickstart --db out/quickstart.db --out out/quickstart
+
+demo: $(STAMP) graphviz
+	$(PY) scripts/demo_ir.py --out out/demo
+
+test: $(STAMP) graphviz
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) scripts/bench_ir.py
+	$(PY) scripts/bench_costmodel.py
+	$(PY) scripts/bench_farm.py
+
+clean:
+	rm -rf out .pytest_cache .hypothesis

@@ -1,0 +1,86 @@
+"""DOT pictures of a block graph: tensors, operations, and shards coloured by device.
+
+Like the sharded Linear→ReLU figures of the Tapestry docs: each operation is a cluster of its
+shards (index box and device), each tensor a node; edges follow the data. Ops with many shards
+are summarised per device. ``render_svg`` runs Graphviz's ``dot`` when it is installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections import Counter
+
+from ir.graph import Graph
+from ir.zspace import ZRange
+
+# ColorBrewer "Set3" (12 qualitative colours), repeated beyond 12 devices.
+PALETTE = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
+           "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"]
+ROLE_STYLE = {"input": 'shape=box, style="rounded,filled", fillcolor="#e8f0fe"',
+              "parameter": 'shape=note, style=filled, fillcolor="#f1f3f4"',
+              "intermediate": "shape=box, style=rounded",
+              "output": 'shape=box, style="rounded,filled,bold", fillcolor="#e6f4ea"'}
+
+
+def device_colour(device: int) -> str:
+    return PALETTE[device % len(PALETTE)]
+
+
+def _q(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def to_dot(g: Graph, max_shards: int = 16) -> str:
+    """The DOT text of ``g``; ops with more than ``max_shards`` shards are summarised per device."""
+    lines = ["digraph tapestry {", "  rankdir=LR; compound=true; fontname=Helvetica;",
+             "  node [fontname=Helvetica, fontsize=10]; edge [color=\"#5f6368\"];"]
+    for name, t in g.tensors.items():
+        label = f"{name}\\n{t.dtype}{list(t.shape)}"
+        lines.append(f"  {_q('t:' + name)} [label={_q(label)}, {ROLE_STYLE.get(t.role, '')}];")
+    for idx, name in enumerate(g.topo_order):
+        o = g.ops[name]
+        sig = g.signature(o)
+        sh = o.shards
+        kernel = o.kernel if o.kernel != "fused" else "fused[" + " → ".join(s["kernel"] for s in o.params["stages"]) + "]"
+        lines.append(f"  subgraph cluster_{idx} {{")
+        title = f"{name}: {kernel}  dims {list(sig.dims)}"
+        lines.append(f"    label={_q(title)}; style=rounded; color=\"#9aa0a6\";")
+        anchor = None
+        if len(sh) <= max_shards:
+            for i in range(len(sh)):
+                node = f"s:{name}:{i}"
+                box = ZRange(sh.lo[i], sh.hi[i])
+                dev = int(sh.device[i])
+                label = f"{box!r}\\ndevice {dev}"
+                lines.append(f"    {_q(node)} [label={_q(label)}, shape=box, style=filled, "
+                             f"fillcolor={_q(device_colour(dev))}];")
+                anchor = anchor or node
+        else:
+            for dev, n in sorted(Counter(sh.device.tolist()).items()):
+                node = f"s:{name}:d{dev}"
+                label = f"{n} shards\\ndevice {dev}"
+                lines.append(f"    {_q(node)} [label={_q(label)}, shape=box, style=filled, "
+                             f"fillcolor={_q(device_colour(dev))}];")
+                anchor = anchor or node
+        lines.append("  }")
+        for port, t in o.inputs:
+            lines.append(f"  {_q('t:' + t)} -> {_q(anchor)} [lhead=cluster_{idx}, label={_q(port)}, fontsize=8];")
+        lines.append(f"  {_q(anchor)} -> {_q('t:' + o.output)} [ltail=cluster_{idx}];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+class RenderError(RuntimeError):
+    """Graphviz is missing or failed."""
+
+
+def render_svg(dot_text: str) -> str:
+    exe = shutil.which("dot")
+    if exe is None:
+        raise RenderError("Graphviz's 'dot' is not installed (Debian: apt-get install graphviz); "
+                          "write a .dot file instead")
+    res = subprocess.run([exe, "-Tsvg"], input=dot_text, capture_output=True, text=True, timeout=120)
+    if res.returncode != 0:
+        raise RenderError(f"dot failed: {res.stderr.strip()[:500]}")
+    return res.stdout
