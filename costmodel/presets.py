@@ -1,0 +1,187 @@
+"""Hardware presets with their sources.
+
+Sources (figures are dense, i.e. without 2:4 structured sparsity; the datasheets print the sparse
+figure with a footnote, twice the dense one):
+
+[H100-DS]  NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): FP64 34 TFLOPS, FP64 Tensor
+           67, FP32 67, TF32 Tensor 989*, BF16 Tensor 1,979*, FP16 Tensor 1,979* (* with
+           sparsity), GPU memory 80 GB, memory bandwidth 3.35 TB/s, max TDP up to 700 W,
+           NVLink 900 GB/s, PCIe Gen5 128 GB/s.
+[H100-WP]  NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), table "H100 SXM5":
+           peak FP32 66.9 TFLOPS, FP64 33.5, FP64 Tensor 66.9, TF32 Tensor 494.7 (dense),
+           FP16/BF16 Tensor 989.4 (dense), at the 1830 MHz boost clock with 132 SMs.
+           NVLink 4: 18 links per GPU, 900 GB/s total bidirectional = 450 GB/s per direction;
+           on HGX H100 8-GPU all 8 GPUs connect through NVSwitch (full bandwidth any pair).
+[H200-DS]  NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column): same compute figures as
+           H100 SXM (FP32 67, BF16/FP16 1,979* with sparsity), 141 GB HBM3e, 4.8 TB/s,
+           max TDP up to 700 W, NVLink 900 GB/s.
+[DGX-H100] NVIDIA DGX H100 user guide / DGX SuperPOD reference architecture: 8 single-port
+           ConnectX-7 adapters, one per GPU, 400 Gb/s NDR InfiniBand each for the compute fabric
+           (400 Gb/s = 50 GB/s per direction per GPU).
+
+Choices and estimates (not datasheet figures; calibrate where it matters):
+
+* float32 peak = the FP32 *vector* (CUDA core) rate, 66.9 TFLOP/s, not TF32 (494.7): the
+  executor runs float32 with exact float32 semantics (CuPy and NumPy do not use TF32 unless asked,
+  e.g. CUPY_TF32=1). The TF32 rate is kept under the extra key ``"tf32"`` for what-if studies, and
+  FP64 (vector, 33.5) under ``"float64"``. float16/bfloat16 use the dense tensor-core rate; an
+  elementwise shard in these dtypes is memory-bound anyway, so the vector rate does not matter.
+* memory capacity = the datasheet's decimal 80 GB / 141 GB. The usable amount after the CUDA
+  context and allocator reserve is a little lower; leave headroom or override ``mem_capacity``.
+* active power = max TDP (700 W): an upper bound; real kernels often draw 400-650 W.
+* idle power = 75 W: ESTIMATE. Idle HGX H100/H200 SXM GPUs are commonly reported at roughly
+  60-100 W in ``nvidia-smi`` (public user reports, not a datasheet figure). To be measured.
+* launch overhead = 5 us per shard: typical CUDA kernel launch plus dispatch; to be calibrated.
+* NVLink latency 2.5 us: effective small-message latency of a GPU-to-GPU copy through NVSwitch
+  including software (the wire and switch alone are well under 1 us). ESTIMATE.
+* InfiniBand latency 5 us: NIC + one switch hop (~1-2 us hardware) plus GPUDirect/NCCL software
+  overhead. ESTIMATE.
+* transfer energy, ESTIMATES: NVLink 5 pJ/bit (= 40 pJ/B). NVIDIA quotes 1.3 pJ/bit for the
+  on-package NVLink-C2C; board-level NVLink through an NVSwitch crosses two SerDes ends and the
+  switch, so a few pJ/bit. InfiniBand 30 pJ/bit (= 240 pJ/B): a ConnectX-7 draws on the order of
+  20-25 W at 400 Gb/s (~50-60 pJ/bit if all of it were charged to traffic, much of it static);
+  30 pJ/bit is our rough incremental figure for NIC + switch + NIC.
+* efficiency factors: 1.0 for every class, i.e. the raw datasheet roofline. Calibration lowers
+  them (large GEMMs typically reach 60-80 % of the tensor peak, streaming kernels 80-90 % of the
+  HBM bandwidth).
+
+The ``cpu`` preset is this development machine (2 vCPU AMD EPYC, Zen 5 family 26, under KVM, 24 GiB
+RAM, NumPy with OpenBLAS 0.3.31), one device, for comparing simulated times with NumPy executions.
+Figures measured once while writing this file and rounded DOWN (conservative), to be calibrated:
+float32 matmul 2048^3 reached ~235 GFLOP/s (both cores) -> 150e9; float64 ~114 -> 75e9; NumPy
+has no BLAS path for float16 (~0.67 GFLOP/s measured) and no native bfloat16 -> 0.5e9 for both;
+streaming add/copy ~38 GB/s (read + write counted) -> 25e9 B/s; capacity 20 GiB of the 24 GiB
+(headroom for the OS, Python and the unsharded reference run); launch overhead 20 us (the
+executor's per-shard Python dispatch; a bare NumPy call is ~0.5 us). Power 10 W active / 3 W idle
+is a rough per-2-core share of a server socket: ESTIMATE. Its "links" are memory copies between
+buffer sets (~10 GB/s, 2 us). Use ``base: cpu`` with ``devices_per_node: N`` in a YAML file to
+simulate several CPU "devices".
+"""
+
+from __future__ import annotations
+
+from .hardware import DeviceSpec, Hardware, LinkSpec
+
+__all__ = ["PRESETS", "preset", "preset_names", "H100_SXM", "H200_SXM", "NVLINK4", "IB_NDR_400", "CPU_DEVICE"]
+
+# -- devices -----------------------------------------------------------------------------------
+
+H100_SXM = DeviceSpec(
+    name="NVIDIA H100 SXM5 80GB",
+    peak_flops={
+        "float32": 66.9e12,  # FP32 vector (CUDA cores) [H100-WP]; datasheet rounds to 67
+        "float16": 989.4e12,  # FP16 tensor, dense [H100-WP]; 1,979 with sparsity [H100-DS]
+        "bfloat16": 989.4e12,  # BF16 tensor, dense [H100-WP]; 1,979 with sparsity [H100-DS]
+        "tf32": 494.7e12,  # TF32 tensor, dense [H100-WP] (not used for float32, see above)
+        "float64": 33.5e12,  # FP64 vector [H100-WP]; FP64 tensor is 66.9
+    },
+    mem_bandwidth=3.35e12,  # HBM3 3.35 TB/s [H100-DS]
+    mem_capacity=80e9,  # 80 GB [H100-DS]
+    launch_overhead=5e-6,  # estimate, see module docstring
+    active_power=700.0,  # max TDP [H100-DS]
+    idle_power=75.0,  # ESTIMATE (60-100 W reported), see module docstring
+)
+
+H200_SXM = DeviceSpec(
+    name="NVIDIA H200 SXM 141GB",
+    peak_flops=dict(H100_SXM.peak_flops),  # same GH100 compute [H200-DS]
+    mem_bandwidth=4.8e12,  # HBM3e 4.8 TB/s [H200-DS]
+    mem_capacity=141e9,  # 141 GB [H200-DS]
+    launch_overhead=5e-6,  # estimate
+    active_power=700.0,  # max TDP up to 700 W [H200-DS]
+    idle_power=75.0,  # ESTIMATE, as for H100
+)
+
+CPU_DEVICE = DeviceSpec(
+    name="AMD EPYC 2 vCPU (this machine)",
+    peak_flops={
+        "float32": 150e9,  # measured ~235 GFLOP/s sgemm, rounded down; calibrate
+        "float16": 0.5e9,  # NumPy float16 matmul is emulated (~0.67 GFLOP/s measured)
+        "bfloat16": 0.5e9,  # no native NumPy bfloat16; assume as slow as float16
+        "float64": 75e9,  # measured ~114 GFLOP/s dgemm, rounded down
+    },
+    mem_bandwidth=25e9,  # measured ~38 GB/s streaming (read+write), rounded down
+    mem_capacity=20 * 2**30,  # 20 GiB of 24 GiB, headroom for OS / Python / reference run
+    launch_overhead=20e-6,  # executor per-shard dispatch; calibrate
+    active_power=10.0,  # ESTIMATE
+    idle_power=3.0,  # ESTIMATE
+)
+
+# -- links -------------------------------------------------------------------------------------
+
+NVLINK4 = LinkSpec(
+    bandwidth=450e9,  # 900 GB/s total per GPU = 450 GB/s per direction [H100-DS, H100-WP]
+    latency=2.5e-6,  # ESTIMATE: effective incl. software (2-3 us)
+    energy_per_byte=5e-12 * 8,  # ESTIMATE: 5 pJ/bit
+)
+
+IB_NDR_400 = LinkSpec(
+    bandwidth=50e9,  # ConnectX-7 NDR 400 Gb/s per GPU = 50 GB/s per direction [DGX-H100]
+    latency=5e-6,  # ESTIMATE: NIC + switch + software
+    energy_per_byte=30e-12 * 8,  # ESTIMATE: 30 pJ/bit end to end
+)
+
+CPU_COPY = LinkSpec(
+    bandwidth=10e9,  # memcpy between buffer sets, conservative; calibrate
+    latency=2e-6,  # Python + NumPy slicing overhead; estimate
+    energy_per_byte=0.0,  # not modelled on the CPU
+)
+
+_DEFAULT_EFF = {"default": (1.0, 1.0)}  # uncalibrated: raw datasheet roofline
+
+PRESETS: dict[str, Hardware] = {
+    "h100-sxm-8": Hardware(
+        name="h100-sxm-8",
+        device=H100_SXM,
+        n_nodes=1,
+        devices_per_node=8,
+        intra_link=NVLINK4,
+        inter_link=IB_NDR_400,
+        efficiency=dict(_DEFAULT_EFF),
+        description="one HGX H100 8-GPU node: 8 x H100 SXM5 80GB, NVLink 4 through NVSwitch",
+    ),
+    "h200-sxm-8": Hardware(
+        name="h200-sxm-8",
+        device=H200_SXM,
+        n_nodes=1,
+        devices_per_node=8,
+        intra_link=NVLINK4,
+        inter_link=IB_NDR_400,
+        efficiency=dict(_DEFAULT_EFF),
+        description="one HGX H200 8-GPU node: 8 x H200 SXM 141GB, NVLink 4 through NVSwitch",
+    ),
+    "h100-sxm-64": Hardware(
+        name="h100-sxm-64",
+        device=H100_SXM,
+        n_nodes=8,
+        devices_per_node=8,
+        intra_link=NVLINK4,
+        inter_link=IB_NDR_400,
+        efficiency=dict(_DEFAULT_EFF),
+        description="8 HGX H100 nodes (64 GPUs), NVLink inside a node, 400 Gb/s NDR InfiniBand per GPU across",
+    ),
+    "cpu": Hardware(
+        name="cpu",
+        device=CPU_DEVICE,
+        n_nodes=1,
+        devices_per_node=1,
+        intra_link=CPU_COPY,
+        inter_link=CPU_COPY,
+        efficiency=dict(_DEFAULT_EFF),
+        description="this development machine (2 vCPU, 24 GiB, NumPy); conservative figures to be calibrated",
+    ),
+}
+
+
+def preset_names() -> list[str]:
+    return sorted(PRESETS)
+
+
+def preset(name: str) -> Hardware:
+    """The preset called ``name``; HardwareError listing the known ones otherwise."""
+    from .hardware import HardwareError
+
+    try:
+        return PRESETS[name]
+    except (KeyError, TypeError):
+        raise HardwareError(f"unknown hardware preset {name!r}; known presets: {', '.join(preset_names())}") from None

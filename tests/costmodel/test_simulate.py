@@ -1,0 +1,355 @@
+"""The numba list scheduler: hand-computed schedules, memory, errors, energy, random DAGs."""
+
+import heapq
+import math
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from costmodel.energy import energy_breakdown, energy_joules, schedule_energy
+from costmodel.presets import PRESETS
+from costmodel.simulate import SimulationError, csr_from_edges, simulate, simulate_arrays, warmup
+
+C, T = 0, 1
+
+
+def run(nodes, edges=(), n_devices=2, resident=None):
+    """nodes: list of (kind, dev, dst, dur[, alloc_bytes]); edges: list of (i, j)."""
+    n = len(nodes)
+    kind = np.array([nd[0] for nd in nodes], np.int8)
+    dev = np.array([nd[1] for nd in nodes], np.int32)
+    dst = np.array([nd[2] for nd in nodes], np.int32)
+    dur = np.array([nd[3] for nd in nodes], np.float64)
+    alloc = np.array([nd[4] if len(nd) > 4 else 0.0 for nd in nodes], np.float64)
+    e = np.array(edges, np.int64).reshape(-1, 2)
+    ptr, idx = csr_from_edges(n, e[:, 0], e[:, 1])
+    res = np.zeros(n_devices) if resident is None else np.asarray(resident, np.float64)
+    return simulate(kind, dev, dst, dur, ptr, idx, alloc, res, n_devices)
+
+
+def test_warmup_compiles():
+    assert warmup() >= 0.0
+    assert warmup() < 0.5  # second call: already compiled in this process
+
+
+def test_chain_on_one_device_sums():
+    s = run([(C, 0, -1, 1.0), (C, 0, -1, 2.0), (C, 0, -1, 3.0)], [(0, 1), (1, 2)], n_devices=1)
+    np.testing.assert_array_equal(s.start, [0, 1, 3])
+    np.testing.assert_array_equal(s.finish, [1, 3, 6])
+    assert s.makespan == 6.0 and s.critical_path == 6.0
+    np.testing.assert_array_equal(s.busy_compute, [6.0])
+    np.testing.assert_array_equal(s.rank, [6, 5, 3])
+    np.testing.assert_array_equal(s.order, [0, 1, 2])
+
+
+def test_independent_nodes_on_two_devices_run_in_parallel():
+    s = run([(C, 0, -1, 2.0), (C, 1, -1, 3.0)])
+    np.testing.assert_array_equal(s.start, [0, 0])
+    assert s.makespan == 3.0
+    assert s.devices_used == 2
+
+
+def test_transfer_timing_from_hardware():
+    for preset, a, b, link in (("h100-sxm-8", 0, 1, "intra_link"), ("h100-sxm-64", 0, 8, "inter_link")):
+        hw = PRESETS[preset]
+        nbytes = 2e9
+        t = float(hw.transfer_time(a, b, nbytes))
+        lk = getattr(hw, link)
+        assert t == pytest.approx(lk.latency + nbytes / lk.bandwidth)
+        s = run([(C, a, -1, 1.0), (T, a, b, t, nbytes), (C, b, -1, 1.0)], [(0, 1), (1, 2)], n_devices=hw.n_devices)
+        assert s.start[1] == 1.0 and s.finish[1] == 1.0 + t
+        assert s.start[2] == 1.0 + t
+        assert s.makespan == pytest.approx(2.0 + t)
+        assert s.busy_egress[a] == t and s.busy_ingress[b] == t and s.busy_comm[a] == t
+        assert s.bytes_moved == nbytes
+
+
+def test_transfers_from_one_sender_serialize_on_egress():
+    s = run([(T, 0, 1, 1.0), (T, 0, 2, 2.0)], n_devices=3)
+    # rank 2 > rank 1: node 1 goes first
+    np.testing.assert_array_equal(s.start, [2.0, 0.0])
+    assert s.makespan == 3.0
+    assert s.busy_egress[0] == 3.0 and s.busy_ingress[1] == 1.0 and s.busy_ingress[2] == 2.0
+
+
+def test_transfers_into_one_receiver_serialize_on_ingress():
+    s = run([(T, 1, 0, 1.0), (T, 2, 0, 1.0)], n_devices=3)
+    np.testing.assert_array_equal(s.start, [0.0, 1.0])  # equal rank: lower index first
+    assert s.makespan == 2.0
+
+
+def test_different_pairs_and_both_directions_in_parallel():
+    s = run([(T, 0, 1, 1.0), (T, 2, 3, 1.0), (T, 1, 0, 1.0)], n_devices=4)
+    np.testing.assert_array_equal(s.start, [0.0, 0.0, 0.0])  # full duplex: 0->1 and 1->0 overlap
+    assert s.makespan == 1.0
+
+
+def test_compute_and_communication_overlap_on_a_device():
+    s = run([(C, 0, -1, 2.0), (T, 0, 1, 2.0)], n_devices=2)
+    np.testing.assert_array_equal(s.start, [0.0, 0.0])
+
+
+def test_priority_order_when_competing_for_a_device():
+    # node 0 and node 1 compete for device 0; node 1 feeds a long node on device 1 -> higher rank
+    s = run([(C, 0, -1, 1.0), (C, 0, -1, 1.0), (C, 1, -1, 5.0)], [(1, 2)])
+    np.testing.assert_array_equal(s.rank, [1.0, 6.0, 5.0])
+    np.testing.assert_array_equal(s.start, [1.0, 0.0, 1.0])
+    assert s.makespan == 6.0  # lower-index-first would give 7
+    # no back-filling: a high-rank node waiting for input holds its device's order
+    s = run([(C, 1, -1, 4.0), (C, 0, -1, 10.0), (C, 0, -1, 1.0)], [(0, 1)])
+    np.testing.assert_array_equal(s.start, [0.0, 4.0, 14.0])
+
+
+def test_memory_peak_lifetimes_resident_and_free_before_alloc():
+    # device 0: resident 100; A(10) -> B(20) -> C(50) all on device 0, 1 s each.
+    # A lives [0, 2) (freed when B finishes), B lives [1, 3), C lives [2, end).
+    # at t=2 A's free (−10) comes before C's alloc (+50): peak 100 + 20 + 50 = 170, not 180.
+    s = run([(C, 0, -1, 1.0, 10.0), (C, 0, -1, 1.0, 20.0), (C, 0, -1, 1.0, 50.0)], [(0, 1), (1, 2)],
+            n_devices=2, resident=[100.0, 7.0])
+    np.testing.assert_array_equal(s.peak_mem, [170.0, 7.0])
+    assert s.max_peak_mem == 170.0
+    assert s.fits(170.0) and not s.fits(169.0) and s.fits(np.array([170.0, 7.0]))
+    assert s.used.tolist() == [True, True]  # resident bytes make device 1 used
+
+
+def test_memory_keep_flag():
+    # A(10) -> B(20) -> C(50) as above, but A is a graph output also read by B: keep it to the end
+    nodes = [(C, 0, -1, 1.0, 10.0), (C, 0, -1, 1.0, 20.0), (C, 0, -1, 1.0, 50.0)]
+    e = np.array([(0, 1), (1, 2)])
+    ptr, idx = csr_from_edges(3, e[:, 0], e[:, 1])
+    args = ([0, 0, 0], [0, 0, 0], [-1, -1, -1], [1.0, 1.0, 1.0], ptr, idx, [10.0, 20.0, 50.0], [100.0], 1)
+    assert simulate(*args).peak_mem[0] == 170.0
+    assert simulate(*args, keep=[True, False, False]).peak_mem[0] == 180.0
+    with pytest.raises(SimulationError, match="keep"):
+        simulate(*args, keep=[True])
+    assert nodes  # same example as test_memory_peak_lifetimes_resident_and_free_before_alloc
+
+
+def test_memory_transfer_buffer_lives_on_destination():
+    # A on dev 0 (8 B) -> transfer 0->1 (8 B on dev 1) -> B on dev 1 (4 B) ; C on dev 1 (100 B) independent
+    # C runs first on device 1 (rank 5 > B's 1) over [0, 5): then B runs [5, 6).
+    nodes = [(C, 0, -1, 1.0, 8.0), (T, 0, 1, 1.0, 8.0), (C, 1, -1, 1.0, 4.0), (C, 1, -1, 5.0, 100.0)]
+    s = run(nodes, [(0, 1), (1, 2)], n_devices=2, resident=[1.0, 2.0])
+    np.testing.assert_array_equal(s.start, [0.0, 1.0, 5.0, 0.0])
+    # dev 0: A live [0, 2): 1 + 8.  dev 1: C 100 from 0 (kept: no successor), transfer buffer [1, 6), B [5, end)
+    np.testing.assert_array_equal(s.peak_mem, [9.0, 2.0 + 100.0 + 8.0 + 4.0])
+
+
+def test_empty_and_single_node():
+    s = run([], n_devices=3, resident=[1.0, 0.0, 0.0])
+    assert s.makespan == 0.0 and s.devices_used == 1 and s.critical_path == 0.0
+    np.testing.assert_array_equal(s.peak_mem, [1.0, 0.0, 0.0])
+    s = run([(C, 2, -1, 0.0, 5.0)], n_devices=3)
+    assert s.makespan == 0.0 and s.used.tolist() == [False, False, True]
+    assert s.peak_mem[2] == 5.0
+
+
+def test_cycle_detected():
+    with pytest.raises(SimulationError, match="cycle") as ei:
+        run([(C, 0, -1, 1.0)] * 5, [(4, 0), (0, 1), (1, 2), (2, 3), (3, 1)])
+    msg = str(ei.value)
+    assert "3 of 5 nodes" in msg
+    cyc = msg.split("one cycle: ")[1].split(" -> ")
+    assert set(cyc) == {"1", "2", "3"} and cyc[0] == cyc[-1] and len(cyc) == 4
+    with pytest.raises(SimulationError, match="cycle"):
+        run([(C, 0, -1, 1.0)], [(0, 0)])
+
+
+def test_input_validation():
+    good = dict(kind=[0, 1], dev=[0, 0], dst=[-1, 1], dur=[1.0, 1.0], succ_ptr=[0, 1, 1], succ_idx=[1],
+                alloc_bytes=[0.0, 0.0], resident_bytes=[0.0, 0.0], n_devices=2)
+    assert simulate(**good).makespan == 2.0
+    for change, pattern in (
+        (dict(dev=[0, 2]), r"dev\[1\] = 2 out of range"),
+        (dict(dst=[-1, -1]), r"dst\[1\] = -1 out of range"),
+        (dict(dur=[1.0, -1.0]), r"dur\[1\]"),
+        (dict(dur=[1.0, np.nan]), r"dur\[1\]"),
+        (dict(kind=[0, 2]), "kind"),
+        (dict(succ_ptr=[0, 1]), "succ_ptr"),
+        (dict(succ_ptr=[0, 2, 1]), "succ_ptr"),
+        (dict(succ_idx=[5]), "succ_idx"),
+        (dict(dev=[0]), "dev: length"),
+        (dict(resident_bytes=[0.0]), "resident_bytes"),
+        (dict(alloc_bytes=[0.0, -1.0]), "alloc_bytes"),
+        (dict(n_devices=0), "n_devices"),
+        (dict(dev=[0.5, 0]), "integers"),
+    ):
+        with pytest.raises(SimulationError, match=pattern):
+            simulate(**{**good, **change})
+
+
+def test_csr_from_edges():
+    ptr, idx = csr_from_edges(4, [2, 0, 2, 1], [3, 1, 0, 3])
+    assert ptr.dtype == np.int64 and idx.dtype == np.int32
+    np.testing.assert_array_equal(ptr, [0, 1, 2, 4, 4])
+    np.testing.assert_array_equal(idx, [1, 3, 3, 0])
+    with pytest.raises(SimulationError):
+        csr_from_edges(2, [0], [2])
+
+
+def test_energy():
+    hw = PRESETS["h100-sxm-64"]
+    d = hw.device
+    # makespan 10 s; dev 0 computes 4 s, dev 1 computes 0 s but is used, dev 2 unused
+    e = energy_breakdown(10.0, [4.0, 0.0, 0.0], [True, True, False], d, [1e9, 2e9], [1e-11, 1e-10])
+    assert e.compute == pytest.approx(700 * 4)
+    assert e.idle == pytest.approx(d.idle_power * (6 + 10))
+    assert e.transfer == pytest.approx(1e-2 + 2e-1)
+    assert energy_joules(10.0, [4.0, 0.0, 0.0], [True, True, False], d, [1e9, 2e9], [1e-11, 1e-10]) \
+        == pytest.approx(e.total)
+    # from a schedule: compute on 0 (1 s), 1 GB 0 -> 8 across nodes, compute on 8 (1 s)
+    t = float(hw.transfer_time(0, 8, 1e9))
+    kind, dev, dst = np.array([0, 1, 0]), np.array([0, 0, 8]), np.array([-1, 8, -1])
+    alloc = np.array([1e9, 1e9, 1.0])
+    ptr, idx = csr_from_edges(3, [0, 1], [1, 2])
+    s = simulate(kind, dev, dst, [1.0, t, 1.0], ptr, idx, alloc, np.zeros(64), 64)
+    eb = schedule_energy(s, hw, kind, dev, dst, alloc)
+    assert eb.compute == pytest.approx(2 * 700.0)
+    assert eb.idle == pytest.approx(2 * d.idle_power * (2 + t - 1))
+    assert eb.transfer == pytest.approx(1e9 * hw.inter_link.energy_per_byte)
+
+
+# ---------------------------------------------------------------------------------------------
+# random DAGs: invariants and agreement with a plain-Python reference implementation
+# ---------------------------------------------------------------------------------------------
+
+
+def reference(kind, dev, dst, dur, succ, alloc, resident, nd):
+    n = len(kind)
+    preds = [[] for _ in range(n)]
+    for i in range(n):
+        for j in succ[i]:
+            preds[j].append(i)
+    # topological order by DFS, then upward rank
+    order, state = [], [0] * n
+
+    def visit(u):
+        state[u] = 1
+        for v in succ[u]:
+            if state[v] == 0:
+                visit(v)
+        state[u] = 2
+        order.append(u)
+
+    for u in range(n):
+        if state[u] == 0:
+            visit(u)
+    rank = [0.0] * n
+    for u in order:  # reverse topological (post-order)
+        rank[u] = dur[u] + max((rank[v] for v in succ[u]), default=0.0)
+    left = [len(p) for p in preds]
+    heap = [(-rank[i], i) for i in range(n) if left[i] == 0]
+    heapq.heapify(heap)
+    free = {}
+    start, finish = [0.0] * n, [0.0] * n
+    while heap:
+        _, u = heapq.heappop(heap)
+        res = [("c", dev[u])] if kind[u] == 0 else [("e", dev[u]), ("i", dst[u])]
+        t = max([finish[p] for p in preds[u]] + [free.get(r, 0.0) for r in res])
+        start[u], finish[u] = t, t + dur[u]
+        for r in res:
+            free[r] = finish[u]
+        for v in succ[u]:
+            left[v] -= 1
+            if left[v] == 0:
+                heapq.heappush(heap, (-rank[v], v))
+    # memory: brute force over allocation instants; live iff start <= t < free
+    peak = list(resident)
+    for d in range(nd):
+        bufs = []
+        for i in range(n):
+            loc = dev[i] if kind[i] == 0 else dst[i]
+            if loc == d and alloc[i] > 0:
+                fr = max((finish[j] for j in succ[i]), default=math.inf)
+                bufs.append((start[i], fr, alloc[i]))
+        for t0, _, _ in bufs:
+            peak[d] = max(peak[d], resident[d] + sum(b for s0, f0, b in bufs if s0 <= t0 < f0))
+    return start, finish, rank, peak
+
+
+@st.composite
+def dags(draw):
+    n = draw(st.integers(1, 30))
+    nd = draw(st.integers(2, 4))
+    perm = draw(st.permutations(range(n)))  # node labels not in topological order
+    edges = set()
+    for j in range(1, n):
+        for i in draw(st.lists(st.integers(0, j - 1), max_size=3)):
+            edges.add((perm[i], perm[j]))
+    durs = st.one_of(st.just(0.0), st.sampled_from([0.5, 1.0, 2.0]), st.floats(0.001, 10.0))
+    kind, dev, dst, dur, alloc = [], [], [], [], []
+    for _ in range(n):
+        k = draw(st.integers(0, 1))
+        a = draw(st.integers(0, nd - 1))
+        b = (a + draw(st.integers(1, nd - 1))) % nd if k == 1 else -1
+        kind.append(k), dev.append(a), dst.append(b), dur.append(draw(durs))
+        alloc.append(draw(st.sampled_from([0.0, 1.0, 2.0, 5.0, 100.0])))
+    resident = draw(st.lists(st.sampled_from([0.0, 3.0]), min_size=nd, max_size=nd))
+    return n, nd, sorted(edges), kind, dev, dst, dur, alloc, resident
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags())
+def test_random_dags(case):
+    n, nd, edges, kind, dev, dst, dur, alloc, resident = case
+    e = np.array(edges, np.int64).reshape(-1, 2)
+    ptr, idx = csr_from_edges(n, e[:, 0], e[:, 1])
+    s = simulate(kind, dev, dst, dur, ptr, idx, alloc, resident, nd)
+    dur_a = np.array(dur)
+    tol = 1e-9 * (1.0 + dur_a.sum())
+    # precedence
+    for i, j in edges:
+        assert s.start[j] >= s.finish[i]
+    np.testing.assert_allclose(s.finish - s.start, dur_a, rtol=1e-12, atol=1e-12)
+    # no overlap on any resource
+    res = {}
+    for u in range(n):
+        keys = [("c", dev[u])] if kind[u] == 0 else [("e", dev[u]), ("i", dst[u])]
+        for key in keys:
+            res.setdefault(key, []).append((s.start[u], s.finish[u]))
+    for iv in res.values():
+        iv.sort()
+        for (s0, f0), (s1, f1) in zip(iv, iv[1:]):
+            assert s1 >= f0
+    # bounds
+    succ = [list(idx[ptr[i]:ptr[i + 1]]) for i in range(n)]
+    ref_start, ref_finish, ref_rank, ref_peak = reference(kind, dev, dst, dur, succ, alloc, resident, nd)
+    crit = max(ref_rank)
+    load = max(sum(f - s_ for s_, f in iv) for iv in res.values())
+    assert s.makespan >= crit - tol
+    assert s.makespan >= load - tol
+    assert s.makespan <= dur_a.sum() + tol
+    assert s.makespan == pytest.approx(max(s.finish))
+    assert s.critical_path == pytest.approx(crit)
+    # same schedule as the plain-Python reference (same priority rule, same tie-break)
+    np.testing.assert_allclose(s.rank, ref_rank, rtol=1e-12)
+    np.testing.assert_allclose(s.start, ref_start, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(s.peak_mem, ref_peak, rtol=1e-12)
+    # accounting
+    bc = np.zeros(nd)
+    for u in range(n):
+        if kind[u] == 0:
+            bc[dev[u]] += dur[u]
+    np.testing.assert_allclose(s.busy_compute, bc, rtol=1e-12, atol=1e-12)
+    assert sorted(s.order.tolist()) == list(range(n))
+    touched = set(dev) | {d for d, k in zip(dst, kind) if k == 1} | {d for d in range(nd) if resident[d] > 0}
+    assert set(np.flatnonzero(s.used).tolist()) == touched
+
+
+def test_large_random_dag_schedules_every_node():
+    """10k nodes on 64 devices: every node scheduled once, after its predecessors (timing lives in
+    scripts/bench_costmodel.py, never in tests)."""
+    rng = np.random.default_rng(1)
+    n, nd = 10_000, 64
+    j = np.repeat(np.arange(1, n), 2)
+    i = j - 1 - rng.integers(0, np.minimum(j, 50))
+    ptr, idx = csr_from_edges(n, i, j)
+    kind = (rng.random(n) < 0.3).astype(np.int8)
+    dev = rng.integers(0, nd, n).astype(np.int32)
+    dst = np.where(kind == 1, (dev + 1 + rng.integers(0, nd - 1, n)) % nd, -1).astype(np.int32)
+    s = simulate(kind, dev, dst, rng.random(n), ptr, idx.astype(np.int32), rng.random(n) * 1e6, np.zeros(nd), nd)
+    assert sorted(s.order.tolist()) == list(range(n))
+    assert np.all(s.start[j] >= s.finish[i] - 1e-12)
