@@ -100,24 +100,30 @@ class Evaluator:
 
 
 def op_min_time(g: Graph, hw: Hardware, name: str, n: int) -> float:
-    """Roofline time of a whole op spread evenly over ``n`` devices (perfect efficiency split)."""
+    """Least time of an op spread evenly over ``n`` devices, whatever the plan does to it.
+
+    Compute at effective peak; memory traffic only for the parameters and graph inputs it reads
+    (intermediates can be fused away, so their traffic is not a bound). No launch overhead:
+    fusion can merge launches.
+    """
     o = g.ops[name]
     sig = g.signature(o)
     lo = np.zeros((1, len(sig.dims)), np.int64)
     hi = np.array([sig.extents], np.int64)
     flops = float(sig.flops(lo, hi)[0])
-    read, written = sig.io_bytes(lo, hi)
-    kclass = get_kernel(o.kernel).kernel_class
-    t = hw.shard_time(flops / n, (read[0] + written[0]) / n, g.tensors[o.output].dtype, kclass)
-    return float(t)
+    src_bytes = sum(float(np.prod(g.tensors[t].shape)) * ITEMSIZE[g.tensors[t].dtype]
+                    for _, t in o.inputs if g.tensors[t].role in SOURCE_ROLES)
+    ce, me = hw.efficiency_for(get_kernel(o.kernel).kernel_class)
+    dtype = g.tensors[o.output].dtype
+    return max(flops / (n * hw.peak_flops(dtype) * ce), src_bytes / (n * hw.device.mem_bandwidth * me))
 
 
 def lower_bound(program: Graph, hw: Hardware) -> float:
-    """max(total work over the fleet's peak, critical path with each op spread over the fleet).
+    """max(total work over the fleet, critical path with each op spread over the fleet) + one launch.
 
     ``program`` is the unsharded logical program (``ir.rewrites.unshard``). Work counts every op's
     FLOPs at peak and only the program's own inputs and outputs as memory traffic (everything else
-    could be fused away); the critical path counts one launch overhead per op on it.
+    could be fused away). Valid for every plan the rewrites can reach.
     """
     n = hw.n_devices
     work_time, io_bytes = 0.0, 0.0
@@ -134,7 +140,8 @@ def lower_bound(program: Graph, hw: Hardware) -> float:
         if t.role in SOURCE_ROLES or t.role == "output":
             io_bytes += float(np.prod(t.shape)) * ITEMSIZE[t.dtype]
     work = max(work_time / n, io_bytes / (n * hw.device.mem_bandwidth))
-    return max(work, max(finish.values(), default=0.0))
+    launch = min(hw.launch_overhead_for(k) for k in set(hw.efficiency) | {"default"})
+    return max(work, max(finish.values(), default=0.0)) + launch
 
 
 def evaluate(g: Graph, hw: Hardware | str, keep: bool = True) -> Evaluation:

@@ -1,13 +1,14 @@
 """Meaning-preserving rewrites: pure functions graph -> graph, or ``RewriteError`` with a reason.
 
 - ``split`` / ``merge`` / ``retile``: reshape an op's shards along index dims;
-- ``place`` / ``move``: set shard devices;
+- ``place`` / ``move``: set shard devices; ``align``: copy a same-shaped op's shards;
 - ``split_reduction`` / ``merge_reduction``: partial op + ``accumulate``, and back;
 - ``fuse`` / ``unfuse``: producer + elementwise consumer as one op, and back;
 - ``random_rewrite``: one random legal rewrite; ``unshard``: the logical program of a plan.
 Moves (``ir.rewrites.moves``) are the same rewrites as printable, parseable data.
 """
 
+from ir.rewrites.align import align
 from ir.rewrites.canonical import unshard
 from ir.rewrites.errors import RewriteError
 from ir.rewrites.fusion import fusable, fuse, unfuse
@@ -16,6 +17,6 @@ from ir.rewrites.random import DEFAULT_WEIGHTS, draw_move, random_rewrite
 from ir.rewrites.reduction import merge_reduction, split_reduction
 from ir.rewrites.shard import merge, move, place, retile, split
 
-__all__ = ["DEFAULT_WEIGHTS", "MOVES", "Move", "RewriteError", "draw_move", "fusable", "fuse", "merge",
+__all__ = ["DEFAULT_WEIGHTS", "align", "MOVES", "Move", "RewriteError", "draw_move", "fusable", "fuse", "merge",
            "merge_reduction", "move", "parse_move", "place", "random_rewrite", "retile", "split",
            "split_reduction", "unfuse", "unshard"]

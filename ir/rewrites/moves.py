@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from ir.graph import Graph
 from ir.rewrites import fusion, reduction, shard
+from ir.rewrites.align import align as align_shards
 from ir.rewrites.errors import RewriteError
 
 
@@ -126,6 +127,16 @@ class Unfuse(Move):
 
 
 @dataclass(frozen=True)
+class Align(Move):
+    op: str
+    like: str
+    kind: ClassVar[str] = "align"
+
+    def apply(self, g: Graph) -> Graph:
+        return align_shards(g, self.op, self.like)
+
+
+@dataclass(frozen=True)
 class Sequence(Move):
     """Several moves applied in order (structured search moves are sequences)."""
 
@@ -142,7 +153,7 @@ class Sequence(Move):
 
 
 MOVES: dict[str, type[Move]] = {c.kind: c for c in (Split, Merge, Retile, Place, MoveShard, SplitReduction,
-                                                      MergeReduction, Fuse, Unfuse)}
+                                                      MergeReduction, Fuse, Unfuse, Align)}
 _MOVE_RE = re.compile(r"^\s*(\w+)\{(.*)\}\s*$")
 _ARG_RE = re.compile(r"(\w+)=(\[[^\]]*\]|[^,\]]+)")
 

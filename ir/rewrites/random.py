@@ -33,9 +33,9 @@ def draw_move(g: Graph, rng: np.random.Generator, n_devices: int, kind: str,
         o = g.ops[_choice(rng, names)]
         sig = g.signature(o)
         sh = o.shards
-        if not sig.dims:
+        if not sig.dims and kind in ("split", "merge"):  # a 0-d index space can still be placed
             return None
-        d = int(rng.integers(len(sig.dims)))
+        d = int(rng.integers(len(sig.dims))) if sig.dims else 0
         if kind == "split":
             ext = int((sh.hi[:, d] - sh.lo[:, d]).min())
             room = max_shards_per_op // len(sh)

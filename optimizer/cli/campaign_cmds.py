@@ -1,0 +1,132 @@
+"""``tapestry run | resume | status | export``: the campaign lifecycle."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+
+from optimizer.cli.common import console
+
+DB_HELP = "archive URL: a SQLite file path (default tapestry.db or $TAPESTRY_DB) or postgresql+psycopg://..."
+
+
+def run_cmd(
+    config: Annotated[str, typer.Argument(help="campaign YAML file, e.g. configs/quickstart.yaml")],
+    db: Annotated[Optional[str], typer.Option(help=DB_HELP)] = None,
+    scheduler: Annotated[Optional[str], typer.Option(help="address of an existing Dask scheduler")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="local Dask workers (default: one per core)")] = None,
+    quiet: Annotated[bool, typer.Option(help="no progress display")] = False,
+) -> None:
+    """Start a campaign and search until its budget is spent (Ctrl-C pauses; resume continues)."""
+    from optimizer.campaign import run_campaign
+    from optimizer.config import load_config
+
+    res = run_campaign(load_config(config), db, scheduler, workers, quiet)
+    _report(res)
+
+
+def _report(res: dict) -> None:
+    gap = f"{res['best_gap']:.2f}×" if res["best_gap"] < float("inf") else "-"
+    console.print(f"campaign {res['campaign']}: {res['status']} ({res['reason']}); {res['evaluations']} evaluations, "
+                  f"front {res['front']}, hypervolume {res['hypervolume']:.4g}, best gap to bound {gap}")
+
+
+def resume_cmd(
+    campaign: Annotated[str, typer.Argument(help="campaign name")],
+    db: Annotated[Optional[str], typer.Option(help=DB_HELP)] = None,
+    config: Annotated[Optional[str], typer.Option(help="updated config (only budget, cluster, sampling may change)")] = None,
+    evaluations: Annotated[Optional[int], typer.Option(help="new total evaluation budget")] = None,
+    wall_time: Annotated[Optional[float], typer.Option(help="new total wall-time budget (s)")] = None,
+    scheduler: Annotated[Optional[str], typer.Option(help="address of an existing Dask scheduler")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="local Dask workers")] = None,
+    quiet: Annotated[bool, typer.Option(help="no progress display")] = False,
+) -> None:
+    """Continue a campaign where it stopped, with the same random streams."""
+    from optimizer.campaign import resume_campaign
+
+    _report(resume_campaign(campaign, db, config, evaluations, wall_time, scheduler, workers, quiet))
+
+
+def status_cmd(
+    campaign: Annotated[Optional[str], typer.Argument(help="campaign name (omit to list all)")] = None,
+    db: Annotated[Optional[str], typer.Option(help=DB_HELP)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Progress, front, hypervolume and best gap of a campaign (or a list of all campaigns)."""
+    from rich.table import Table
+
+    from optimizer.campaign import campaign_status
+    from optimizer.progress import fmt_bytes, fmt_seconds
+
+    st = campaign_status(db, campaign)
+    if json_out:
+        print(json.dumps(st, indent=1, default=str))
+        return
+    if campaign is None:
+        t = Table(title="campaigns")
+        for col in ("name", "status", "evaluations", "updated"):
+            t.add_column(col)
+        for c in st["campaigns"]:
+            t.add_row(c["name"], c["status"], str(c["counters"].get("evaluations", 0)), str(c["updated_at"])[:19])
+        console.print(t)
+        return
+    row, front = st["campaign"], st["front"]
+    c = row["counters"]
+    budget = st["budget"]
+    console.print(f"campaign {row['name']}: {row['status']}; {c.get('evaluations', 0)} evaluations"
+                  + (f" of {budget['evaluations']}" if budget.get("evaluations") else "")
+                  + f"; {c.get('tasks_done', 0)} tasks ({c.get('tasks_failed', 0)} failed); "
+                  f"{c.get('wall_seconds', 0):.0f} s searched")
+    gap = f"{st['best_gap']:.2f}×" if st["best_gap"] is not None else "-"
+    console.print(f"front: {len(front)} plans; hypervolume {st['hypervolume']:.4g}; best gap to lower bound {gap}")
+    if st.get("sampling"):
+        s = st["sampling"]
+        rho = f"{s['spearman']:.3f}" if s.get("spearman") is not None else "n/a"
+        console.print(f"sampled executions: {s['n']} plans, Spearman(predicted, measured) = {rho}")
+    t = Table()
+    for col in ("digest", "makespan", "energy", "peak memory", "devices", "gap", "rewrite"):
+        t.add_column(col)
+    for r in sorted(front, key=lambda r: r["objectives"]["makespan"])[:20]:
+        o = r["objectives"]
+        t.add_row(r["digest"][:12], fmt_seconds(o["makespan"]), f"{o['energy']:.3g} J", fmt_bytes(o["peak_memory"]),
+                  str(int(o["devices"])), f"{r['gap']:.2f}×" if r.get("gap") else "-", (r.get("rewrite") or "")[:40])
+    console.print(t)
+
+
+def export_cmd(
+    campaign: Annotated[str, typer.Argument(help="campaign name")],
+    out: Annotated[str, typer.Option("--out", "-o", help="output folder")],
+    db: Annotated[Optional[str], typer.Option(help=DB_HELP)] = None,
+) -> None:
+    """Write the front's plans (JSON + SVG), front.parquet, pareto.png and summary.md."""
+    from optimizer.export import export_campaign
+
+    res = export_campaign(campaign, out, db)
+    console.print(f"exported {res['plans']} plans to {res['out']}")
+
+
+def sql_cmd(
+    query: Annotated[str, typer.Argument(help="one read-only SQL statement")],
+    db: Annotated[Optional[str], typer.Option(help=DB_HELP)] = None,
+    format: Annotated[str, typer.Option(help="table, csv or json")] = "table",
+    limit: Annotated[Optional[int], typer.Option(help="at most this many rows")] = None,
+) -> None:
+    """Query the archive read-only (writes are refused and change nothing)."""
+    from optimizer.campaign import resolve_url
+    from optimizer.cli.errors import UserError
+    from storage import format_rows, run_readonly_query
+
+    if format not in ("table", "csv", "json"):
+        raise UserError(f"--format {format!r} must be table, csv or json")
+    cols, rows = run_readonly_query(resolve_url("tapestry.db", db), query, limit=limit)
+    print(format_rows(cols, rows, format))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run_cmd)
+    app.command("resume")(resume_cmd)
+    app.command("status")(status_cmd)
+    app.command("export")(export_cmd)
+    app.command("sql")(sql_cmd)

@@ -1,0 +1,250 @@
+"""The farm driver: owns the archive, submits search tasks to Dask, merges, checkpoints.
+
+Loop (Dask "futures" pattern: bounded in-flight, refill as results land, plain data only):
+
+1. keep ``2 × workers`` tasks in flight (``client.submit``; each task is hundreds of steps);
+2. ``distributed.wait(..., FIRST_COMPLETED, timeout)`` so signals and the wall-time budget are
+   checked at least twice a second; results become plain dicts at once and futures are
+   released (futures held after completion are recomputed when a worker dies);
+3. a failed task (``KilledWorker``, a worker lost mid-task, ...) is logged and resubmitted
+   with the same spec up to three times;
+4. results are merged into the strategy's populations and the global ε-box front, and written
+   in one short transaction (results, front changes, counters);
+5. every ``checkpoint_seconds`` and on Ctrl-C/SIGTERM: a checkpoint of the strategy state,
+   the driver's RNG state, counters and the specs of tasks in flight, so ``resume`` continues
+   with the same random streams.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from optimizer.pareto import EpsilonBoxArchive, hypervolume
+from optimizer.progress import Progress
+from optimizer.strategies.base import Strategy
+
+log = logging.getLogger("tapestry.farm")
+MAX_RETRIES = 3
+
+
+@dataclass
+class Budget:
+    evaluations: int | None
+    wall_time: float | None
+    stall_evaluations: int | None
+
+
+@dataclass
+class FarmState:
+    counters: dict[str, Any] = field(default_factory=lambda: {
+        "evaluations": 0, "tasks_done": 0, "tasks_failed": 0, "seq": 0, "wall_seconds": 0.0,
+        "hv_best": 0.0, "hv_improved_at": 0})
+
+
+class Farm:
+    """One campaign's driver. ``run()`` returns when the budget is spent or a signal arrives."""
+
+    def __init__(self, campaign: str, archive: Any, client: Any, strategy: Strategy, objectives: list[str],
+                 reference: np.ndarray, budget: Budget, epsilon: float, checkpoint_seconds: float,
+                 rng: np.random.Generator, progress: Progress | None = None, sampler: Any = None) -> None:
+        self.campaign = campaign
+        self.archive = archive
+        self.client = client
+        self.strategy = strategy
+        self.objectives = objectives
+        self.reference = np.asarray(reference, dtype=float)
+        self.budget = budget
+        self.front = EpsilonBoxArchive([epsilon] * len(objectives))
+        self.checkpoint_seconds = checkpoint_seconds
+        self.rng = rng
+        self.state = FarmState()
+        self.progress = progress
+        self.sampler = sampler
+        self.stop_reason: str | None = None
+        self._pending: list[tuple[Callable, dict, dict, int]] = []  # resubmissions first
+        self._in_flight: dict[Any, tuple[Callable, dict, dict, int]] = {}
+        self._last_ckpt = time.monotonic()
+        self._t0 = time.monotonic()
+        self._wall0 = 0.0
+        self._best_gap = math.inf
+
+    # -- state ------------------------------------------------------------------------
+    @property
+    def counters(self) -> dict[str, Any]:
+        return self.state.counters
+
+    def front_members(self) -> list[dict]:
+        return [{"digest": k, "f": f.tolist(), **(p or {})} for k, f, p in self.front.members()]
+
+    def hypervolume(self) -> float:
+        F = self.front.objectives()
+        return hypervolume(F, self.reference) if len(F) else 0.0
+
+    def restore(self, counters: dict, front_rows: list[dict], checkpoint: dict | None,
+                fetch_graph: Callable[[str], str]) -> None:
+        """Continue from the archive: committed counters and front, checkpointed strategy and RNG."""
+        self.counters.update(counters)
+        self._wall0 = float(self.counters.get("wall_seconds", 0.0))
+        self.front.update((r["digest"], [r["objectives"][n] for n in self.objectives],
+                           {"graph_json": fetch_graph(r["digest"]), "gap": r.get("gap")}) for r in front_rows)
+        if checkpoint:
+            st = checkpoint["state"]
+            self.rng.bit_generator.state = st["rng"]
+            self.strategy.load_json(st["strategy"], fetch_graph)
+            from optimizer.worker import evaluate_task, search_task
+
+            fns = {"search_task": search_task, "evaluate_task": evaluate_task}
+            self._pending = [(fns[t["fn"]], t["spec"], t["meta"], 0) for t in st.get("in_flight", [])]
+
+    def checkpoint(self) -> None:
+        state = {"rng": self.rng.bit_generator.state, "strategy": self.strategy.to_json(),
+                 "counters": self.counters, "reference": self.reference.tolist(),
+                 "in_flight": [{"fn": fn.__name__, "spec": spec, "meta": meta}
+                               for fn, spec, meta, _ in list(self._in_flight.values()) + self._pending]}
+        self.archive.save_checkpoint(self.campaign, int(self.counters["seq"]), json.loads(json.dumps(state)))
+        self._last_ckpt = time.monotonic()
+
+    # -- merging -----------------------------------------------------------------------
+    def merge(self, records: list[dict], evaluations: int, worker: str | None = None) -> list[str]:
+        """Archive a batch of evaluated plans; returns the digests that entered the front."""
+        c = self.counters
+        for r in records:
+            c["seq"] += 1
+            r["seq"] = c["seq"]
+            if worker and "worker" not in r:
+                r["worker"] = worker
+        c["evaluations"] += int(evaluations)
+        items = [(r["digest"], [r["objectives"][n] for n in self.objectives],
+                  {"graph_json": r["graph_json"], "gap": r.get("gap")}) for r in records]
+        changes = self.front.update(items)
+        hv = self.hypervolume()
+        if hv > c["hv_best"] * (1 + 1e-9):
+            c["hv_best"] = hv
+            c["hv_improved_at"] = c["evaluations"]
+        for r in records:
+            if r.get("gap") is not None and r["digest"] in self.front:
+                self._best_gap = min(self._best_gap, float(r["gap"]))
+        c["wall_seconds"] = self._wall0 + (time.monotonic() - self._t0)
+        if records:
+            self.archive.add_results(self.campaign, records)
+        if changes.entered or changes.left:
+            self.archive.update_front(self.campaign, list(changes.entered), list(changes.left), c["seq"])
+        self.archive.update_counters(self.campaign, c)
+        return list(changes.entered)
+
+    # -- budget ------------------------------------------------------------------------
+    def exhausted(self) -> str | None:
+        c, b = self.counters, self.budget
+        if b.evaluations is not None and c["evaluations"] >= b.evaluations:
+            return "evaluation budget spent"
+        if b.wall_time is not None and self._wall0 + (time.monotonic() - self._t0) >= b.wall_time:
+            return "wall-time budget spent"
+        if b.stall_evaluations is not None and c["evaluations"] - c["hv_improved_at"] >= b.stall_evaluations:
+            return f"hypervolume stalled for {b.stall_evaluations} evaluations"
+        return None
+
+    # -- the loop ----------------------------------------------------------------------
+    def _submit(self, fn: Callable, spec: dict, meta: dict, tries: int) -> None:
+        fut = self.client.submit(fn, spec, pure=False)
+        self._in_flight[fut] = (fn, spec, meta, tries)
+
+    def _target_in_flight(self) -> int:
+        try:
+            n = len(self.client.scheduler_info(n_workers=-1)["workers"])
+        except (TypeError, KeyError):
+            n = len(self.client.scheduler_info().get("workers", {}))
+        return max(2, 2 * n)
+
+    def _fill(self) -> None:
+        target = self._target_in_flight()
+        while len(self._in_flight) < target:
+            if self._pending:
+                self._submit(*self._pending.pop(0))
+                continue
+            if self.exhausted() or self.stop_reason:
+                return
+            task = self.strategy.next_task(self.rng, self.front_members())
+            if task is None:
+                return
+            fn, spec, meta = task
+            self._submit(fn, spec, meta, 0)
+
+    def _install_signals(self) -> list:
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        old = []
+
+        def handler(signum, frame):  # noqa: ARG001
+            self.stop_reason = f"stopped by {signal.Signals(signum).name}"
+
+        for s in (signal.SIGINT, signal.SIGTERM):
+            old.append((s, signal.signal(s, handler)))
+        return old
+
+    def run(self) -> str:
+        from distributed import wait
+
+        old = self._install_signals()
+        try:
+            self._fill()
+            while self._in_flight:
+                try:
+                    wait(list(self._in_flight), timeout=0.5, return_when="FIRST_COMPLETED")
+                except TimeoutError:
+                    pass  # nothing finished: still check signals, budget and checkpoints
+                done = [f for f in self._in_flight if f.done()]
+                for fut in done:
+                    fn, spec, meta, tries = self._in_flight.pop(fut)
+                    try:
+                        res = fut.result()
+                    except Exception as e:  # noqa: BLE001  (worker death, KilledWorker, task error)
+                        self.counters["tasks_failed"] += 1
+                        log.warning("task %s failed (%s: %s)%s", meta, type(e).__name__, e,
+                                    "; resubmitting" if tries < MAX_RETRIES else "; giving up")
+                        if tries < MAX_RETRIES:
+                            self._pending.append((fn, spec, meta, tries + 1))
+                        else:
+                            self.strategy.on_failure(meta)
+                        continue
+                    finally:
+                        fut.release()
+                    self.counters["tasks_done"] += 1
+                    records = self.strategy.on_result(meta, res, self.front_members())
+                    entered = self.merge(records, res.get("evaluations", 0), res.get("worker"))
+                    if self.sampler is not None and entered:
+                        self.sampler.offer([r for r in records if r["digest"] in set(entered)])
+                if self.sampler is not None:
+                    self.sampler.poll(self)
+                if self.stop_reason is None and self.exhausted():
+                    self.stop_reason = self.exhausted()
+                if time.monotonic() - self._last_ckpt >= self.checkpoint_seconds:
+                    self.checkpoint()
+                if self.progress:
+                    self.progress.update(self)
+                if self.stop_reason and self.stop_reason.startswith("stopped by"):
+                    break  # interrupted: checkpoint keeps the in-flight specs for resume
+                self._fill()
+            if self.sampler is not None:
+                self.sampler.drain(self)
+            self.counters["wall_seconds"] = self._wall0 + (time.monotonic() - self._t0)
+            self.archive.update_counters(self.campaign, self.counters)
+            self.checkpoint()
+        finally:
+            for s, h in old:
+                signal.signal(s, h)
+            for fut in list(self._in_flight):
+                fut.cancel()
+        return self.stop_reason or "done"
+
+    @property
+    def best_gap(self) -> float:
+        return self._best_gap

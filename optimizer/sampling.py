@@ -1,0 +1,131 @@
+"""Sampled real executions during a campaign, and how well the model ranks them.
+
+A fraction ``sampling.rate`` of plans entering the front (at most ``max_per_minute``) is sent to
+a Dask task that verifies the plan against the unsharded program and times it on the sampling
+backend. CuPy tasks ask for ``resources={"GPU": 1}`` (workers started with ``--resources GPU=1``);
+NumPy tasks run anywhere, so sampling works without GPUs through the same path.
+
+The prediction a measurement is compared with is the model's time for the plan *as the
+executor runs it*: its shards one after another on one device of the sampling hardware
+(``sampling.hardware``; default ``cpu`` for NumPy, the campaign's device for CuPy).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("tapestry.sampling")
+
+
+def serial_prediction(g: Any, hw: Any) -> float:
+    """Model seconds to run every shard of ``g`` one after another on one device of ``hw``."""
+    from costmodel.lowering import Lowerer
+
+    low = Lowerer(hw.replace(n_nodes=1, devices_per_node=max(hw.devices_per_node, 1 + max(g.devices))))
+    return float(sum(low.op_tasks(g, o).dur.sum() for o in g.ops.values()))
+
+
+def measure_task(spec: dict) -> dict:
+    """Verify and time one plan on this worker; plain data out."""
+    from costmodel.hardware import Hardware
+    from executor.measure import time_plan
+    from executor.verify import verify
+    from ir.serialize import from_json
+    from optimizer.worker import worker_name
+
+    g = from_json(json.loads(spec["graph_json"]), validate=False)
+    report = verify(g, seed=0, backend=spec["backend"])
+    seconds = time_plan(g, spec["backend"], repeats=spec.get("repeats", 3))
+    predicted = serial_prediction(g, Hardware.from_dict(spec["hardware"]))
+    device_name = "cpu"
+    if spec["backend"] == "cupy":
+        import cupy
+
+        device_name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    return {"plan_digest": spec["digest"], "kind": "plan", "backend": spec["backend"], "device_name": device_name,
+            "measured_seconds": seconds, "predicted_seconds": predicted, "verified": bool(report.ok),
+            "max_rel_error": float(report.max_rel_error), "details": {"worker": worker_name()}}
+
+
+class Sampler:
+    def __init__(self, campaign: str, rate: float, backend: str, max_per_minute: float, repeats: int,
+                 hw_dict: dict, archive: Any, client: Any, seed: int) -> None:
+        self.campaign, self.rate, self.backend = campaign, rate, backend
+        self.max_per_minute, self.repeats = max_per_minute, repeats
+        self.hw_dict, self.archive, self.client = hw_dict, archive, client
+        self.rng = np.random.default_rng([seed, 5])
+        self.sent: list[float] = []
+        self.futures: dict[Any, str] = {}
+
+    def offer(self, records: list[dict]) -> None:
+        now = time.monotonic()
+        self.sent = [t for t in self.sent if now - t < 60]
+        for r in records:
+            if len(self.sent) >= self.max_per_minute or self.rng.random() >= self.rate:
+                continue
+            spec = {"graph_json": r["graph_json"], "digest": r["digest"], "backend": self.backend,
+                    "repeats": self.repeats, "hardware": self.hw_dict}
+            kw = {"resources": {"GPU": 1}} if self.backend == "cupy" else {}
+            self.futures[self.client.submit(measure_task, spec, pure=False, **kw)] = r["digest"]
+            self.sent.append(now)
+
+    def _store(self, done: list) -> None:
+        rows = []
+        for fut in done:
+            digest = self.futures.pop(fut)
+            try:
+                m = fut.result()
+            except Exception as e:  # noqa: BLE001
+                log.warning("sampled execution of %s failed: %s: %s", digest[:12], type(e).__name__, e)
+                continue
+            finally:
+                fut.release()
+            rows.append({**m, "campaign": self.campaign})
+        if rows:
+            self.archive.add_measurements(rows)
+
+    def poll(self, farm: Any) -> None:
+        self._store([f for f in self.futures if f.done()])
+
+    def drain(self, farm: Any, timeout: float = 120.0) -> None:
+        from distributed import wait
+
+        if self.futures:
+            try:
+                wait(list(self.futures), timeout=timeout)
+            except TimeoutError:
+                log.warning("sampled executions still running after %.0f s were dropped", timeout)
+            self._store([f for f in self.futures if f.done()])
+            for f in self.futures:
+                f.cancel()
+            self.futures.clear()
+
+
+def make_sampler(cfg: Any, archive: Any, client: Any, hw: Any, base: Any) -> Sampler | None:
+    s = cfg.sampling
+    if s.rate <= 0:
+        return None
+    from costmodel.hardware import load_hardware
+
+    hw_s = load_hardware(s.hardware or ("cpu" if s.backend == "numpy" else cfg.hardware))
+    return Sampler(cfg.name, s.rate, s.backend, s.max_per_minute, s.repeats, hw_s.to_dict(), archive, client,
+                   cfg.search.seed)
+
+
+def rank_correlation(measurements: list[dict]) -> dict[str, Any] | None:
+    """Spearman rank correlation of predicted vs measured plan times (None below 3 plans)."""
+    pts = [(m["predicted_seconds"], m["measured_seconds"]) for m in measurements
+           if m.get("kind") == "plan" and m.get("predicted_seconds") is not None]
+    if len(pts) < 3:
+        return {"n": len(pts), "spearman": None} if pts else None
+    from scipy.stats import spearmanr
+
+    p, m = zip(*pts)
+    rho, pval = spearmanr(p, m)
+    verified = sum(1 for x in measurements if x.get("kind") == "plan" and x.get("verified"))
+    return {"n": len(pts), "spearman": float(rho), "p_value": float(pval), "verified": verified}

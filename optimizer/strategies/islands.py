@@ -1,0 +1,115 @@
+"""Native asynchronous island evolution (NSGA-II style selection over graph rewrites).
+
+Each island keeps a population; a task takes ``parents_per_task`` parents chosen by binary
+tournament on (rank, crowding) plus, every ``migration_interval`` tasks, a migrant from the
+global front, runs hundreds of mutate-and-evaluate steps on a worker and returns its new
+non-dominated plans; survivors are chosen by NSGA-II (rank, then crowding). The random-search
+baseline is the same machinery with plain random rewrites restarted from the program.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from optimizer.mutation import DEFAULT_OPERATOR_WEIGHTS, AdaptiveWeights
+from optimizer.pareto import rank_and_crowding, select_nsga2
+from optimizer.strategies.base import SearchContext, Strategy
+from optimizer.worker import search_task
+
+
+def _member(r: dict, names: list[str]) -> dict:
+    return {"digest": r["digest"], "graph_json": r["graph_json"], "f": [float(r["objectives"][n]) for n in names]}
+
+
+class IslandStrategy(Strategy):
+    name = "native"
+    mode = "evolve"
+
+    def __init__(self, ctx: SearchContext) -> None:
+        super().__init__(ctx)
+        s = ctx.search
+        self.n_islands = int(s.get("islands", 2))
+        self.population = int(s.get("population", 24))
+        self.islands: list[list[dict]] = [[] for _ in range(self.n_islands)]
+        self.island_tasks = [0] * self.n_islands
+        base = dict(DEFAULT_OPERATOR_WEIGHTS)
+        base.update(s.get("mutation_weights") or {})
+        self.weights = AdaptiveWeights(base, bool(s.get("adaptive_weights", True)))
+        self.next_island = 0
+
+    def seed_population(self, records: list[dict]) -> None:
+        for isl in self.islands:
+            isl.extend(_member(r, self.ctx.objectives) for r in records)
+
+    def _parents(self, rng: np.random.Generator, pop: list[dict], k: int) -> list[dict]:
+        if len(pop) <= k:
+            return list(pop)
+        F = np.array([m["f"] for m in pop])
+        rank, crowd = rank_and_crowding(F)
+        chosen: list[int] = []
+        for _ in range(k * 3):
+            a, b = rng.integers(len(pop), size=2)
+            win = a if (rank[a], -crowd[a]) <= (rank[b], -crowd[b]) else b
+            if int(win) not in chosen:
+                chosen.append(int(win))
+            if len(chosen) == k:
+                break
+        return [pop[i] for i in chosen]
+
+    def next_task(self, rng: np.random.Generator, front: list[dict] | None = None) -> tuple[Callable, dict, dict]:
+        i = self.next_island
+        self.next_island = (i + 1) % self.n_islands
+        pop = self.islands[i]
+        k = int(self.ctx.search.get("parents_per_task", 4))
+        parents = self._parents(rng, pop, k)
+        if front and self.island_tasks[i] % int(self.ctx.search.get("migration_interval", 4)) == 0:
+            parents.append(front[int(rng.integers(len(front)))])
+        if self.mode == "random":
+            parents = [{"digest": self.ctx.base_digest, "graph_json": self.ctx.base_json}]
+        self.island_tasks[i] += 1
+        self.task_index += 1
+        names, p = self.weights.probabilities()
+        spec = {**self.common_spec(), "parents": [(m["digest"], m["graph_json"]) for m in parents],
+                "seed": [self.ctx.seed, i, self.task_index], "steps": int(self.ctx.search.get("steps_per_task", 200)),
+                "weights": dict(zip(names, p.tolist())) if self.mode == "evolve" else {"rewrite": 1.0},
+                "adaptive": bool(self.ctx.search.get("adaptive_weights", True)),
+                "returns": int(self.ctx.search.get("returns_per_task", 16)), "mode": self.mode}
+        return search_task, spec, {"island": i, "task": self.task_index}
+
+    def on_result(self, meta: dict, result: dict, front: list[dict]) -> list[dict]:
+        self.weights.merge_stats(result.get("tries", {}), result.get("wins", {}))
+        i = meta["island"]
+        pop = self.islands[i]
+        seen = {m["digest"] for m in pop}
+        for r in result["results"]:
+            if r["digest"] not in seen:
+                pop.append(_member(r, self.ctx.objectives))
+                seen.add(r["digest"])
+        if len(pop) > self.population:
+            keep = select_nsga2(np.array([m["f"] for m in pop]), self.population, np.random.default_rng(
+                [self.ctx.seed, i, meta["task"], 7]))
+            self.islands[i] = [pop[j] for j in sorted(keep)]
+        return result["results"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "islands": [[{"digest": m["digest"], "f": m["f"]} for m in isl]
+                                                  for isl in self.islands],
+                "island_tasks": self.island_tasks, "next_island": self.next_island,
+                "weights": self.weights.to_json()}
+
+    def load_json(self, state: dict, fetch_graph: Callable[[str], str]) -> None:
+        super().load_json(state, fetch_graph)
+        self.islands = [[{"digest": m["digest"], "f": m["f"], "graph_json": fetch_graph(m["digest"])} for m in isl]
+                        for isl in state["islands"]]
+        self.island_tasks = list(state["island_tasks"])
+        self.next_island = int(state["next_island"])
+        self.weights = AdaptiveWeights.from_json(state["weights"])
+
+
+class RandomSearch(IslandStrategy):
+    """Baseline: random walks of plain random rewrites from the unsharded program."""
+
+    name = "random"
+    mode = "random"

@@ -1,0 +1,205 @@
+"""Search tasks that run on Dask workers. Stateless: plain data in, plain data out.
+
+A task receives parent plans (JSON), the hardware (as a dict), objectives, constraints and a
+seed, runs many mutate-and-evaluate steps locally (hundreds, so Dask's per-task milliseconds
+are amortised), and returns its best new plans with their objectives. The only per-process
+state is a cache of ``Evaluator`` objects (numba is compiled and caches are warm after the
+first task in a process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from ir.graph import Graph
+from ir.rewrites import RewriteError
+from ir.serialize import dumps, from_json
+
+_EVALUATORS: dict[str, Any] = {}
+
+
+def evaluator_for(hw_dict: dict) -> Any:
+    """The process's evaluator for this hardware (created, and numba warmed up, once)."""
+    from costmodel.evaluate import Evaluator
+    from costmodel.hardware import Hardware
+    from costmodel.simulate import warmup
+
+    key = hashlib.sha256(json.dumps(hw_dict, sort_keys=True).encode()).hexdigest()
+    ev = _EVALUATORS.get(key)
+    if ev is None:
+        warmup()
+        ev = _EVALUATORS[key] = Evaluator(Hardware.from_dict(hw_dict))
+    return ev
+
+
+def worker_name() -> str:
+    try:
+        from distributed import get_worker
+
+        return get_worker().name if not isinstance(get_worker().name, int) else f"worker-{get_worker().name}"
+    except (ImportError, ValueError):
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def objective_vector(ev: Any, names: list[str]) -> np.ndarray:
+    o = ev.objectives()
+    return np.array([o[n] for n in names], dtype=np.float64)
+
+
+def acceptable(ev: Any, constraints: dict) -> bool:
+    """Whether an evaluated plan may enter a front under the campaign's constraints."""
+    if constraints.get("feasible_only", True) and not ev.feasible:
+        return False
+    if constraints.get("max_devices") and ev.devices > constraints["max_devices"]:
+        return False
+    if constraints.get("max_peak_memory") and ev.peak_memory > constraints["max_peak_memory"]:
+        return False
+    return True
+
+
+def record(g: Graph, ev: Any, parent: str | None, move: str | None, seconds: float) -> dict:
+    """The plain-data result of one plan, in the archive's ``add_results`` item form (less seq)."""
+    return {"digest": g.digest, "graph_json": dumps(g, indent=None), "parent_digest": parent, "rewrite": move,
+            "objectives": {**ev.objectives(), "devices": int(ev.devices)}, "feasible": bool(ev.feasible), "lower_bound": ev.lower_bound,
+            "gap": ev.gap, "eval_seconds": seconds}
+
+
+class LocalFront:
+    """The task's own non-dominated set (small; vectorised dominance checks)."""
+
+    def __init__(self) -> None:
+        self.F = np.zeros((0, 0))
+        self.items: list[tuple[Graph, Any, str | None, str | None, float]] = []
+
+    def offer(self, f: np.ndarray, item: tuple) -> bool:
+        if len(self.items):
+            if np.any(np.all(self.F <= f, axis=1)):
+                return False  # dominated by (or equal to) a member
+            keep = ~np.all(f <= self.F, axis=1)
+            self.F = self.F[keep]
+            self.items = [it for it, k in zip(self.items, keep) if k]
+            self.F = np.vstack([self.F, f])
+        else:
+            self.F = f[None, :].copy()
+        self.items.append(item)
+        return True
+
+
+def search_task(spec: dict) -> dict:
+    """Run ``spec["steps"]`` mutate-and-evaluate steps from ``spec["parents"]``.
+
+    ``spec`` keys: ``parents`` (list of (digest, graph JSON)), ``hardware`` (dict),
+    ``objectives``, ``constraints``, ``seed`` (list of ints for ``SeedSequence``), ``steps``,
+    ``weights`` (operator weights), ``adaptive``, ``max_shards_per_op``, ``returns``, and
+    ``mode``: ``"evolve"`` (parents chosen from the task's front) or ``"random"`` (random
+    walks of plain random rewrites restarting from the first parent: the baseline).
+    """
+    from optimizer.mutation import OPERATORS, AdaptiveWeights, MutationContext
+
+    t0 = time.perf_counter()
+    ev_fn = evaluator_for(spec["hardware"])
+    names = list(spec["objectives"])
+    constraints = spec.get("constraints", {})
+    rng = np.random.default_rng(np.random.SeedSequence(spec["seed"]))
+    n_dev = ev_fn.hw.n_devices
+    ctx = MutationContext(n_dev, spec.get("max_shards_per_op") or max(8, 4 * n_dev))
+    weights = AdaptiveWeights(dict(spec["weights"]), spec.get("adaptive", True))
+    front = LocalFront()
+    parents: list[tuple[Graph, str]] = []
+    parent_digests = set()
+    for digest, text in spec["parents"]:
+        g = from_json(json.loads(text), validate=False)
+        parents.append((g, digest))
+        parent_digests.add(digest)
+        e = ev_fn(g)
+        if acceptable(e, constraints):
+            front.offer(objective_vector(e, names), (g, e, None, None, 0.0))
+    evaluations = len(parents)
+    random_mode = spec.get("mode") == "random"
+    walk_len = max(1, int(spec.get("walk_length", 30)))
+    current, cur_digest = parents[0]
+    for step in range(int(spec["steps"])):
+        if random_mode:
+            if step % walk_len == 0:
+                current, cur_digest = parents[0]
+            parent = current
+            op_name = "rewrite"
+        else:
+            if front.items and rng.random() < 0.85:
+                parent = front.items[int(rng.integers(len(front.items)))][0]
+            else:
+                parent = parents[int(rng.integers(len(parents)))][0]
+            op_name = weights.choose(rng)
+        try:
+            child, move = OPERATORS[op_name](parent, rng, ctx)
+        except RewriteError:
+            weights.record(op_name, False)
+            continue
+        ts = time.perf_counter()
+        e = ev_fn(child)
+        dt = time.perf_counter() - ts
+        evaluations += 1
+        win = False
+        if acceptable(e, constraints):
+            win = front.offer(objective_vector(e, names), (child, e, parent, str(move), dt))
+        weights.record(op_name, win)
+        if random_mode:
+            current = child
+    out = []
+    for g, e, parent, move, dt in front.items:
+        if g.digest in parent_digests:
+            continue
+        out.append(record(g, e, parent.digest if isinstance(parent, Graph) else None, move, dt))
+    if len(out) > spec.get("returns", 16):
+        from optimizer.pareto import crowding_distance
+
+        F = np.array([[r["objectives"][n] for n in names] for r in out])
+        keep = np.argsort(-crowding_distance(F), kind="stable")[: spec["returns"]]
+        out = [out[i] for i in sorted(keep)]
+    return {"results": out, "evaluations": evaluations, "tries": weights.tries, "wins": weights.wins,
+            "seconds": time.perf_counter() - t0, "worker": worker_name()}
+
+
+def evaluate_task(spec: dict) -> dict:
+    """Evaluate given plans (the Optuna strategy's trials), each optionally refined by
+    ``spec["refine_steps"]`` local mutations; returns one best record per plan."""
+    from optimizer.mutation import OPERATORS, DEFAULT_OPERATOR_WEIGHTS, AdaptiveWeights, MutationContext
+
+    t0 = time.perf_counter()
+    ev_fn = evaluator_for(spec["hardware"])
+    names = list(spec["objectives"])
+    constraints = spec.get("constraints", {})
+    rng = np.random.default_rng(np.random.SeedSequence(spec["seed"]))
+    ctx = MutationContext(ev_fn.hw.n_devices, spec.get("max_shards_per_op") or max(8, 4 * ev_fn.hw.n_devices))
+    weights = AdaptiveWeights(dict(DEFAULT_OPERATOR_WEIGHTS), False)
+    out, evaluations = [], 0
+    for key, text in spec["plans"]:
+        g = from_json(json.loads(text), validate=False)
+        ts = time.perf_counter()
+        best_e, best_g, best_move = ev_fn(g), g, None
+        evaluations += 1
+        dt = time.perf_counter() - ts
+        scalar = lambda e: float(np.sum(np.log(np.maximum(objective_vector(e, names), 1e-30))))  # noqa: E731
+        for _ in range(int(spec.get("refine_steps", 0))):
+            op = weights.choose(rng)
+            try:
+                child, move = OPERATORS[op](best_g, rng, ctx)
+            except RewriteError:
+                continue
+            e = ev_fn(child)
+            evaluations += 1
+            if acceptable(e, constraints) and (not acceptable(best_e, constraints) or scalar(e) < scalar(best_e)):
+                best_e, best_g, best_move = e, child, str(move)
+        r = record(best_g, best_e, g.digest if best_move else None, best_move, dt)
+        r["trial"] = key
+        r["acceptable"] = acceptable(best_e, constraints)
+        out.append(r)
+    return {"results": out, "evaluations": evaluations, "seconds": time.perf_counter() - t0,
+            "worker": worker_name()}
