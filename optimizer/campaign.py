@@ -96,7 +96,7 @@ def initial_records(cfg: CampaignConfig, hw: Any, base: Any, plan: Any) -> list[
     from optimizer.worker import record
 
     ev = Evaluator(hw)
-    graphs = dict(baselines(base, hw.n_devices))
+    graphs = dict(baselines(base, hw.n_devices)) if cfg.search.seed_baselines else {"single-device": base}
     if plan is not None:
         graphs["user-plan"] = plan
     out = []

@@ -59,6 +59,8 @@ class SearchConfig(Strict):
     migration_interval: int = Field(default=4, ge=1, description="tasks per island between migrations")
     epsilon: float = Field(default=0.01, gt=0, le=1, description="relative ε-box size of the front archive")
     max_shards_per_op: int | None = Field(default=None, ge=1)
+    seed_baselines: bool = Field(default=True, description="start from the hand-built baselines, not only "
+                                                         "the single-device program")
     seed: int = 0
 
     @field_validator("mutation_weights")

@@ -412,11 +412,16 @@ class EpsilonBoxArchive:
         * ``relative=False``: additive boxes ``floor(f / eps)`` everywhere.
 
     Items are ``(key, objectives, payload)``; keys are unique (adding a key
-    already present is ignored and returns False); payloads must be
-    JSON-serialisable for :meth:`to_json`.  Non-finite objective vectors
-    (failed evaluations) are never accepted.  :meth:`members` lists members
-    in the order they entered.  After every :meth:`add` / :meth:`update`,
-    :meth:`last_changes` tells which keys entered and left.
+    that is currently a member is ignored and returns False; only current
+    members are remembered, so an evicted key may be offered again); payloads
+    must be JSON-serialisable for :meth:`to_json`.  Non-finite objective
+    vectors (failed evaluations) are never accepted.  :meth:`members` lists
+    members in the order they entered.  After every :meth:`add` /
+    :meth:`update`, :meth:`last_changes` tells which keys entered and left.
+    The result depends on the order of offers (as for any bounded archive).
+
+    Cost: one :meth:`add` is ``O(size * m)`` vectorised work (~25 µs at 1 500
+    members, ~80 µs at 20 000).
     """
 
     def __init__(self, eps: Sequence[float], relative: bool = True) -> None:
