@@ -130,6 +130,10 @@ class Farm:
         if hv > c["hv_best"] * (1 + 1e-9):
             c["hv_best"] = hv
             c["hv_improved_at"] = c["evaluations"]
+            hist = c.setdefault("hv_history", [])  # (evaluations, hypervolume), thinned to <= 256 points
+            hist.append([c["evaluations"], hv])
+            if len(hist) > 256:
+                c["hv_history"] = hist[::2] + ([hist[-1]] if len(hist) % 2 == 0 else [])
         for r in records:
             if r.get("gap") is not None and r["digest"] in self.front:
                 self._best_gap = min(self._best_gap, float(r["gap"]))

@@ -85,6 +85,12 @@ fi
 if pg_running; then
     log "server already running in $DATADIR"
 elif "$BINDIR/pg_isready" -q -h "$HOST" -p "$PORT" 2>/dev/null; then
+    # Some other server (e.g. the cluster a Debian package install started): usable only if it
+    # lets us in as postgres without a password.
+    "$BINDIR/psql" -h "$HOST" -p "$PORT" -U "$PGUSER_NAME" -d postgres -qtA -c "SELECT 1" \
+        >/dev/null 2>&1 \
+        || die "another server listens on $HOST:$PORT and refuses password-less login as \
+$PGUSER_NAME; stop it or pass another port: $0 $DATADIR 5433"
     log "a server already listens on $HOST:$PORT; using it"
 else
     log "starting server on $HOST:$PORT"

@@ -1,0 +1,51 @@
+"""The Tapestry archive: campaigns, candidates, evaluations, front, measurements, checkpoints.
+
+SQLAlchemy over SQLite (default, a file) or PostgreSQL. Stores bytes, numbers and JSON only; it
+imports no other Tapestry package. Entry points:
+
+* :class:`Archive` - the driver's and tools' interface (see its contract docstring);
+* :func:`make_engine` - engines with the SQLite locking discipline and read-only modes;
+* :func:`run_readonly_query` / :func:`format_rows` - ``tapestry sql``;
+* :mod:`storage.errors` - every error raised here is a ``StorageError``;
+* :mod:`storage.migrate` - Alembic schema migrations, run when an archive is opened.
+"""
+
+from storage import errors
+from storage.archive import OBJECTIVE_COLUMNS, Archive
+from storage.engine import make_engine
+from storage.errors import (
+    ArchiveUnavailable,
+    CampaignExists,
+    CampaignNotFound,
+    CandidateNotFound,
+    DatabaseBusy,
+    InvalidRecord,
+    MultipleStatements,
+    QueryError,
+    ReadOnlyViolation,
+    SchemaError,
+    StorageError,
+)
+from storage.session import session_scope
+from storage.sql import format_rows, run_readonly_query
+
+__all__ = [
+    "OBJECTIVE_COLUMNS",
+    "Archive",
+    "ArchiveUnavailable",
+    "CampaignExists",
+    "CampaignNotFound",
+    "CandidateNotFound",
+    "DatabaseBusy",
+    "InvalidRecord",
+    "MultipleStatements",
+    "QueryError",
+    "ReadOnlyViolation",
+    "SchemaError",
+    "StorageError",
+    "errors",
+    "format_rows",
+    "make_engine",
+    "run_readonly_query",
+    "session_scope",
+]

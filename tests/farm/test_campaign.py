@@ -189,3 +189,20 @@ def test_campaign_on_postgresql(tmp_path):
     n = rows(url, f"SELECT count(*) AS n FROM evaluations e JOIN campaigns c ON c.id = e.campaign_id "
                   f"WHERE c.name = '{name}'")[0]["n"]
     assert n > 0
+
+
+@pytest.mark.parametrize("strategy", ["optuna-nsga2", "optuna-tpe", "random"])
+def test_other_strategies_run_and_share_the_archive(tmp_path, db, strategy):
+    import optuna
+
+    name = strategy.replace("-", "_")
+    cfg = small_config(name, db, budget={"evaluations": 500}, search={"strategy": strategy, "steps_per_task": 80})
+    cli("run", str(write_config(tmp_path, cfg)), "--db", db, "--quiet", check=True)
+    st = json.loads(cli("status", name, "--db", db, "--json", check=True).stdout)
+    assert st["campaign"]["status"] == "finished" and len(st["front"]) >= 1
+    if strategy.startswith("optuna"):
+        # the study lives in the same database, so optuna-dashboard can browse it
+        study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
+        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        assert len(done) >= 4 and len(done[0].values) == 2
+        assert study.metric_names == ["makespan", "peak_memory"]

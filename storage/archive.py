@@ -1,0 +1,1132 @@
+"""The campaign archive: the one interface the rest of Tapestry uses to reach the database."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+import shlex
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from sqlalchemy import Engine, delete, func, insert, select, update
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from storage.engine import DEFAULT_BUSY_TIMEOUT_S, display_url, make_engine
+from storage.errors import (
+    CampaignExists,
+    CampaignNotFound,
+    CandidateNotFound,
+    InvalidRecord,
+    ReadOnlyViolation,
+    StorageError,
+)
+from storage.migrate import check_at_head, upgrade
+from storage.models import (
+    CAMPAIGN_STATUSES,
+    MEASUREMENT_BACKENDS,
+    MEASUREMENT_KINDS,
+    Campaign,
+    Candidate,
+    Checkpoint,
+    Evaluation,
+    FrontEntry,
+    Measurement,
+    utcnow,
+)
+from storage.session import session_scope
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["OBJECTIVE_COLUMNS", "Archive"]
+
+#: Objective keys of a result's ``objectives`` dict, one column each in ``evaluations``.
+OBJECTIVE_COLUMNS = ("makespan", "energy", "peak_memory", "devices", "bytes_moved")
+
+_RESULT_REQUIRED = frozenset({"digest", "graph_json", "objectives", "feasible", "seq"})
+_RESULT_OPTIONAL = frozenset(
+    {"parent_digest", "rewrite", "lower_bound", "gap", "worker", "eval_seconds", "evaluated_at"}
+)
+_MEASUREMENT_REQUIRED = frozenset(
+    {"plan_digest", "kind", "backend", "device_name", "measured_seconds"}
+)
+_MEASUREMENT_OPTIONAL = frozenset(
+    {
+        "campaign",
+        "op",
+        "shard",
+        "predicted_seconds",
+        "verified",
+        "max_rel_error",
+        "details",
+        "measured_at",
+    }
+)
+_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+# Keeps IN (...) lists well below SQLite's and PostgreSQL's bound-parameter limits.
+_IN_CHUNK = 500
+
+
+class Archive:
+    """A campaign archive in SQLite (default) or PostgreSQL.
+
+    Contract
+    --------
+    **Who writes.** Only the campaign driver writes (campaigns, results, front, checkpoints);
+    workers return plain data to the driver and never open the archive. Tools (``tapestry
+    status``, ``export``, ``sql``) read, preferably through ``Archive.open(url, readonly=True)``.
+    Several writers are nevertheless safe: every write method is one short transaction, and
+    on SQLite each write transaction starts with ``BEGIN IMMEDIATE``, so writers queue on the
+    busy timeout (30 s) instead of losing updates; read-modify-write methods lock the campaign
+    row (``SELECT ... FOR UPDATE`` on PostgreSQL).
+
+    **Consistency.** Each method is atomic: it commits entirely or not at all. Reads see only
+    committed data.
+
+    **Threads and processes.** An ``Archive`` may be shared by threads of one process (each
+    call takes its own pooled connection). Each process opens its own ``Archive``; do not carry
+    an open one across ``fork``.
+
+    **Data.** Methods take and return plain Python data (str, int, float, bool, dict, list,
+    timezone-aware UTC ``datetime``); no ORM object leaves this class. Campaigns are named by
+    their unique name, candidates by their SHA-256 hex digest within a campaign. JSON values
+    (config, counters, checkpoint state, measurement details) must be JSON-serializable.
+    Objective values must not be NaN (``inf`` is fine); NaN ``lower_bound``/``gap`` are stored
+    as NULL (unknown).
+
+    **Errors.** Every method raises only :class:`~storage.errors.StorageError` subclasses:
+    ``CampaignNotFound`` for an unknown campaign name, ``InvalidRecord`` for malformed input
+    (checked before the transaction starts), ``ReadOnlyViolation`` for writes to a read-only
+    archive, ``DatabaseBusy`` when the lock wait times out, ``ArchiveUnavailable`` for
+    connection failures; each method's docstring lists the others. A failed call changes
+    nothing.
+
+    Opening an archive for writing migrates its schema to the newest revision (creating the
+    tables in an empty database); opening read-only requires the newest revision.
+    """
+
+    #: Checkpoints kept per campaign; older ones are deleted by :meth:`save_checkpoint`.
+    CHECKPOINTS_KEPT = 3
+
+    def __init__(self, engine: Engine, *, readonly: bool = False, where: str | None = None) -> None:
+        """Wrap an engine from :func:`storage.make_engine` (already migrated). Prefer
+        :meth:`open`. ``where`` names the archive in messages (default: from the engine URL).
+        """
+        self._engine = engine
+        self._readonly = readonly
+        self._closed = False
+        self._where = where or display_url(engine.url)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def open(
+        cls,
+        url: str | Path | URL,
+        *,
+        readonly: bool = False,
+        busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+    ) -> Archive:
+        """Open the archive at ``url`` (a SQLite file path or a database URL).
+
+        For writing, creates the file/tables if needed and migrates the schema to the newest
+        revision. Read-only, the archive must exist and be at the newest revision.
+
+        Raises ``ArchiveUnavailable`` (cannot open or connect) and ``SchemaError`` (migration
+        failed, or the archive is newer than this code, or read-only and out of date).
+        """
+        engine = make_engine(url, readonly=readonly, busy_timeout_s=busy_timeout_s)
+        try:
+            if readonly:
+                check_at_head(engine)
+            else:
+                upgrade(engine)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine, readonly=readonly, where=display_url(url))
+
+    def close(self) -> None:
+        """Release all connections. Further calls raise ``StorageError``. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def url(self) -> str:
+        """The archive's URL, password hidden."""
+        return self._where
+
+    @property
+    def readonly(self) -> bool:
+        """Whether this archive was opened read-only."""
+        return self._readonly
+
+    @property
+    def engine(self) -> Engine:
+        """The underlying engine (for Optuna's RDB storage and tools; prefer the methods)."""
+        return self._engine
+
+    def __repr__(self) -> str:
+        mode = "readonly" if self._readonly else "readwrite"
+        return f"Archive({self._where!r}, {mode}{', closed' if self._closed else ''})"
+
+    # ------------------------------------------------------------------ campaigns
+
+    def create_campaign(
+        self,
+        name: str,
+        config: Mapping[str, Any],
+        config_hash: str,
+        objectives: Sequence[str],
+        reference_point: Sequence[float],
+    ) -> int:
+        """Store a new campaign with status ``created``; return its id.
+
+        ``config`` is the resolved campaign config, ``objectives`` the objective names in order
+        and ``reference_point`` the hypervolume reference point (one finite value per objective),
+        fixed for the campaign's life.
+
+        Raises ``CampaignExists`` if the name is taken, ``InvalidRecord`` for bad arguments.
+        """
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidRecord(f"campaign name must be a non-empty string, got {name!r}")
+        objective_list = [str(o) for o in objectives]
+        if not objective_list:
+            raise InvalidRecord(f"campaign {name!r}: objectives must name at least one objective")
+        point = [_float(v, f"campaign {name!r}: reference_point") for v in reference_point]
+        if len(point) != len(objective_list) or not all(math.isfinite(v) for v in point):
+            raise InvalidRecord(
+                f"campaign {name!r}: reference_point must hold one finite value per objective "
+                f"({len(objective_list)}: {', '.join(objective_list)}), got {list(reference_point)}"
+            )
+        config_json = _dumps(dict(config), f"campaign {name!r}: config", allow_nan=False)
+        now = utcnow()
+        with self._write(f"creating campaign {name!r}") as s:
+            if s.scalar(select(Campaign.id).where(Campaign.name == name)) is not None:
+                raise self._exists(name)
+            row = Campaign(
+                name=name,
+                config_json=config_json,
+                config_hash=str(config_hash),
+                status="created",
+                created_at=now,
+                updated_at=now,
+                reference_point_json=json.dumps(point),
+                objectives_json=json.dumps(objective_list),
+                counters_json="{}",
+            )
+            s.add(row)
+            try:
+                s.flush()
+            except IntegrityError as exc:  # lost a race with another writer (PostgreSQL)
+                raise self._exists(name) from exc
+            return int(row.id)
+
+    def get_campaign(self, name: str) -> dict[str, Any]:
+        """The campaign as a dict: id, name, config, config_hash, status, objectives,
+        reference_point, counters, created_at, updated_at.
+
+        Raises ``CampaignNotFound``.
+        """
+        with self._read(f"reading campaign {name!r}") as s:
+            return _campaign_dict(self._campaign(s, name))
+
+    def list_campaigns(self) -> list[dict[str, Any]]:
+        """All campaigns (same dicts as :meth:`get_campaign`), oldest first."""
+        with self._read("listing campaigns") as s:
+            rows = s.scalars(select(Campaign).order_by(Campaign.created_at, Campaign.id))
+            return [_campaign_dict(row) for row in rows]
+
+    def set_status(self, name: str, status: str) -> None:
+        """Set a campaign's status (one of created, running, paused, finished, failed).
+
+        Raises ``CampaignNotFound``, ``InvalidRecord`` for an unknown status.
+        """
+        if status not in CAMPAIGN_STATUSES:
+            raise InvalidRecord(
+                f"unknown campaign status {status!r}; use one of {', '.join(CAMPAIGN_STATUSES)}"
+            )
+        with self._write(f"setting the status of campaign {name!r}") as s:
+            cid = self._campaign_id(s, name)
+            s.execute(
+                update(Campaign)
+                .where(Campaign.id == cid)
+                .values(status=status, updated_at=utcnow())
+            )
+
+    def update_counters(self, name: str, counters: Mapping[str, Any]) -> dict[str, Any]:
+        """Merge ``counters`` into the campaign's counters (keys replaced); return the result.
+
+        Raises ``CampaignNotFound``, ``InvalidRecord`` if the values are not JSON data.
+        """
+        _dumps(dict(counters), f"counters of campaign {name!r}")
+        return self._modify_counters(name, lambda current: {**current, **counters})
+
+    def increment_counters(self, name: str, deltas: Mapping[str, float]) -> dict[str, Any]:
+        """Add ``deltas`` to numeric counters (missing ones start at 0); return the result.
+
+        Atomic even with several writers: the read and the write are one locked transaction.
+        Raises ``CampaignNotFound``, ``InvalidRecord`` for non-numeric deltas or counters.
+        """
+        for key, delta in deltas.items():
+            if isinstance(delta, bool) or not isinstance(delta, int | float):
+                raise InvalidRecord(f"counter delta {key!r} must be a number, got {delta!r}")
+
+        def add(current: dict[str, Any]) -> dict[str, Any]:
+            merged = dict(current)
+            for key, delta in deltas.items():
+                value = merged.get(key, 0)
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise InvalidRecord(
+                        f"counter {key!r} of campaign {name!r} holds {value!r}, not a number"
+                    )
+                merged[key] = value + delta
+            return merged
+
+        return self._modify_counters(name, add)
+
+    # ------------------------------------------------------------------ results and front
+
+    def add_results(self, campaign: str, batch: Iterable[Mapping[str, Any]]) -> int:
+        """Store a batch of evaluated plans in one transaction; return how many candidates
+        were new.
+
+        Each item is a dict with keys ``digest`` (SHA-256 hex), ``graph_json`` (str),
+        ``objectives`` (dict: makespan, energy, peak_memory, devices, bytes_moved), ``feasible``,
+        ``seq``, and optional ``parent_digest``, ``rewrite``, ``lower_bound``, ``gap``,
+        ``worker``, ``eval_seconds``, ``evaluated_at``. A candidate already stored (same digest
+        in the campaign, or earlier in the batch) is not stored again; its evaluation is.
+
+        Raises ``CampaignNotFound``, ``InvalidRecord`` (naming the item and field).
+        """
+        prepared = _prepare_results(campaign, batch)
+        if not prepared.evaluations:
+            return 0
+        with self._write(f"add_results for campaign {campaign!r}") as s:
+            return self._store_results(s, self._campaign_id(s, campaign), prepared)
+
+    def update_front(
+        self, campaign: str, entered: Sequence[str], left: Sequence[str], seq: int
+    ) -> None:
+        """Record front changes at evaluation counter ``seq`` in one transaction.
+
+        Candidates in ``left`` leave the current front (ignored if not on it); candidates in
+        ``entered`` join it (ignored if already on it). Both must be stored candidates.
+
+        Raises ``CampaignNotFound``, ``CandidateNotFound``, ``InvalidRecord`` (a digest in both
+        lists).
+        """
+        change = _prepare_front(campaign, entered, left, seq)
+        with self._write(f"update_front for campaign {campaign!r}") as s:
+            # Lock the campaign row: concurrent front updates must not both add a member
+            # (PostgreSQL; SQLite's BEGIN IMMEDIATE already serializes them).
+            row = self._campaign(s, campaign, lock=True)
+            self._store_front(s, int(row.id), campaign, change)
+
+    def record_merge(
+        self,
+        campaign: str,
+        results: Iterable[Mapping[str, Any]],
+        *,
+        entered: Sequence[str] = (),
+        left: Sequence[str] = (),
+        front_seq: int | None = None,
+        counters: Mapping[str, Any] | None = None,
+    ) -> int:
+        """:meth:`add_results`, :meth:`update_front` and :meth:`update_counters` in ONE
+        transaction; return how many candidates were new.
+
+        Use it for the driver's merge step: after a crash the stored evaluations, the front and
+        the counters (e.g. the ``seq`` the driver resumes from) still agree, which three separate
+        calls cannot promise. ``front_seq`` defaults to the highest ``seq`` in ``results``.
+
+        Raises ``CampaignNotFound``, ``CandidateNotFound``, ``InvalidRecord``.
+        """
+        prepared = _prepare_results(campaign, results)
+        change: _FrontChange | None = None
+        if entered or left:
+            if front_seq is None:
+                if not prepared.evaluations:
+                    raise InvalidRecord(
+                        f"record_merge for campaign {campaign!r}: front changes need front_seq "
+                        "when no results are given"
+                    )
+                front_seq = max(int(e["seq"]) for _, e in prepared.evaluations)
+            change = _prepare_front(campaign, entered, left, front_seq)
+        if counters is not None:
+            _dumps(dict(counters), f"counters of campaign {campaign!r}")
+        with self._write(f"record_merge for campaign {campaign!r}") as s:
+            row = self._campaign(s, campaign, lock=True)
+            cid = int(row.id)
+            inserted = self._store_results(s, cid, prepared) if prepared.evaluations else 0
+            if change is not None:
+                self._store_front(s, cid, campaign, change)
+            if counters is not None:
+                merged = {**json.loads(row.counters_json), **counters}
+                row.counters_json = _dumps(merged, f"counters of campaign {campaign!r}")
+                row.updated_at = utcnow()
+            return inserted
+
+    def current_front(self, campaign: str) -> list[dict[str, Any]]:
+        """The current Pareto front, ordered by entry.
+
+        Each dict: ``digest``, ``objectives`` (dict of the five objectives, from the candidate's
+        latest evaluation), ``feasible``, ``lower_bound``, ``gap``, ``rewrite``,
+        ``parent_digest``, ``entered_seq``, ``entered_at``.
+
+        Raises ``CampaignNotFound``.
+        """
+        with self._read(f"reading the front of campaign {campaign!r}") as s:
+            cid = self._campaign_id(s, campaign)
+            on_front = select(FrontEntry.candidate_id).where(
+                FrontEntry.campaign_id == cid, FrontEntry.left_at.is_(None)
+            )
+            latest = (
+                select(Evaluation.candidate_id, func.max(Evaluation.id).label("eid"))
+                .where(Evaluation.candidate_id.in_(on_front))
+                .group_by(Evaluation.candidate_id)
+                .subquery()
+            )
+            stmt = (
+                select(
+                    FrontEntry.entered_seq,
+                    FrontEntry.entered_at,
+                    Candidate.digest,
+                    Candidate.parent_digest,
+                    Candidate.rewrite,
+                    *(getattr(Evaluation, c) for c in OBJECTIVE_COLUMNS),
+                    Evaluation.feasible,
+                    Evaluation.lower_bound,
+                    Evaluation.gap,
+                )
+                .join(Candidate, Candidate.id == FrontEntry.candidate_id)
+                .outerjoin(latest, latest.c.candidate_id == Candidate.id)
+                .outerjoin(Evaluation, Evaluation.id == latest.c.eid)
+                .where(FrontEntry.campaign_id == cid, FrontEntry.left_at.is_(None))
+                .order_by(FrontEntry.entered_seq, FrontEntry.id)
+            )
+            return [
+                {
+                    "digest": r.digest,
+                    "objectives": {c: getattr(r, c) for c in OBJECTIVE_COLUMNS},
+                    "feasible": r.feasible,
+                    "lower_bound": r.lower_bound,
+                    "gap": r.gap,
+                    "rewrite": r.rewrite,
+                    "parent_digest": r.parent_digest,
+                    "entered_seq": r.entered_seq,
+                    "entered_at": r.entered_at,
+                }
+                for r in s.execute(stmt)
+            ]
+
+    def front_history(self, campaign: str) -> list[dict[str, Any]]:
+        """Every stay on the front, ordered by entry: ``digest``, ``entered_seq``,
+        ``entered_at``, ``left_seq``, ``left_at`` (``left_*`` None while still on the front).
+
+        Raises ``CampaignNotFound``.
+        """
+        with self._read(f"reading the front history of campaign {campaign!r}") as s:
+            cid = self._campaign_id(s, campaign)
+            stmt = (
+                select(
+                    Candidate.digest,
+                    FrontEntry.entered_seq,
+                    FrontEntry.entered_at,
+                    FrontEntry.left_seq,
+                    FrontEntry.left_at,
+                )
+                .join(Candidate, Candidate.id == FrontEntry.candidate_id)
+                .where(FrontEntry.campaign_id == cid)
+                .order_by(FrontEntry.entered_seq, FrontEntry.id)
+            )
+            return [dict(r._mapping) for r in s.execute(stmt)]
+
+    def get_graph_json(self, campaign: str, digest: str) -> str:
+        """The stored graph JSON of a candidate.
+
+        Raises ``CampaignNotFound``, ``CandidateNotFound``.
+        """
+        with self._read(f"reading candidate {digest} of campaign {campaign!r}") as s:
+            cid = self._campaign_id(s, campaign)
+            blob = s.scalar(
+                select(Candidate.graph_zlib).where(
+                    Candidate.campaign_id == cid, Candidate.digest == digest
+                )
+            )
+            if blob is None:
+                raise self._no_candidate(campaign, [digest])
+        try:
+            return zlib.decompress(blob).decode("utf-8")
+        except (zlib.error, UnicodeDecodeError) as exc:
+            raise StorageError(
+                f"candidate {digest} of campaign {campaign!r} in {self._where} is corrupt: {exc}"
+            ) from exc
+
+    # ------------------------------------------------------------------ evaluations
+
+    def evaluation_count(self, campaign: str) -> int:
+        """Number of evaluations stored for the campaign. Raises ``CampaignNotFound``."""
+        with self._read(f"counting evaluations of campaign {campaign!r}") as s:
+            cid = self._campaign_id(s, campaign)
+            return int(s.scalar(select(func.count()).where(Evaluation.campaign_id == cid)) or 0)
+
+    def last_seq(self, campaign: str) -> int | None:
+        """Highest evaluation ``seq`` stored for the campaign (None if none); for resume.
+
+        Raises ``CampaignNotFound``.
+        """
+        with self._read(f"reading the last seq of campaign {campaign!r}") as s:
+            cid = self._campaign_id(s, campaign)
+            value = s.scalar(select(func.max(Evaluation.seq)).where(Evaluation.campaign_id == cid))
+            return None if value is None else int(value)
+
+    def evaluations_frame(self, campaign: str) -> pd.DataFrame:
+        """All evaluations of the campaign as a pandas DataFrame ordered by ``seq``.
+
+        Columns: seq, digest, parent_digest, rewrite, the five objectives, feasible,
+        lower_bound, gap, worker, eval_seconds, evaluated_at (UTC).
+
+        Raises ``CampaignNotFound``.
+        """
+        import pandas as pd  # heavy; only tools that want frames pay for it
+
+        columns = [
+            "seq",
+            "digest",
+            "parent_digest",
+            "rewrite",
+            *OBJECTIVE_COLUMNS,
+            "feasible",
+            "lower_bound",
+            "gap",
+            "worker",
+            "eval_seconds",
+            "evaluated_at",
+        ]
+        with self._read(f"reading evaluations of campaign {campaign!r}") as s:
+            cid = self._campaign_id(s, campaign)
+            stmt = (
+                select(
+                    Evaluation.seq,
+                    Candidate.digest,
+                    Candidate.parent_digest,
+                    Candidate.rewrite,
+                    *(getattr(Evaluation, c) for c in OBJECTIVE_COLUMNS),
+                    Evaluation.feasible,
+                    Evaluation.lower_bound,
+                    Evaluation.gap,
+                    Evaluation.worker,
+                    Evaluation.eval_seconds,
+                    Evaluation.evaluated_at,
+                )
+                .join(Candidate, Candidate.id == Evaluation.candidate_id)
+                .where(Evaluation.campaign_id == cid)
+                .order_by(Evaluation.seq, Evaluation.id)
+            )
+            rows = [tuple(r) for r in s.execute(stmt)]
+        frame = pd.DataFrame.from_records(rows, columns=columns)
+        dtypes = {
+            "seq": "int64",
+            "makespan": "float64",
+            "energy": "float64",
+            "peak_memory": "float64",
+            "devices": "int64",
+            "bytes_moved": "float64",
+            "feasible": "bool",
+            "lower_bound": "float64",
+            "gap": "float64",
+            "eval_seconds": "float64",
+        }
+        frame = frame.astype(dtypes)
+        frame["evaluated_at"] = pd.to_datetime(frame["evaluated_at"], utc=True)
+        return frame
+
+    def export_front_parquet(self, campaign: str, path: str | Path) -> int:
+        """Write the current front to a Parquet file; return the number of rows.
+
+        Columns: campaign, digest, rewrite, parent_digest, the five objectives, feasible,
+        lower_bound, gap, entered_seq, entered_at. The file's metadata holds the campaign's
+        objectives and reference point (keys ``tapestry.objectives``,
+        ``tapestry.reference_point``).
+
+        Raises ``CampaignNotFound``; ``StorageError`` if the file cannot be written.
+        """
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        info = self.get_campaign(campaign)
+        front = self.current_front(campaign)
+        schema = pa.schema(
+            [
+                ("campaign", pa.string()),
+                ("digest", pa.string()),
+                ("rewrite", pa.string()),
+                ("parent_digest", pa.string()),
+                ("makespan", pa.float64()),
+                ("energy", pa.float64()),
+                ("peak_memory", pa.float64()),
+                ("devices", pa.int64()),
+                ("bytes_moved", pa.float64()),
+                ("feasible", pa.bool_()),
+                ("lower_bound", pa.float64()),
+                ("gap", pa.float64()),
+                ("entered_seq", pa.int64()),
+                ("entered_at", pa.timestamp("us", tz="UTC")),
+            ],
+            metadata={
+                "tapestry.campaign": campaign,
+                "tapestry.objectives": json.dumps(info["objectives"]),
+                "tapestry.reference_point": json.dumps(info["reference_point"]),
+            },
+        )
+        columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+        for row in front:
+            columns["campaign"].append(campaign)
+            for key in ("digest", "rewrite", "parent_digest", "feasible", "lower_bound", "gap"):
+                columns[key].append(row[key])
+            for key in OBJECTIVE_COLUMNS:
+                columns[key].append(row["objectives"][key])
+            columns["entered_seq"].append(row["entered_seq"])
+            columns["entered_at"].append(row["entered_at"])
+        table = pa.Table.from_pydict(columns, schema=schema)
+        target = Path(path)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, target)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot write the front of {campaign!r} to {target}: {exc}"
+            ) from exc
+        return int(table.num_rows)
+
+    # ------------------------------------------------------------------ measurements
+
+    def add_measurements(self, records: Iterable[Mapping[str, Any]]) -> int:
+        """Store real execution measurements in one transaction; return how many.
+
+        Each dict: ``plan_digest``, ``kind`` (plan|shard|transfer|kernel), ``backend``
+        (numpy|cupy), ``device_name``, ``measured_seconds``, and optional ``campaign`` (name),
+        ``op``, ``shard``, ``predicted_seconds``, ``verified``, ``max_rel_error``, ``details``
+        (JSON dict), ``measured_at``. When ``campaign`` is given and ``plan_digest`` names one
+        of its candidates, the measurement is linked to that candidate.
+
+        Raises ``CampaignNotFound``, ``InvalidRecord``.
+        """
+        rows: list[tuple[str | None, dict[str, Any]]] = []
+        now = utcnow()
+        for index, record in enumerate(records):
+            rows.append(_prepare_measurement(record, f"measurement {index}", now))
+        if not rows:
+            return 0
+        with self._write("add_measurements") as s:
+            campaign_ids = {
+                name: self._campaign_id(s, name) for name in {n for n, _ in rows if n is not None}
+            }
+            candidate_ids: dict[tuple[int, str], int] = {}
+            for name, cid in campaign_ids.items():
+                digests = list({r["plan_digest"] for n, r in rows if n == name})
+                for digest, cand in self._candidate_ids(s, cid, digests).items():
+                    candidate_ids[(cid, digest)] = cand
+            values = []
+            for owner, row in rows:
+                owner_id = campaign_ids.get(owner) if owner is not None else None
+                cand_id = (
+                    candidate_ids.get((owner_id, row["plan_digest"]))
+                    if owner_id is not None
+                    else None
+                )
+                values.append({**row, "campaign_id": owner_id, "candidate_id": cand_id})
+            s.execute(insert(Measurement), values)
+        return len(rows)
+
+    def measurements(self, campaign: str | None = None) -> list[dict[str, Any]]:
+        """Stored measurements (all, or one campaign's), oldest first.
+
+        Each dict has the keys accepted by :meth:`add_measurements` (``campaign`` None when
+        unlinked, ``details`` parsed) plus ``id`` and ``candidate_digest`` (None when unlinked).
+
+        Raises ``CampaignNotFound`` for an unknown campaign.
+        """
+        with self._read("reading measurements") as s:
+            stmt = (
+                select(Measurement, Campaign.name, Candidate.digest)
+                .outerjoin(Campaign, Campaign.id == Measurement.campaign_id)
+                .outerjoin(Candidate, Candidate.id == Measurement.candidate_id)
+                .order_by(Measurement.id)
+            )
+            if campaign is not None:
+                stmt = stmt.where(Measurement.campaign_id == self._campaign_id(s, campaign))
+            return [
+                {
+                    "id": m.id,
+                    "campaign": name,
+                    "candidate_digest": digest,
+                    "plan_digest": m.plan_digest,
+                    "kind": m.kind,
+                    "backend": m.backend,
+                    "device_name": m.device_name,
+                    "op": m.op,
+                    "shard": m.shard,
+                    "measured_seconds": m.measured_seconds,
+                    "predicted_seconds": m.predicted_seconds,
+                    "verified": m.verified,
+                    "max_rel_error": m.max_rel_error,
+                    "details": json.loads(m.details_json),
+                    "measured_at": m.measured_at,
+                }
+                for m, name, digest in s.execute(stmt)
+            ]
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, campaign: str, seq: int, state: Mapping[str, Any]) -> None:
+        """Store the driver's state at evaluation counter ``seq``; keep only the latest
+        :attr:`CHECKPOINTS_KEPT` checkpoints of the campaign.
+
+        ``state`` must be JSON data (archive digests, populations, RNG states such as numpy
+        ``bit_generator.state`` dicts, counters). Raises ``CampaignNotFound``, ``InvalidRecord``.
+        """
+        state_json = _dumps(dict(state), f"checkpoint state of campaign {campaign!r}")
+        seq = _int(seq, "checkpoint seq")
+        with self._write(f"saving a checkpoint of campaign {campaign!r}") as s:
+            cid = self._campaign_id(s, campaign)
+            s.add(Checkpoint(campaign_id=cid, seq=seq, created_at=utcnow(), state_json=state_json))
+            s.flush()
+            keep = (
+                select(Checkpoint.id)
+                .where(Checkpoint.campaign_id == cid)
+                .order_by(Checkpoint.seq.desc(), Checkpoint.id.desc())
+                .limit(self.CHECKPOINTS_KEPT)
+            )
+            kept_ids = list(s.scalars(keep))
+            s.execute(
+                delete(Checkpoint).where(
+                    Checkpoint.campaign_id == cid, Checkpoint.id.not_in(kept_ids)
+                )
+            )
+
+    def latest_checkpoint(self, campaign: str) -> dict[str, Any] | None:
+        """The newest checkpoint as ``{"seq", "created_at", "state"}``, or None if there is none.
+
+        Raises ``CampaignNotFound``.
+        """
+        with self._read(f"reading the latest checkpoint of campaign {campaign!r}") as s:
+            cid = self._campaign_id(s, campaign)
+            row = s.execute(
+                select(Checkpoint.seq, Checkpoint.created_at, Checkpoint.state_json)
+                .where(Checkpoint.campaign_id == cid)
+                .order_by(Checkpoint.seq.desc(), Checkpoint.id.desc())
+                .limit(1)
+            ).first()
+        if row is None:
+            return None
+        return {"seq": row.seq, "created_at": row.created_at, "state": json.loads(row.state_json)}
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"the archive at {self._where} is closed; open it again")
+
+    def _write(self, what: str) -> AbstractContextManager[Session]:
+        self._check_open()
+        if self._readonly:
+            raise ReadOnlyViolation(
+                f"{what}: the archive at {self._where} was opened read-only; "
+                "open it without readonly=True to change it"
+            )
+        return session_scope(self._engine, write=True, what=what)
+
+    def _read(self, what: str) -> AbstractContextManager[Session]:
+        self._check_open()
+        return session_scope(self._engine, write=False, what=what)
+
+    def _campaign(self, s: Session, name: str, *, lock: bool = False) -> Campaign:
+        stmt = select(Campaign).where(Campaign.name == name)
+        if lock:
+            stmt = stmt.with_for_update()
+        row = s.scalar(stmt)
+        if row is None:
+            raise self._not_found(s, name)
+        return row
+
+    def _campaign_id(self, s: Session, name: str) -> int:
+        cid = s.scalar(select(Campaign.id).where(Campaign.name == name))
+        if cid is None:
+            raise self._not_found(s, name)
+        return int(cid)
+
+    def _not_found(self, s: Session, name: str) -> CampaignNotFound:
+        names = list(s.scalars(select(Campaign.name)))
+        close = difflib.get_close_matches(str(name), names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        return CampaignNotFound(
+            f"no campaign named {name!r} in the archive at {self._where}.{hint} "
+            f"Run `tapestry status --db {shlex.quote(self._where)}` to list the campaigns it holds."
+        )
+
+    def _exists(self, name: str) -> CampaignExists:
+        return CampaignExists(
+            f"a campaign named {name!r} already exists in the archive at {self._where}. "
+            f"Continue it with `tapestry resume {name}`, or give the new campaign another name."
+        )
+
+    def _no_candidate(self, campaign: str, digests: Sequence[str]) -> CandidateNotFound:
+        shown = ", ".join(digests[:3]) + (
+            f" and {len(digests) - 3} more" if len(digests) > 3 else ""
+        )
+        return CandidateNotFound(
+            f"campaign {campaign!r} in the archive at {self._where} has no candidate {shown}; "
+            "store candidates with add_results before referring to them"
+        )
+
+    @staticmethod
+    def _candidate_ids(s: Session, cid: int, digests: Sequence[str]) -> dict[str, int]:
+        ids: dict[str, int] = {}
+        for chunk in _chunks(list(digests)):
+            stmt = select(Candidate.digest, Candidate.id).where(
+                Candidate.campaign_id == cid, Candidate.digest.in_(chunk)
+            )
+            ids.update({d: int(i) for d, i in s.execute(stmt)})
+        return ids
+
+    def _store_results(self, s: Session, cid: int, prepared: _PreparedResults) -> int:
+        ids = self._candidate_ids(s, cid, list(prepared.candidates))
+        fresh = [
+            {**row, "campaign_id": cid} for d, row in prepared.candidates.items() if d not in ids
+        ]
+        inserted = 0
+        if fresh:
+            # ON CONFLICT DO NOTHING: a concurrent writer may store the same digest between
+            # our SELECT and INSERT (PostgreSQL); RETURNING yields only the rows we stored.
+            table = Candidate.__table__
+            stmt = _insert_ignoring_conflicts(s, table, ["campaign_id", "digest"]).returning(
+                table.c.digest, table.c.id
+            )
+            for digest, cand_id in s.execute(stmt, fresh):
+                ids[digest] = int(cand_id)
+                inserted += 1
+            missing = [row["digest"] for row in fresh if row["digest"] not in ids]
+            ids.update(self._candidate_ids(s, cid, missing))
+        s.execute(
+            insert(Evaluation),
+            [
+                {**row, "campaign_id": cid, "candidate_id": ids[digest]}
+                for digest, row in prepared.evaluations
+            ],
+        )
+        return inserted
+
+    def _store_front(self, s: Session, cid: int, campaign: str, change: _FrontChange) -> None:
+        now = utcnow()
+        digests = change.entered + change.left
+        ids = self._candidate_ids(s, cid, digests)
+        missing = [d for d in digests if d not in ids]
+        if missing:
+            raise self._no_candidate(campaign, missing)
+        for chunk in _chunks([ids[d] for d in change.left]):
+            s.execute(
+                update(FrontEntry)
+                .where(
+                    FrontEntry.campaign_id == cid,
+                    FrontEntry.candidate_id.in_(chunk),
+                    FrontEntry.left_at.is_(None),
+                )
+                .values(left_at=now, left_seq=change.seq)
+            )
+        on_front: set[int] = set()
+        for chunk in _chunks([ids[d] for d in change.entered]):
+            on_front.update(
+                s.scalars(
+                    select(FrontEntry.candidate_id).where(
+                        FrontEntry.campaign_id == cid,
+                        FrontEntry.candidate_id.in_(chunk),
+                        FrontEntry.left_at.is_(None),
+                    )
+                )
+            )
+        rows = [
+            {
+                "campaign_id": cid,
+                "candidate_id": ids[d],
+                "entered_at": now,
+                "entered_seq": change.seq,
+            }
+            for d in change.entered
+            if ids[d] not in on_front
+        ]
+        if rows:
+            s.execute(insert(FrontEntry), rows)
+
+    def _modify_counters(
+        self, name: str, change: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        with self._write(f"updating the counters of campaign {name!r}") as s:
+            # Row lock on PostgreSQL; on SQLite BEGIN IMMEDIATE already serializes writers.
+            row = self._campaign(s, name, lock=True)
+            merged = change(json.loads(row.counters_json))
+            row.counters_json = _dumps(merged, f"counters of campaign {name!r}")
+            row.updated_at = utcnow()
+            return dict(merged)
+
+
+# ---------------------------------------------------------------------- plain-data helpers
+
+
+def _insert_ignoring_conflicts(s: Session, table: Any, columns: list[str]) -> Any:
+    """INSERT ... ON CONFLICT (columns) DO NOTHING for the session's dialect."""
+    dialect = s.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table).on_conflict_do_nothing(index_elements=columns)
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table).on_conflict_do_nothing(index_elements=columns)
+    return insert(table)
+
+
+def _chunks(values: Sequence[Any], size: int = _IN_CHUNK) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+def _dumps(value: Any, what: str, *, allow_nan: bool = True) -> str:
+    try:
+        return json.dumps(value, allow_nan=allow_nan, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRecord(
+            f"{what} must be plain JSON data (dict, list, str, numbers): {exc}"
+        ) from exc
+
+
+def _float(value: Any, what: str) -> float:
+    if isinstance(value, bool):
+        raise InvalidRecord(f"{what} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRecord(f"{what} must be a number, got {value!r}") from exc
+
+
+def _objective(value: Any, what: str) -> float:
+    number = _float(value, what)
+    if math.isnan(number):
+        raise InvalidRecord(f"{what} is NaN; objectives must be numbers (inf is allowed)")
+    return number
+
+
+def _optional_float(value: Any, what: str) -> float | None:
+    if value is None:
+        return None
+    number = _float(value, what)
+    return None if math.isnan(number) else number  # NaN = unknown
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool):
+        raise InvalidRecord(f"{what} must be an integer, got {value!r}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRecord(f"{what} must be an integer, got {value!r}") from exc
+    if number != value:
+        raise InvalidRecord(f"{what} must be an integer, got {value!r}")
+    return number
+
+
+def _digest(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not _DIGEST_RE.fullmatch(value):
+        raise InvalidRecord(
+            f"{what} must be a SHA-256 digest (64 lowercase hex digits), got {value!r}"
+        )
+    return value
+
+
+def _timestamp(value: Any, what: str, default: datetime) -> datetime:
+    if value is None:
+        return default
+    if not isinstance(value, datetime):
+        raise InvalidRecord(f"{what} must be a datetime, got {value!r}")
+    return value
+
+
+def _check_keys(
+    item: Mapping[str, Any], required: frozenset[str], optional: frozenset[str], where: str
+) -> None:
+    if not isinstance(item, Mapping):
+        raise InvalidRecord(f"{where} must be a dict, got {type(item).__name__}")
+    missing = sorted(required - item.keys())
+    unknown = sorted(set(item.keys()) - required - optional)
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing)}")
+        if unknown:
+            parts.append(f"unknown {', '.join(map(str, unknown))}")
+        raise InvalidRecord(
+            f"{where}: {'; '.join(parts)}. Expected keys: {', '.join(sorted(required))}, "
+            f"optional: {', '.join(sorted(optional))}"
+        )
+
+
+@dataclass(frozen=True)
+class _PreparedResults:
+    """A validated add_results batch: new-candidate rows by digest, evaluation rows in order."""
+
+    candidates: dict[str, dict[str, Any]]
+    evaluations: list[tuple[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class _FrontChange:
+    entered: list[str]
+    left: list[str]
+    seq: int
+
+
+def _prepare_results(campaign: str, batch: Iterable[Mapping[str, Any]]) -> _PreparedResults:
+    # Validate and compress before the transaction, so the write lock is held briefly.
+    candidates: dict[str, dict[str, Any]] = {}
+    evaluations: list[tuple[str, dict[str, Any]]] = []
+    now = utcnow()
+    for index, item in enumerate(batch):
+        where = f"add_results item {index} of campaign {campaign!r}"
+        digest, candidate, evaluation = _prepare_result(item, where, now)
+        candidates.setdefault(digest, candidate)
+        evaluations.append((digest, evaluation))
+    return _PreparedResults(candidates, evaluations)
+
+
+def _prepare_front(
+    campaign: str, entered: Sequence[str], left: Sequence[str], seq: int
+) -> _FrontChange:
+    entered_list, left_list = list(dict.fromkeys(entered)), list(dict.fromkeys(left))
+    both = set(entered_list) & set(left_list)
+    if both:
+        raise InvalidRecord(
+            f"update_front for campaign {campaign!r}: digests both enter and leave the front: "
+            f"{', '.join(sorted(both)[:3])}"
+        )
+    return _FrontChange(entered_list, left_list, _int(seq, "update_front seq"))
+
+
+def _prepare_result(
+    item: Mapping[str, Any], where: str, now: datetime
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    _check_keys(item, _RESULT_REQUIRED, _RESULT_OPTIONAL, where)
+    digest = _digest(item["digest"], f"{where}: digest")
+    parent = item.get("parent_digest")
+    if parent is not None:
+        _digest(parent, f"{where}: parent_digest")
+    graph_json = item["graph_json"]
+    if not isinstance(graph_json, str):
+        raise InvalidRecord(f"{where}: graph_json must be the graph's JSON text (str)")
+    rewrite = item.get("rewrite")
+    objectives = item["objectives"]
+    if not isinstance(objectives, Mapping) or set(objectives) != set(OBJECTIVE_COLUMNS):
+        got = sorted(objectives) if isinstance(objectives, Mapping) else objectives
+        raise InvalidRecord(
+            f"{where}: objectives must be a dict with exactly {', '.join(OBJECTIVE_COLUMNS)}; "
+            f"got {got!r}"
+        )
+    candidate = {
+        "digest": digest,
+        "graph_zlib": zlib.compress(graph_json.encode("utf-8"), 6),
+        "parent_digest": parent,
+        "rewrite": None if rewrite is None else str(rewrite),
+        "created_at": now,
+    }
+    evaluation: dict[str, Any] = {
+        key: _objective(objectives[key], f"{where}: objectives.{key}")
+        for key in OBJECTIVE_COLUMNS
+        if key != "devices"
+    }
+    evaluation["devices"] = _int(objectives["devices"], f"{where}: objectives.devices")
+    worker = item.get("worker")
+    evaluation.update(
+        feasible=bool(item["feasible"]),
+        lower_bound=_optional_float(item.get("lower_bound"), f"{where}: lower_bound"),
+        gap=_optional_float(item.get("gap"), f"{where}: gap"),
+        worker=None if worker is None else str(worker),
+        eval_seconds=_optional_float(item.get("eval_seconds"), f"{where}: eval_seconds"),
+        evaluated_at=_timestamp(item.get("evaluated_at"), f"{where}: evaluated_at", now),
+        seq=_int(item["seq"], f"{where}: seq"),
+    )
+    return digest, candidate, evaluation
+
+
+def _prepare_measurement(
+    record: Mapping[str, Any], where: str, now: datetime
+) -> tuple[str | None, dict[str, Any]]:
+    _check_keys(record, _MEASUREMENT_REQUIRED, _MEASUREMENT_OPTIONAL, where)
+    kind, backend = record["kind"], record["backend"]
+    if kind not in MEASUREMENT_KINDS:
+        raise InvalidRecord(f"{where}: kind {kind!r} is not one of {', '.join(MEASUREMENT_KINDS)}")
+    if backend not in MEASUREMENT_BACKENDS:
+        raise InvalidRecord(
+            f"{where}: backend {backend!r} is not one of {', '.join(MEASUREMENT_BACKENDS)}"
+        )
+    plan_digest = record["plan_digest"]
+    if not isinstance(plan_digest, str) or not 0 < len(plan_digest) <= 64:
+        raise InvalidRecord(f"{where}: plan_digest must be a digest string, got {plan_digest!r}")
+    campaign = record.get("campaign")
+    shard = record.get("shard")
+    verified = record.get("verified")
+    op = record.get("op")
+    row = {
+        "plan_digest": plan_digest,
+        "kind": kind,
+        "backend": backend,
+        "device_name": str(record["device_name"]),
+        "op": None if op is None else str(op),
+        "shard": None if shard is None else _int(shard, f"{where}: shard"),
+        "measured_seconds": _objective(record["measured_seconds"], f"{where}: measured_seconds"),
+        "predicted_seconds": _optional_float(
+            record.get("predicted_seconds"), f"{where}: predicted_seconds"
+        ),
+        "verified": None if verified is None else bool(verified),
+        "max_rel_error": _optional_float(record.get("max_rel_error"), f"{where}: max_rel_error"),
+        "details_json": _dumps(dict(record.get("details") or {}), f"{where}: details"),
+        "measured_at": _timestamp(record.get("measured_at"), f"{where}: measured_at", now),
+    }
+    return (None if campaign is None else str(campaign)), row
+
+
+def _campaign_dict(row: Campaign) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "name": row.name,
+        "config": json.loads(row.config_json),
+        "config_hash": row.config_hash,
+        "status": row.status,
+        "objectives": json.loads(row.objectives_json),
+        "reference_point": json.loads(row.reference_point_json),
+        "counters": json.loads(row.counters_json),
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+    }
