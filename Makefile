@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test bench demo graphviz clean
+.PHONY: run test bench graphviz clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,12 +20,12 @@ graphviz:
 	    { apt-get update -q >/dev/null && apt-get install -y -q graphviz >/dev/null; }; }; } || \
 	  echo "note: Graphviz 'dot' is not installed; pictures will be written as .dot only"
 
+# The quickstart campaign starts afresh each time (its archive is out/quickstart.db).
 run: $(STAMP) graphviz
+	mkdir -p out && rm -f out/quickstart.db out/quickstart.db-wal out/quickstart.db-shm
 	$(VENV)/bin/tapestry run configs/quickstart.yaml --db out/quickstart.db
+	$(VENV)/bin/tapestry status quickstart --db out/quickstart.db
 	$(VENV)/bin/tapestry export quickstart --db out/quickstart.db --out out/quickstart
-
-demo: $(STAMP) graphviz
-	$(PY) scripts/demo_ir.py --out out/demo
 
 test: $(STAMP) graphviz
 	$(PY) -m pytest -q
