@@ -38,9 +38,11 @@ def read_box(xp: Any, arr: Any, lo: np.ndarray, hi: np.ndarray) -> Any:
     shape = np.array(arr.shape)
     clo, chi = np.clip(lo, 0, shape), np.clip(hi, 0, shape)
     chi = np.maximum(chi, clo)
-    block = arr[tuple(slice(a, b) for a, b in zip(clo, chi))]
     if np.array_equal(clo, lo) and np.array_equal(chi, hi):
-        return block
+        return arr[tuple(slice(a, b) for a, b in zip(clo, chi))]
+    if np.any(chi <= clo):  # the box misses the array entirely (e.g. padding wider than a 1x1 kernel)
+        return xp.zeros(tuple(int(h - l) for l, h in zip(lo, hi)), dtype=arr.dtype)
+    block = arr[tuple(slice(a, b) for a, b in zip(clo, chi))]
     pad = [(int(a - l), int(h - b)) for l, a, b, h in zip(lo, clo, chi, hi)]
     return xp.pad(block, pad)
 
@@ -60,6 +62,10 @@ def run_op(xp: Any, g: Graph, name: str, env: dict[str, Any]) -> None:
     for i in range(len(sh)):
         blocks = {port: read_box(xp, env[ports[port]], lo[i], hi[i]) for port, (lo, hi) in in_boxes.items()}
         y = k.run(xp, blocks, params, ZRange(sh.lo[i], sh.hi[i]), sig)
+        want = tuple(int(b - a) for a, b in zip(out_lo[i], out_hi[i]))
+        if tuple(y.shape) != want:  # never let assignment broadcast a wrong block into place
+            raise ValueError(f"op {name} ({o.kernel}) shard {i}: the kernel returned a block of shape "
+                             f"{tuple(y.shape)}, its output box has shape {want}")
         out[tuple(slice(a, b) for a, b in zip(out_lo[i], out_hi[i]))] = y
     env[o.output] = out
 

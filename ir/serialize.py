@@ -47,6 +47,13 @@ def load(path: str | Path) -> Graph:
     return loads(text, str(p))
 
 
+def _all_ints(v: Any) -> bool:
+    """``v`` is an int (not a bool) or a (nested) list of them."""
+    if isinstance(v, list):
+        return all(_all_ints(x) for x in v)
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _need(cond: bool, path: str, msg: str) -> None:
     if not cond:
         raise GraphFormatError([Issue("bad-format", path, msg)], "document")
@@ -71,8 +78,9 @@ def _from_json(data: Any, source: str, validate: bool) -> Graph:
         p = f"$.tensors[{i}]"
         _need(isinstance(t, dict) and isinstance(t.get("name"), str), p, "a tensor needs a string name")
         _need(t["name"] not in tensors, p, f"duplicate tensor name {t['name']!r}")
-        _need(isinstance(t.get("shape"), list) and all(isinstance(x, int) for x in t["shape"]), p + ".shape",
-              "shape must be a list of integers")
+        shape = t.get("shape")
+        _need(isinstance(shape, list) and all(not isinstance(x, list) and _all_ints(x) for x in shape),
+              p + ".shape", "shape must be a list of integers")
         unknown = set(t) - {"name", "shape", "dtype", "role"}
         _need(not unknown, p, f"unknown tensor field(s) {sorted(unknown)}")
         tensors[t["name"]] = Tensor(t["name"], tuple(t["shape"]), t.get("dtype", "float32"),
@@ -91,6 +99,8 @@ def _from_json(data: Any, source: str, validate: bool) -> Graph:
         sh = o.get("shards")
         _need(isinstance(sh, dict) and all(k in sh for k in ("lo", "hi", "device")), p + ".shards",
               "shards must be an object with lo, hi and device lists")
+        for key in ("lo", "hi", "device"):  # numpy would silently truncate 0.5 or true to an integer
+            _need(_all_ints(sh[key]), f"{p}.shards.{key}", f"shard {key} must hold integers only")
         try:
             shards = Shards(sh["lo"], sh["hi"], sh["device"])
             _need(shards.lo.shape == shards.hi.shape, p + ".shards", "lo and hi differ in shape")

@@ -52,6 +52,7 @@ def validate(g: Graph) -> list[Issue]:
         if t.role not in ROLES:
             add("bad-role", p, f"role {t.role!r} is not one of {list(ROLES)}")
 
+    bad_tensors = {i.path.split(".", 1)[1] for i in issues}  # their ops cannot be checked further
     producers: dict[str, list[str]] = {}
     for name, o in g.ops.items():
         p = f"ops.{name}"
@@ -61,12 +62,15 @@ def validate(g: Graph) -> list[Issue]:
             add("unknown-tensor", p + ".inputs", f"reads unknown tensor(s) {missing}")
         if o.output not in g.tensors:
             add("unknown-tensor", p + ".output", f"writes unknown tensor {o.output!r}")
-        if missing or o.output not in g.tensors or any(i.path.startswith("tensors.") for i in issues):
+        if missing or o.output not in g.tensors or any(t in bad_tensors for _, t in o.inputs + (("y", o.output),)):
             continue
         try:
             sig = g.signature(o)
         except SignatureError as e:
             add("signature", p, str(e))
+            continue
+        except (TypeError, KeyError, AttributeError, IndexError, ValueError) as e:  # malformed params
+            add("signature", p, f"kernel {o.kernel!r} cannot take params {o.params_key}: {type(e).__name__}: {e}")
             continue
         out = g.tensors[o.output]
         if sig.out_spec.shape != out.shape or sig.out_spec.dtype != out.dtype:

@@ -71,8 +71,10 @@ class ZRange:
         return ZRange(lo, hi)
 
     def contains(self, other: ZRange) -> bool:
-        """Box containment, per dimension."""
+        """Box containment, per dimension; an empty box (a point set) lies in every box of its rank."""
         self._same_rank(other)
+        if other.is_empty:
+            return True
         return all(a <= c and d <= b for a, b, c, d in zip(self.start, self.end, other.start, other.end))
 
     def contains_point(self, point: Sequence[int]) -> bool:

@@ -93,6 +93,7 @@ class Farm:
                 fetch_graph: Callable[[str], str]) -> None:
         """Continue from the archive: committed counters and front, checkpointed strategy and RNG."""
         self.counters.update(counters)
+        self.counters["seq"] = max(int(self.counters.get("seq", 0)), int(self.archive.last_seq(self.campaign) or 0))
         self._wall0 = float(self.counters.get("wall_seconds", 0.0))
         self.front.update((r["digest"], [r["objectives"][n] for n in self.objectives],
                            {"graph_json": fetch_graph(r["digest"]), "gap": r.get("gap")}) for r in front_rows)
@@ -138,11 +139,9 @@ class Farm:
             if r.get("gap") is not None and r["digest"] in self.front:
                 self._best_gap = min(self._best_gap, float(r["gap"]))
         c["wall_seconds"] = self._wall0 + (time.monotonic() - self._t0)
-        if records:
-            self.archive.add_results(self.campaign, records)
-        if changes.entered or changes.left:
-            self.archive.update_front(self.campaign, list(changes.entered), list(changes.left), c["seq"])
-        self.archive.update_counters(self.campaign, c)
+        # One transaction: after a crash, stored evaluations, front and counters still agree.
+        self.archive.record_merge(self.campaign, records, entered=list(changes.entered), left=list(changes.left),
+                                  front_seq=c["seq"], counters=c)
         return list(changes.entered)
 
     # -- budget ------------------------------------------------------------------------

@@ -7,6 +7,7 @@ revision; :class:`storage.archive.Archive` calls it whenever it opens an archive
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -19,6 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from storage.engine import display_url, make_engine
 from storage.errors import SchemaError, translate_db_error
+from storage.models import Base
 
 __all__ = [
     "alembic_config",
@@ -26,15 +28,26 @@ __all__ = [
     "current_revision",
     "downgrade",
     "head_revision",
+    "include_name",
     "upgrade",
 ]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
-
 # Our own version table: Optuna's RDB storage keeps its study in the same database and runs its
 # own Alembic migrations with the default "alembic_version" table.
 VERSION_TABLE = "tapestry_alembic_version"
+
+
+def include_name(name: str | None, type_: str, _parents: Any) -> bool:
+    """Alembic ``include_name`` hook: compare only Tapestry's tables.
+
+    Other tables in the database (Optuna's studies and trials) are not ours to migrate.
+    """
+    if type_ == "table":
+        return name in Base.metadata.tables
+    return True
+
 
 def alembic_config() -> Config:
     """An Alembic config pointing at the packaged migrations."""
@@ -62,7 +75,8 @@ def current_revision(engine_or_url: Engine | str | Path | URL) -> str | None:
     engine, owned = _engine_of(engine_or_url)
     try:
         with engine.connect() as conn:
-            return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            return context.get_current_revision()
     except SQLAlchemyError as exc:
         where = display_url(engine.url)
         raise translate_db_error(exc, f"reading the schema version of {where}") from exc

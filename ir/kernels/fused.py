@@ -45,6 +45,8 @@ class Fused(Kernel):
         M: Projection | None = None
         for i, st in enumerate(self._stages(params)):
             k = get_kernel(st["kernel"])
+            if st.get("params", {}).get("split"):  # run() calls compute(), which knows no reduction blocks
+                raise SignatureError(f"fused stage {i} ({st['kernel']}) has a split reduction; split ops are not fused")
             own = {}
             for port in k.inputs:
                 if i > 0 and port == st["chain"]:

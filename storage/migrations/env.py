@@ -8,11 +8,10 @@ Run through :func:`storage.migrate.upgrade`, which passes an open connection in
 from __future__ import annotations
 
 from alembic import context
-
-from storage.migrate import VERSION_TABLE
 from sqlalchemy.engine import Connection
 
 from storage.engine import make_engine
+from storage.migrate import VERSION_TABLE, include_name
 from storage.models import Base
 
 # Any constant; serializes concurrent upgrades of one PostgreSQL database.
@@ -21,9 +20,10 @@ _PG_MIGRATION_LOCK = 0x7A9E57
 
 def _run(connection: Connection) -> None:
     context.configure(
-        version_table=VERSION_TABLE,
         connection=connection,
         target_metadata=Base.metadata,
+        version_table=VERSION_TABLE,
+        include_name=include_name,  # leave Optuna's tables alone
         # Our SQLite engines emit BEGIN themselves, so DDL is transactional there too: a failed
         # migration leaves the file as it was.
         transactional_ddl=True,

@@ -11,13 +11,14 @@ from storage_testkit import new_campaign
 from storage import Archive, SchemaError, make_engine
 from storage.migrate import (
     MIGRATIONS_DIR,
+    VERSION_TABLE,
     check_at_head,
     current_revision,
     downgrade,
     head_revision,
+    include_name,
     upgrade,
 )
-from storage.migrate import VERSION_TABLE
 from storage.models import Base
 
 TABLES = {"campaigns", "candidates", "evaluations", "front", "measurements", "checkpoints"}
@@ -27,7 +28,14 @@ def _diffs(url: str) -> list[object]:
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
-            context = MigrationContext.configure(conn, opts={"compare_type": True, "version_table": VERSION_TABLE})
+            context = MigrationContext.configure(
+                conn,
+                opts={
+                    "compare_type": True,
+                    "version_table": VERSION_TABLE,
+                    "include_name": include_name,
+                },
+            )
             return compare_metadata(context, Base.metadata)
     finally:
         engine.dispose()
@@ -98,6 +106,30 @@ def test_readonly_open_needs_a_current_archive(db_url: str) -> None:
     upgrade(db_url)
     with Archive.open(db_url, readonly=True) as archive:
         assert archive.list_campaigns() == []
+
+
+def test_optuna_shares_the_database(db_url: str) -> None:
+    """Optuna's RDB storage (own tables, own "alembic_version") lives beside the archive."""
+    optuna = pytest.importorskip("optuna")
+    from sqlalchemy.engine import make_url
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna_url = (
+        f"sqlite:///{db_url}"
+        if "://" not in db_url
+        else make_url(db_url).render_as_string(hide_password=False)
+    )
+    # Archive first, then Optuna, then the archive again: neither migration trips the other.
+    with Archive.open(db_url) as archive:
+        new_campaign(archive, "shared")
+    study = optuna.create_study(storage=optuna_url, study_name="shared", directions=["minimize"])
+    study.optimize(lambda trial: trial.suggest_float("x", -1.0, 1.0) ** 2, n_trials=3)
+    with Archive.open(db_url) as archive:
+        assert [c["name"] for c in archive.list_campaigns()] == ["shared"]
+    assert current_revision(db_url) == head_revision()
+    assert _diffs(db_url) == []  # Optuna's tables are not reported as ours
+    reloaded = optuna.load_study(storage=optuna_url, study_name="shared")
+    assert len(reloaded.trials) == 3
 
 
 def test_migration_files_are_packaged() -> None:

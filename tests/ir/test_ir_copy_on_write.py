@@ -1,0 +1,62 @@
+"""Copy-on-write: a rewrite of one op leaves every other op the identical object, arrays shared."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ir.rewrites import fuse, merge, merge_reduction, move, place, retile, split, split_reduction, unfuse
+
+
+@pytest.fixture
+def base(kit):
+    g = kit.small("transformer")
+    for op in g.ops:  # give every op two shards so that arrays are worth sharing
+        g = split(g, op, 0, 2)
+    return g
+
+
+REWRITES = {
+    "split": (lambda g: split(g, "ff1", "o", 2), {"ff1"}),
+    "merge": (lambda g: merge(g, "ff1", 0), {"ff1"}),
+    "retile": (lambda g: retile(g, "ln2", (2, 3)), {"ln2"}),
+    "place": (lambda g: place(g, "attn_qk", [1, 2]), {"attn_qk"}),
+    "move": (lambda g: move(g, "attn_qk", 1, 3), {"attn_qk"}),
+    "split_reduction": (lambda g: split_reduction(g, "ff2", 2), {"ff2"}),
+    "fuse": (lambda g: fuse(g, "ff1", "ff_act"), {"ff1", "ff_act"}),
+}
+
+
+@pytest.mark.parametrize("kind", list(REWRITES))
+def test_other_ops_are_shared(kit, base, kind):
+    rewrite, changed = REWRITES[kind]
+    h = rewrite(base)
+    assert h is not base and h.digest != base.digest
+    kit.assert_shared_except(h, base, changed)
+    kit.assert_rewrite_ok(h, base)
+    # The parent is untouched (its cached digest still matches its content).
+    assert base.digest == type(base)(dict(base.tensors), dict(base.ops)).digest
+
+
+def test_tensor_table_shared_unless_tensors_change(base):
+    assert split(base, "ff1", "o", 2).tensors is base.tensors
+    assert place(base, "ff1", [3]).tensors is base.tensors
+    assert "ff2.partial" in split_reduction(base, "ff2", 2).tensors and "ff2.partial" not in base.tensors
+
+
+def test_inverse_rewrites_share_too(kit, base):
+    f = fuse(base, "ff1", "ff_act")
+    u = unfuse(f, "ff1+ff_act")
+    kit.assert_shared_except(u, base, {"ff1", "ff_act"})
+    s = split_reduction(base, "ff2", 2)
+    kit.assert_shared_except(merge_reduction(s, "ff2"), base, {"ff2"})
+
+
+def test_shard_arrays_are_read_only(base):
+    sh = base.ops["ff1"].shards
+    for arr in (sh.lo, sh.hi, sh.device):
+        with pytest.raises(ValueError):
+            arr[0] = 7
+    h = place(base, "ff1", [5, 6])
+    assert h.ops["ff1"].shards.lo is sh.lo and not h.ops["ff1"].shards.device.flags.writeable
+    assert np.array_equal(sh.device, [0, 0])
