@@ -1,0 +1,200 @@
+"""Calibration runs: time a spread of kernels and shard sizes, fit the cost model to them.
+
+The spread (``kernel_spread``) covers every efficiency class the cost model distinguishes:
+``matmul`` (matmul and linear, square and skinny), ``elementwise`` (add, relu, gelu),
+``rowwise`` (softmax, layernorm), ``conv`` (conv2d 3x3) and ``reduction`` (reduce_sum), each at
+several sizes from launch-bound to bandwidth- or compute-bound. Sizes depend on the backend (a
+GPU needs far bigger shards to leave the launch-bound regime); ``quick`` keeps a few small ones
+per class (tests, smoke runs).
+
+Each point is a one-op graph (one shard) timed by ``executor.measure.time_ops`` (median of
+``repeats`` after a warm-up; CUDA events on GPU). Its record is
+``{kernel_class, flops, bytes, dtype, seconds}`` (plus ``case``, ``kernel``, ``shape``), with
+FLOPs and bytes (read + written) from the kernel's signature, exactly what the lowering charges.
+``costmodel.calibrate.calibrate`` fits the efficiency factors and launch overheads per class.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str          # e.g. "matmul 256x256x256"
+    kernel: str
+    build: Callable[[], Any]  # -> one-op Graph
+
+
+def _one_op(kernel: str, dtype: str, inputs: dict[str, tuple[int, ...]], roles: dict[str, str] | None = None,
+            **params: Any) -> Callable[[], Any]:
+    def build() -> Any:
+        from ir.builder import GraphBuilder
+
+        b = GraphBuilder(dtype)
+        ins = {}
+        for port, shape in inputs.items():
+            role = (roles or {}).get(port, "input")
+            ins[port] = b.parameter(port, shape) if role == "parameter" else b.input(port, shape)
+        b.op(kernel, "k", ins, **params)
+        return b.build()
+
+    return build
+
+
+def kernel_spread(backend: str = "numpy", quick: bool = False, dtypes: tuple[str, ...] = ("float32",)) -> list[Case]:
+    """The calibration points (see the module docstring)."""
+    gpu = backend == "cupy"
+    cases: list[Case] = []
+
+    def add(name: str, kernel: str, build: Callable[[], Any]) -> None:
+        cases.append(Case(name, kernel, build))
+
+    for dt in dtypes:
+        tag = "" if dt == "float32" else f" {dt}"
+        # matmul: square (compute-bound when large) and skinny (memory-bound)
+        if quick:
+            mm = [(32, 32, 32), (96, 96, 96), (192, 192, 192), (256, 32, 256)]
+        elif gpu:
+            mm = [(256, 256, 256), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
+                  (8192, 64, 8192), (16384, 16, 4096)]
+        else:
+            mm = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024),
+                  (1024, 16, 1024), (2048, 8, 2048)]
+        for m, k, n in mm:
+            add(f"matmul {m}x{k}x{n}{tag}", "matmul", _one_op("matmul", dt, {"a": (m, k), "b": (k, n)},
+                                                                 {"b": "parameter"}))
+        lin = [(64, 128, 128)] if quick else ([(4096, 4096, 4096), (512, 1024, 4096)] if gpu else
+                                               [(256, 512, 512), (64, 256, 1024)])
+        for nb, f, o in lin:
+            add(f"linear {nb}x{f}->{o}{tag}", "linear",
+                _one_op("linear", dt, {"x": (nb, f), "W": (f, o), "b": (o,)}, {"W": "parameter", "b": "parameter"}))
+        # elementwise: one size ladder for add, a shorter one for relu and gelu
+        ladder = [1 << 12, 1 << 15, 1 << 17] if quick else (
+            [1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26] if gpu else [1 << 12, 1 << 16, 1 << 19, 1 << 21, 1 << 22])
+        for i, n in enumerate(ladder):
+            shape = (n // 256, 256)
+            add(f"add {shape[0]}x{shape[1]}{tag}", "add", _one_op("add", dt, {"a": shape, "b": shape}))
+            if quick or i % 2 == 0:
+                for kern in ("relu", "gelu"):
+                    add(f"{kern} {shape[0]}x{shape[1]}{tag}", kern, _one_op(kern, dt, {"x": shape}))
+        # row-wise
+        rows = [(64, 64), (256, 256), (512, 512)] if quick else (
+            [(1024, 1024), (8192, 1024), (16384, 4096), (65536, 1024)] if gpu else
+            [(128, 128), (512, 512), (2048, 512), (1024, 2048)])
+        for r, c in rows:
+            add(f"softmax {r}x{c}{tag}", "softmax", _one_op("softmax", dt, {"x": (r, c)}))
+            add(f"layernorm {r}x{c}{tag}", "layernorm",
+                _one_op("layernorm", dt, {"x": (r, c), "gamma": (c,), "beta": (c,)},
+                        {"gamma": "parameter", "beta": "parameter"}, eps=1e-5))
+        # conv2d 3x3, padding 1
+        conv = [(1, 4, 8, 8), (2, 8, 8, 16), (2, 16, 16, 16)] if quick else (
+            [(8, 64, 64, 56), (16, 128, 128, 28), (32, 64, 128, 56), (8, 256, 256, 14)] if gpu else
+            [(2, 8, 16, 16), (4, 16, 32, 16), (4, 32, 32, 32), (8, 32, 64, 16)])
+        for nb, ci, co, hw in conv:
+            add(f"conv2d n{nb} {ci}->{co} {hw}x{hw}{tag}", "conv2d",
+                _one_op("conv2d", dt, {"x": (nb, ci, hw, hw), "w": (co, ci, 3, 3)}, {"w": "parameter"}, padding=1))
+        # reductions over the last dim
+        red = [(64, 64), (256, 256), (512, 512)] if quick else (
+            [(1024, 1024), (8192, 4096), (32768, 4096)] if gpu else [(256, 256), (1024, 1024), (2048, 2048)])
+        for r, c in red:
+            add(f"reduce_sum {r}x{c}{tag}", "reduce_sum", _one_op("reduce_sum", dt, {"x": (r, c)}, dim=-1))
+    return cases
+
+
+def record_of(g: Any, seconds: float) -> dict[str, Any]:
+    """``{kernel_class, flops, bytes, dtype, seconds}`` of a one-op, one-shard graph."""
+    from ir.kernels import get_kernel
+
+    (name,) = g.topo_order
+    o = g.ops[name]
+    sig = g.signature(o)
+    sh = o.shards
+    flops = float(sig.flops(sh.lo, sh.hi).sum())
+    read, written = sig.io_bytes(sh.lo, sh.hi)
+    return {"kernel_class": get_kernel(o.kernel).kernel_class, "flops": flops, "bytes": float((read + written).sum()),
+            "dtype": g.tensors[o.output].dtype, "seconds": float(seconds), "kernel": o.kernel,
+            "shape": list(g.tensors[o.output].shape)}
+
+
+def measure_spread(cases: list[Case], backend: str = "numpy", repeats: int = 3, warmup: int = 1,
+                   progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Time every case (median of ``repeats``) and return one record per case."""
+    from executor.measure import time_ops
+
+    out = []
+    for c in cases:
+        g = c.build()
+        seconds = time_ops(g, backend, repeats=repeats, warmup=warmup)["k"]
+        rec = record_of(g, seconds)
+        rec["case"] = c.name
+        out.append(rec)
+        if progress is not None:
+            progress(c.name)
+    return out
+
+
+def model_seconds(records: list[dict[str, Any]], hw: Any) -> np.ndarray:
+    return np.array([float(hw.shard_time(r["flops"], r["bytes"], r["dtype"], r["kernel_class"])) for r in records])
+
+
+def errors(records: list[dict[str, Any]], hw: Any) -> dict[str, float]:
+    """How far the model on ``hw`` is from the measured points: mean and median of
+    ``|log(model / measured)|`` (a factor of 2 off either way is 0.69), and the RMS relative error."""
+    m = np.array([r["seconds"] for r in records])
+    p = model_seconds(records, hw)
+    lg = np.abs(np.log(p / m))
+    return {"mean_abs_log": float(lg.mean()), "median_abs_log": float(np.median(lg)),
+            "rms_rel": float(np.sqrt(np.mean(((p - m) / m) ** 2))), "n": len(records)}
+
+
+@dataclass
+class CalibrationResult:
+    hardware: Any            # the calibrated Hardware
+    base: Any                # the Hardware it started from
+    fits: dict[str, Any]     # kernel class -> costmodel.calibrate.ClassFit
+    records: list[dict[str, Any]]
+    before: dict[str, float]
+    after: dict[str, float]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Per point: case, class, FLOPs, bytes, measured, model before and after."""
+        pb, pa = model_seconds(self.records, self.base), model_seconds(self.records, self.hardware)
+        return [{"case": r.get("case", r.get("kernel", "")), "kernel_class": r["kernel_class"], "flops": r["flops"],
+                 "bytes": r["bytes"], "measured": r["seconds"], "model_before": float(b), "model_after": float(a)}
+                for r, b, a in zip(self.records, pb, pa)]
+
+    def factors(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for k, f in self.fits.items():
+            out[k] = {"compute": f.compute_eff, "memory": f.memory_eff, "launch": f.launch, "n": f.n,
+                      "compute_identified": f.compute_identified, "memory_identified": f.memory_identified,
+                      "rms_rel_error": None if math.isnan(f.rms_rel_error) else f.rms_rel_error}
+        return out
+
+
+def calibrate_records(records: list[dict[str, Any]], hw: Any) -> CalibrationResult:
+    from costmodel.calibrate import calibrate
+    from costmodel.hardware import load_hardware
+
+    base = load_hardware(hw)
+    out = calibrate(records, base, report=True)
+    cal, fits = out if isinstance(out, tuple) else (out, {})
+    return CalibrationResult(cal, base, fits, records, errors(records, base), errors(records, cal))
+
+
+def run_calibration(backend: str, hardware: Any, quick: bool = False, repeats: int = 3, warmup: int = 1,
+                    dtypes: tuple[str, ...] | None = None,
+                    progress: Callable[[str], None] | None = None) -> CalibrationResult:
+    """Time the spread on ``backend`` and fit ``hardware``'s factors to it."""
+    from executor.backend import get_backend
+
+    get_backend(backend)  # fail early, with a clear message, when CuPy or a GPU is missing
+    if dtypes is None:
+        dtypes = ("float32",)
+    records = measure_spread(kernel_spread(backend, quick, tuple(dtypes)), backend, repeats, warmup, progress)
+    return calibrate_records(records, hardware)

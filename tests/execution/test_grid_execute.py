@@ -1,0 +1,76 @@
+"""``tapestry execute`` / ``optimizer.grid``: a 4-device plan on a 2-worker local Dask cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from costmodel.transfers import transfer_plan
+from executor.device_run import IncompleteCommunication
+from ir import workloads
+from ir.rewrites import place, split
+from ir.serialize import dumps
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def four_device_plan():
+    g = workloads.mlp(batch=8, widths=(12, 20, 10))
+    g = place(split(g, "fc1", "n", 4), "fc1", (0, 1, 2, 3))
+    g = place(split(g, "act1", "d1", 2), "act1", (1, 2))
+    return place(split(g, "fc2", "o", 2), "fc2", (3, 0))
+
+
+@pytest.fixture(scope="module")
+def client():
+    from optimizer.grid import grid_client
+
+    with grid_client(None, 2) as c:
+        yield c
+
+
+def test_plan_passes_on_two_workers_and_moves_the_planned_boxes(client):
+    from optimizer.grid import run_plan_on_grid
+
+    g = four_device_plan()
+    assert g.devices == {0, 1, 2, 3}
+    rep = run_plan_on_grid(g, client)
+    assert rep.ok and rep.max_rel_error < 1e-5, str(rep)
+    assert len(rep.workers) == 2
+    assert rep.device_worker[0] == rep.device_worker[2] == rep.workers[0]
+    assert rep.device_worker[1] == rep.device_worker[3] == rep.workers[1]
+    tp = transfer_plan(g)
+    assert rep.extract_tasks == sum(len(t["boxes"]) for t in tp.transfers) > 0
+    assert rep.transfer_bytes == tp.transfer_bytes
+    assert rep.op_tasks == 4 + 2 + 2
+    assert "PASS" in str(rep)
+
+
+def test_a_dropped_transfer_fails_on_the_worker(client):
+    from optimizer.grid import run_plan_on_grid
+
+    g = four_device_plan()
+    tp = transfer_plan(g)
+    tp.transfers = tp.transfers[1:]
+    with pytest.raises(IncompleteCommunication):
+        run_plan_on_grid(g, client, transfers=tp)
+
+
+def test_execute_command_with_a_local_cluster(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(dumps(four_device_plan()) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-m", "optimizer.cli", "execute", str(plan), "--workers", "2",
+                          "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120,
+                         env=env, cwd=str(ROOT))
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = " ".join(res.stdout.split())
+    assert "PASS" in out and "4 plan devices on 2 workers" in out
+    assert "Traceback" not in res.stderr and "already in use" not in res.stderr
+    import json
+
+    assert json.loads((tmp_path / "r.json").read_text())["ok"] is True

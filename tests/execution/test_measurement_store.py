@@ -1,0 +1,66 @@
+"""``optimizer.measurement``: shard, transfer and plan timings with predictions, stored."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel.lowering import Lowerer
+from costmodel.presets import PRESETS
+from optimizer.measurement import measure_plan, store_measurements
+from optimizer.sampling import serial_prediction
+from storage import Archive
+
+
+def test_records_carry_predictions_and_go_into_the_archive(plans, tmp_path):
+    g = plans.spread_plan("mlp", 1)
+    hw = PRESETS["h100-sxm-8"]
+    recs = measure_plan(g, hw, backend="numpy", repeats=2)
+    kinds = [r["kind"] for r in recs]
+    n_transfers = kinds.count("transfer")
+    assert kinds.count("shard") == g.n_shards and kinds.count("plan") == 1 and n_transfers > 0
+    assert all(r["measured_seconds"] > 0 and r["predicted_seconds"] > 0 for r in recs)
+    assert all(r["plan_digest"] == g.digest and r["backend"] == "numpy" for r in recs)
+    low = Lowerer(hw).lower(g)
+    nc = int(low.op_offsets[-1])
+    shards = [r for r in recs if r["kind"] == "shard"]
+    assert [r["predicted_seconds"] for r in shards] == pytest.approx(list(low.dur[:nc]))
+    transfers = [r for r in recs if r["kind"] == "transfer"]
+    assert [r["predicted_seconds"] for r in transfers] == pytest.approx(list(low.dur[nc:]))
+    plan = recs[-1]
+    assert plan["kind"] == "plan" and plan["verified"] is True and plan["max_rel_error"] < 1e-4
+    assert plan["predicted_seconds"] == pytest.approx(serial_prediction(g, hw))
+    assert plan["predicted_seconds"] == pytest.approx(float(low.dur[:nc].sum()))
+
+    url = tmp_path / "m.db"
+    with Archive.open(url) as a:  # measurements need no campaign
+        assert store_measurements(a, recs) == len(recs)
+    assert store_measurements(str(url), recs[:1]) == 1  # by path, too
+    with Archive.open(url, readonly=True) as a:
+        back = a.measurements()
+    assert len(back) == len(recs) + 1
+    assert [b["kind"] for b in back[:-1]] == kinds
+    t = next(b for b in back if b["kind"] == "transfer")
+    assert {"tensor", "src", "dst", "bytes"} <= set(t["details"]) and t["op"] in g.ops
+    p = next(b for b in back if b["kind"] == "plan")
+    assert p["verified"] and p["details"]["prediction"] == "serial" and p["predicted_seconds"] > 0
+
+
+def test_plans_wider_than_the_hardware_use_one_bigger_node(plans):
+    g = plans.spread_plan("mlp", 1)  # 4 plan devices on the 1-device cpu preset
+    recs = measure_plan(g, "cpu", repeats=1, warmup=0)
+    assert recs[-1]["verified"] and recs[-1]["details"]["n_devices"] == 4
+
+
+def test_campaign_sampling_task_measures_and_predicts(plans):
+    """``optimizer.sampling.measure_task`` (sampled executions in campaigns) runs and its
+    prediction is the serial shard sum of the lowering (``serial_prediction``)."""
+    import json
+
+    from optimizer.sampling import measure_task
+
+    g = plans.spread_plan("mlp", 1)
+    hw = PRESETS["cpu"]
+    m = measure_task({"graph_json": json.dumps(g.to_json()), "digest": g.digest, "backend": "numpy", "repeats": 1,
+                      "hardware": hw.to_dict()})
+    assert m["verified"] and m["measured_seconds"] > 0
+    assert m["predicted_seconds"] == pytest.approx(serial_prediction(g, hw)) and m["predicted_seconds"] > 0
