@@ -9,6 +9,7 @@ tensor has exactly one producer and sources have none; no cycles; devices are >=
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,9 @@ import numpy as np
 from ir.graph import DTYPES_OK, ROLES, SOURCE_ROLES, Graph
 from ir.kernels import SignatureError
 from ir.zspace import ZRange, partition_problem
+
+
+OP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ def validate(g: Graph) -> list[Issue]:
     producers: dict[str, list[str]] = {}
     for name, o in g.ops.items():
         p = f"ops.{name}"
+        if not OP_NAME.fullmatch(name):
+            add("bad-name", p, f"operation name {name!r} must match {OP_NAME.pattern} (rewrite moves name ops "
+                "in text such as split{op=NAME,...})")
         producers.setdefault(o.output, []).append(name)
         missing = [t for _, t in o.inputs if t not in g.tensors]
         if missing:

@@ -248,3 +248,14 @@ def test_direct_graph_with_unhashable_shape_does_not_crash(kit, g):
     t["x"] = Tensor("x", (8, 12.5), "float32", "input")  # a float extent, as a careless caller might write
     codes = {i.code for i in validate(Graph(t, g.ops))}
     assert "bad-shape" in codes
+
+
+def test_op_names_that_break_move_text_are_refused():
+    from ir import workloads
+    from ir.serialize import from_json
+    from ir.validate import validate
+
+    doc = workloads.build("mlp", batch=4, widths=[8, 16, 8]).to_json()
+    doc["ops"][0]["name"] = "fc1,dim=o"
+    issues = validate(from_json(doc, validate=False))
+    assert [i.code for i in issues] == ["bad-name"] and issues[0].path == "ops.fc1,dim=o"
