@@ -8,12 +8,9 @@ checkpointed; it refuses a changed workload, hardware or objectives and accepts 
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -37,33 +34,6 @@ def base_program(cfg: CampaignConfig) -> tuple[Any, Any]:
         return unshard(g), None
     plan = load(cfg.workload.file)
     return unshard(plan), plan
-
-
-@contextlib.contextmanager
-def dask_client(scheduler: str | None, workers: int | None, threads: int = 1) -> Iterator[Any]:
-    """A client of an existing scheduler, or of a local cluster sized to this machine."""
-    from distributed import Client, LocalCluster
-
-    if scheduler:
-        try:
-            client = Client(scheduler, timeout="20s")
-        except OSError as e:
-            raise ConfigError(f"cannot reach the Dask scheduler at {scheduler!r} ({e}); start one with "
-                              f"'dask scheduler' or drop --scheduler to use a local cluster") from None
-        try:
-            yield client
-        finally:
-            client.close()
-        return
-    n = workers or max(1, min(os.cpu_count() or 1, 8))
-    cluster = LocalCluster(n_workers=n, threads_per_worker=threads, processes=True, dashboard_address=None,
-                           silence_logs=logging.ERROR, memory_limit=0)
-    client = Client(cluster)
-    try:
-        yield client
-    finally:
-        client.close()
-        cluster.close()
 
 
 def make_strategy(cfg: CampaignConfig, ctx: Any) -> Any:
@@ -117,10 +87,7 @@ def run_campaign(cfg: CampaignConfig, db: str | None = None, scheduler: str | No
                  workers: int | None = None, quiet: bool = False) -> dict[str, Any]:
     """Start a new campaign and run it to its budget (or a signal)."""
     from costmodel.hardware import load_hardware
-    from optimizer.farm import Farm
     from optimizer.pareto import reference_point
-    from optimizer.progress import Progress
-    from optimizer.worker import acceptable  # noqa: F401  (import check before the cluster starts)
     from storage import Archive
 
     url = resolve_url(cfg.storage.url, db)
@@ -140,6 +107,7 @@ def run_campaign(cfg: CampaignConfig, db: str | None = None, scheduler: str | No
 def _drive(cfg: CampaignConfig, archive: Any, url: str, hw: Any, base: Any, seed_records: list[dict] | None,
            ref: np.ndarray, resume: dict | None, scheduler: str | None, workers: int | None,
            quiet: bool) -> dict[str, Any]:
+    from optimizer.cluster import dask_client
     from optimizer.farm import Farm
     from optimizer.progress import Progress
     from optimizer.sampling import make_sampler
@@ -149,8 +117,9 @@ def _drive(cfg: CampaignConfig, archive: Any, url: str, hw: Any, base: Any, seed
     rng = np.random.default_rng(np.random.SeedSequence([cfg.search.seed, 99]))
     status = "failed"
     with Progress(cfg.name, quiet) as progress:
+        gpu = {"GPU": 1} if cfg.sampling.rate > 0 and cfg.sampling.backend == "cupy" else None
         with dask_client(scheduler or cfg.cluster.scheduler, workers or cfg.cluster.workers,
-                         cfg.cluster.threads_per_worker) as client:
+                         cfg.cluster.threads_per_worker, gpu) as client:
             sampler = make_sampler(cfg, archive, client, hw, base)
             farm = Farm(cfg.name, archive, client, strategy, list(cfg.objectives), ref, _budget(cfg),
                         cfg.search.epsilon, cfg.checkpoint_seconds, rng, progress, sampler)

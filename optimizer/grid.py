@@ -25,10 +25,8 @@ arrays. Futures are dropped as soon as the outputs are gathered.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import time
-import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterator
@@ -246,32 +244,10 @@ def run_plan_on_grid(g: Any, client: Any, backend: str = "numpy", seed: int = 0,
 @contextlib.contextmanager
 def grid_client(scheduler: str | None, workers: int | None, backend: str = "numpy",
                 n_devices: int = 1) -> Iterator[Any]:
-    """A client of the scheduler at ``scheduler``, or of a local cluster (processes, one thread
-    each, no dashboard; ``workers`` default: one per plan device, at most the CPU count and 8)."""
-    from distributed import Client, LocalCluster
+    """A client for running a plan: local workers default to one per plan device (at most the
+    CPU count and 8), each advertising a GPU when the backend is CuPy."""
+    from optimizer.cluster import dask_client
 
-    if scheduler:
-        try:
-            client = Client(scheduler, timeout="20s")
-        except OSError as e:
-            from optimizer.cli.errors import UserError
-
-            raise UserError(f"cannot reach the Dask scheduler at {scheduler!r} ({e}); start one with "
-                            f"'dask scheduler' or drop --scheduler to use a local cluster") from None
-        try:
-            yield client
-        finally:
-            client.close()
-        return
     n = workers or max(1, min(n_devices, os.cpu_count() or 1, 8))
-    extra = {"resources": {"GPU": 1}} if backend == "cupy" else {}
-    with warnings.catch_warnings():  # the scheduler's HTTP server moves off a busy port 8787: harmless
-        warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                               silence_logs=logging.ERROR, memory_limit=0, **extra)
-    client = Client(cluster)
-    try:
+    with dask_client(scheduler, n, 1, {"GPU": 1} if backend == "cupy" else None) as client:
         yield client
-    finally:
-        client.close()
-        cluster.close()

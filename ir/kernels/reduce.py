@@ -6,8 +6,6 @@ reduction's monoid; ``split_reduction`` inserts it after a partial op.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from ir.kernels.base import MONOIDS, Kernel, Reduction, Signature, SignatureError, TensorSpec, unit_row, zero_row
 from ir.zspace import Projection, identity_projection
 

@@ -6,7 +6,7 @@ it cannot be split: the index space is the leading dims only.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from ir.kernels.base import Kernel, Signature, SignatureError, TensorSpec, identity_rows, zero_row
 from ir.zspace import Projection

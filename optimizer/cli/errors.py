@@ -21,6 +21,7 @@ USER_ERRORS = (
     "costmodel.hardware.HardwareError",
     "storage.errors.StorageError",
     "optimizer.config.ConfigError",
+    "optimizer.cluster.ClusterError",
 )
 
 

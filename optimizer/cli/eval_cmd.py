@@ -1,0 +1,111 @@
+"""``tapestry eval PLAN.json --hardware PRESET|FILE.yaml [--json]``: objectives and a cost breakdown."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from optimizer.cli.common import console, load_plan
+
+
+def _si(x: float, unit: str, sep: str = " ") -> str:
+    """``1.23 ms``, ``4.5 GB``: three significant digits with an SI prefix."""
+    if x == 0:
+        return f"0{sep}{unit}"
+    for f, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n")):
+        if abs(x) >= f:
+            return f"{x / f:.3g}{sep}{p}{unit}"
+    return f"{x:.3g}{sep}{unit}"
+
+
+def eval_report(plan: str, hardware: str) -> dict[str, Any]:
+    """Evaluate a plan file on a hardware preset or YAML file; plain data for printing or JSON."""
+    from costmodel import evaluate, load_hardware
+
+    hw = load_hardware(hardware)
+    g = load_plan(plan)
+    e = evaluate(g, hw, keep=True)
+    b = e.breakdown()
+    return {"plan": plan, "hardware": hw.name, "n_devices": hw.n_devices, "ops": len(g.ops), "shards": g.n_shards,
+            "digest": g.digest, **e.to_json(), "memory_capacity": hw.device.mem_capacity,
+            "breakdown": {"devices": b.devices, "ops": b.ops}}
+
+
+def print_report(r: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    # piped or redirected: do not squeeze the tables into 80 columns
+    out = console if console.is_terminal else Console(width=max(console.width, 120), highlight=False)
+
+    head = Table(title=f"{r['plan']} on {r['hardware']} ({r['ops']} ops, {r['shards']} shards)", show_header=False)
+    head.add_column("objective", style="bold")
+    head.add_column("value", justify="right")
+    head.add_row("makespan", _si(r["makespan"], "s"))
+    head.add_row("lower bound", _si(r["lower_bound"], "s"))
+    head.add_row("gap (makespan / bound)", f"{r['gap']:.3g}")
+    head.add_row("energy", _si(r["energy"], "J"))
+    cap = r["memory_capacity"]
+    head.add_row("peak memory (max device)", f"{_si(r['peak_memory'], 'B')} of {_si(cap, 'B')}")
+    head.add_row("feasible (memory fits)", "yes" if r["feasible"] else "NO")
+    head.add_row("devices used", f"{int(r['devices'])} of {r['n_devices']}")
+    head.add_row("bytes moved", _si(r["bytes_moved"], "B"))
+    out.print(head)
+
+    from rich import box
+
+    c = lambda x, unit: _si(x, unit, "")  # noqa: E731  (compact: 133µs)
+    ops = Table(title="per operation", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("op", "shards", "devices", "FLOP", "compute", "in bytes", "in time", "start", "finish"):
+        ops.add_column(col, justify="left" if col in ("op", "devices") else "right", no_wrap=True)
+    for o in r["breakdown"]["ops"]:
+        ops.add_row(o["op"], str(o["shards"]), _devices(o["devices"]), c(o["flops"], ""), c(o["compute_s"], "s"),
+                    c(o["in_bytes"], "B"), c(o["in_s"], "s"), c(o["start"], "s"), c(o["finish"], "s"))
+    out.print(ops)
+    out.print("  compute: sum of the op's shard times; in: transfers bringing its inputs to other devices")
+
+    devs = Table(title="per device (used)", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("device", "shards", "compute", "comm out+in", "idle", "peak memory", "resident"):
+        devs.add_column(col, justify="right", no_wrap=True)
+    for d in r["breakdown"]["devices"]:
+        if d["used"]:
+            devs.add_row(str(d["device"]), str(d["shards"]), c(d["compute_s"], "s"), c(d["comm_s"], "s"),
+                         c(d["idle_s"], "s"), c(d["peak_memory"], "B"), c(d["resident_memory"], "B"))
+    out.print(devs)
+
+
+def _devices(ds: list[int]) -> str:
+    """``0-7`` for runs, ``0,2,5`` otherwise."""
+    if not ds:
+        return "-"
+    parts, start, prev = [], ds[0], ds[0]
+    for d in ds[1:] + [None]:
+        if d is not None and d == prev + 1:
+            prev = d
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else str(start))
+        if d is not None:
+            start = prev = d
+    return ",".join(parts)
+
+
+def eval_cmd(
+    plan: Annotated[str, typer.Argument(help="plan file (JSON)")],
+    hardware: Annotated[str, typer.Option("--hardware", "-H",
+                                          help="hardware preset (h100-sxm-8, h200-sxm-8, h100-sxm-64, cpu) "
+                                               "or a hardware YAML file")],
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of tables")] = False,
+) -> None:
+    """Evaluate a plan: makespan, energy, memory, devices, bytes moved, the lower bound and gap,
+    and where the time goes per operation and per device."""
+    r = eval_report(plan, hardware)
+    if as_json:
+        print(json.dumps(r, indent=1))
+    else:
+        print_report(r)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_cmd)
