@@ -1,9 +1,28 @@
 """Objectives of a plan on a fleet: makespan, energy, peak memory, devices, bytes moved.
 
 ``Evaluator(hw)(g)`` lowers (incrementally, see ``costmodel.lowering``), simulates, and returns an
-``Evaluation``. ``evaluate(g, hw)`` is the one-shot form. A lower bound on the makespan (the
-larger of the whole fleet's roofline time for the program's total work and the critical path
-with every op spread over the whole fleet) lets every report say how far a plan is from the limit.
+``Evaluation``; ``evaluate(g, hw)`` is the one-shot form. ``Evaluation.breakdown()`` (computed
+only on request, from an evaluation made with ``keep=True``) splits the time per device (compute,
+communication, idle) and per operation (shards, FLOPs, compute seconds, incoming transfers).
+
+Lower bound (``lower_bound``): no plan of the same program on the same fleet can finish sooner
+under this cost model. It is the larger of
+
+- **total work over the fleet, plus one launch**: ``max(Σ_ops FLOPs / (peak·ce), program I/O
+  bytes / (bw·me)) / n + launch`` (every FLOP runs somewhere; every input, weight and output
+  byte is read or written at least once; intermediates could be fused away, so they are not
+  counted; the best efficiency factors of the hardware). The device with the most compute has
+  at least the average and runs at least one shard, so it also pays at least one launch; and
+- **the critical path at full parallelism**: with every op spread over the whole fleet and
+  pipelined, the compute along a path is already in the work term; what remains is that a chain
+  of dependent ops still runs one shard of each after the other, each paying at least one
+  launch. Elementwise ops that read a produced tensor might be fused into their producer, so
+  they add no launch.
+
+Both terms are valid bounds. (Summing per-op roofline times along the longest path is not: a
+fused op overlaps one stage's memory traffic with another's compute, a pipelined plan overlaps
+the ops.)
+``Evaluation.gap`` = makespan / lower bound (1.0 would be at the limit).
 """
 
 from __future__ import annotations
@@ -13,14 +32,17 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.energy import schedule_energy
+from costmodel.energy import energy_breakdown
 from costmodel.hardware import Hardware, load_hardware
-from costmodel.lowering import Lowered, Lowerer
+from costmodel.lowering import Lowered, Lowerer, program_key
 from costmodel.simulate import Schedule, simulate_arrays
 from ir.graph import SOURCE_ROLES, Graph
-from ir.kernels import ITEMSIZE, get_kernel
+from ir.kernels import ELEMENTWISE, ITEMSIZE, get_kernel
 
 OBJECTIVES = ("makespan", "energy", "peak_memory", "devices")
+
+__all__ = ["OBJECTIVES", "Breakdown", "Evaluation", "Evaluator", "breakdown", "evaluate", "lower_bound",
+           "program_key"]
 
 
 @dataclass
@@ -35,6 +57,7 @@ class Evaluation:
     peak_memory_per_device: np.ndarray = field(repr=False)
     lowered: Lowered | None = field(default=None, repr=False)
     schedule: Schedule | None = field(default=None, repr=False)
+    hardware: Hardware | None = field(default=None, repr=False)
 
     @property
     def gap(self) -> float:
@@ -53,19 +76,75 @@ class Evaluation:
         return {**self.objectives(), "feasible": self.feasible, "lower_bound": self.lower_bound, "gap": self.gap,
                 "peak_memory_per_device": self.peak_memory_per_device.tolist()}
 
+    def breakdown(self) -> "Breakdown":
+        """Per-device and per-operation split of the schedule (needs ``keep=True``)."""
+        return breakdown(self)
 
-def program_key(g: Graph) -> tuple:
-    """Identity of the logical program behind a plan, cheap to compute (no unsharding)."""
-    logical = []
-    for o in g.ops.values():
-        if o.kernel == "fused":
-            logical.extend((s["op"], s["kernel"]) for s in o.params["stages"])
-        elif o.kernel == "accumulate" and o.name.endswith(".acc") and o.name[:-4] in g.ops:
-            continue
-        else:
-            logical.append((o.name, o.kernel))
-    io = tuple(sorted((n, t.shape, t.dtype) for n, t in g.tensors.items() if t.role in SOURCE_ROLES + ("output",)))
-    return tuple(sorted(logical)), io
+
+# ---------------------------------------------------------------------------------------------
+# breakdown
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Breakdown:
+    """``devices``: one dict per device of the fleet: ``device``, ``used``, ``compute_s``
+    (busy computing), ``egress_s``, ``ingress_s``, ``comm_s`` (egress + ingress), ``idle_s``
+    (makespan − compute, for used devices; 0 otherwise), ``shards``, ``peak_memory``,
+    ``resident_memory``.
+
+    ``ops``: one dict per operation in topological order: ``op``, ``shards``, ``flops``,
+    ``compute_s`` (sum of its shard durations), ``transfers``, ``in_bytes`` and ``in_s`` (bytes and
+    seconds of the transfers bringing its inputs; a transfer shared by several readers on one
+    device is counted for the first of them), ``devices`` (sorted), ``start`` and ``finish``
+    (first shard start, last shard finish)."""
+
+    makespan: float
+    devices: list[dict[str, Any]]
+    ops: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"makespan": self.makespan, "devices": self.devices, "ops": self.ops}
+
+
+def breakdown(ev: Evaluation) -> Breakdown:
+    low, s = ev.lowered, ev.schedule
+    if low is None or s is None:
+        raise ValueError("this evaluation kept no schedule; evaluate with keep=True (evaluate() does)")
+    nc = low.n_compute
+    n_dev = low.n_devices
+    comp_dev = low.dev[:nc]
+    shards = np.bincount(comp_dev, minlength=n_dev)
+    devices = []
+    for d in range(n_dev):
+        used = bool(s.used[d])
+        devices.append({
+            "device": d, "used": used, "compute_s": float(s.busy_compute[d]), "egress_s": float(s.busy_egress[d]),
+            "ingress_s": float(s.busy_ingress[d]), "comm_s": float(s.busy_egress[d] + s.busy_ingress[d]),
+            "idle_s": float(s.makespan - s.busy_compute[d]) if used else 0.0, "shards": int(shards[d]),
+            "peak_memory": float(s.peak_mem[d]), "resident_memory": float(low.resident[d])})
+    k = len(low.op_names)
+    t_op = low.transfer_op
+    t_bytes = low.alloc[nc:]
+    t_dur = low.dur[nc:]
+    in_bytes = np.bincount(t_op, weights=t_bytes, minlength=k) if t_op.size else np.zeros(k)
+    in_s = np.bincount(t_op, weights=t_dur, minlength=k) if t_op.size else np.zeros(k)
+    n_in = np.bincount(t_op, minlength=k) if t_op.size else np.zeros(k, np.int64)
+    ops = []
+    for i, name in enumerate(low.op_names):
+        a, b = int(low.op_offsets[i]), int(low.op_offsets[i + 1])
+        ops.append({
+            "op": name, "shards": b - a, "flops": float(low.flops[a:b].sum()), "compute_s": float(low.dur[a:b].sum()),
+            "transfers": int(n_in[i]), "in_bytes": float(in_bytes[i]), "in_s": float(in_s[i]),
+            "devices": sorted(set(low.dev[a:b].tolist())),
+            "start": float(s.start[a:b].min()) if b > a else 0.0,
+            "finish": float(s.finish[a:b].max()) if b > a else 0.0})
+    return Breakdown(s.makespan, devices, ops)
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluator
+# ---------------------------------------------------------------------------------------------
 
 
 class Evaluator:
@@ -74,74 +153,55 @@ class Evaluator:
     def __init__(self, hw: Hardware | str) -> None:
         self.hw = load_hardware(hw) if not isinstance(hw, Hardware) else hw
         self.lowerer = Lowerer(self.hw)
-        self._bounds: dict[tuple, float] = {}
+        self._bounds: dict[int, float] = {}
+        self._capacity = self.hw.device.mem_capacity
 
     def __call__(self, g: Graph, keep: bool = False) -> Evaluation:
         low = self.lowerer.lower(g)
         s = simulate_arrays(low.kind, low.dev, low.dst, low.dur, low.succ_ptr, low.succ_idx, low.alloc,
                             low.resident, low.n_devices)
-        energy = schedule_energy(s, self.hw, low.kind, low.dev, low.dst, low.alloc).total
+        nc = low.n_compute
+        # = schedule_energy(s, hw, kind, dev, dst, alloc), with the per-transfer link energies from the lowering
+        energy = energy_breakdown(s.makespan, s.busy_compute, s.used, self.hw.device, low.alloc[nc:],
+                                  low.transfer_epb).total
         peak = s.peak_mem
+        lb = self._bounds.get(low.program)
+        if lb is None:
+            lb = self.lower_bound(g)
+            self._bounds[low.program] = lb
         return Evaluation(
             makespan=s.makespan, energy=energy, peak_memory=float(peak.max()) if peak.size else 0.0,
-            devices=int(s.used.sum()), bytes_moved=s.bytes_moved,
-            feasible=bool(np.all(peak <= self.hw.device.mem_capacity)),
-            lower_bound=self.lower_bound(g), peak_memory_per_device=peak,
-            lowered=low if keep else None, schedule=s if keep else None)
+            devices=int(np.count_nonzero(s.used)), bytes_moved=s.bytes_moved,
+            feasible=bool((peak <= self._capacity).all()), lower_bound=lb, peak_memory_per_device=peak,
+            lowered=low if keep else None, schedule=s if keep else None, hardware=self.hw)
 
     def lower_bound(self, g: Graph) -> float:
-        key = program_key(g)
-        lb = self._bounds.get(key)
-        if lb is None:
-            from ir.rewrites import unshard
+        from ir.rewrites import unshard
 
-            lb = self._bounds[key] = lower_bound(unshard(g), self.hw)
-        return lb
-
-
-def op_min_time(g: Graph, hw: Hardware, name: str, n: int) -> float:
-    """Least time of an op spread evenly over ``n`` devices, whatever the plan does to it.
-
-    Compute at effective peak; memory traffic only for the parameters and graph inputs it reads
-    (intermediates can be fused away, so their traffic is not a bound). No launch overhead:
-    fusion can merge launches.
-    """
-    o = g.ops[name]
-    sig = g.signature(o)
-    lo = np.zeros((1, len(sig.dims)), np.int64)
-    hi = np.array([sig.extents], np.int64)
-    flops = float(sig.flops(lo, hi)[0])
-    src_bytes = sum(float(np.prod(g.tensors[t].shape)) * ITEMSIZE[g.tensors[t].dtype]
-                    for _, t in o.inputs if g.tensors[t].role in SOURCE_ROLES)
-    ce, me = hw.efficiency_for(get_kernel(o.kernel).kernel_class)
-    dtype = g.tensors[o.output].dtype
-    return max(flops / (n * hw.peak_flops(dtype) * ce), src_bytes / (n * hw.device.mem_bandwidth * me))
+        return lower_bound(unshard(g), self.hw)
 
 
 def lower_bound(program: Graph, hw: Hardware) -> float:
-    """max(total work over the fleet, critical path with each op spread over the fleet) + one launch.
-
-    ``program`` is the unsharded logical program (``ir.rewrites.unshard``). Work counts every op's
-    FLOPs at peak and only the program's own inputs and outputs as memory traffic (everything else
-    could be fused away). Valid for every plan the rewrites can reach.
-    """
+    """Lower bound on the makespan of any plan of ``program`` (the unsharded logical program,
+    ``ir.rewrites.unshard``) on ``hw``; see the module docstring."""
     n = hw.n_devices
-    work_time, io_bytes = 0.0, 0.0
-    finish: dict[str, float] = {}
+    ce = max(c for c, _ in hw.efficiency.values())
+    me = max(m for _, m in hw.efficiency.values())
+    launch = min([hw.device.launch_overhead] + list(hw.launch_overhead_by_class.values()))
+    work = 0.0
+    chain: dict[str, float] = {}
     for name in program.topo_order:
         o = program.ops[name]
         sig = program.signature(o)
-        dtype = program.tensors[o.output].dtype
-        lo = np.zeros((1, len(sig.dims)), np.int64)
-        work_time += float(sig.flops(lo, np.array([sig.extents], np.int64))[0]) / hw.peak_flops(dtype)
-        start = max((finish[program.producers[t]] for _, t in o.inputs if t in program.producers), default=0.0)
-        finish[name] = start + op_min_time(program, hw, name, n)
-    for t in program.tensors.values():
-        if t.role in SOURCE_ROLES or t.role == "output":
-            io_bytes += float(np.prod(t.shape)) * ITEMSIZE[t.dtype]
-    work = max(work_time / n, io_bytes / (n * hw.device.mem_bandwidth))
-    launch = min(hw.launch_overhead_for(k) for k in set(hw.efficiency) | {"default"})
-    return max(work, max(finish.values(), default=0.0)) + launch
+        flops = float(np.prod(sig.extents, dtype=np.float64)) * sig.flops_per_point
+        work += flops / (hw.peak_flops(program.tensors[o.output].dtype) * ce)
+        preds = [program.producers[t] for _, t in o.inputs if t in program.producers]
+        fusable = o.kernel != "fused" and ELEMENTWISE in get_kernel(o.kernel).properties and bool(preds)
+        chain[name] = max((chain[p] for p in preds), default=0.0) + (0.0 if fusable else launch)
+    io = sum(float(np.prod(t.shape)) * ITEMSIZE[t.dtype] for t in program.tensors.values()
+             if t.role in SOURCE_ROLES or t.role == "output")
+    work_term = max(work, io / (hw.device.mem_bandwidth * me)) / n + (launch if work > 0 or io > 0 else 0.0)
+    return max(work_term, max(chain.values(), default=0.0))
 
 
 def evaluate(g: Graph, hw: Hardware | str, keep: bool = True) -> Evaluation:

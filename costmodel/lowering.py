@@ -1,264 +1,598 @@
 """Lowering a plan + hardware to the simulator's flat arrays (struct of arrays).
 
-- One compute node per shard: FLOPs and bytes from its boxes, duration from the roofline.
-- For every (producer op, consumer op, port): producer shard ``p`` and consumer shard ``c`` whose
-  boxes intersect give an edge ``p → c`` when on one device; across devices the data moves in
-  one transfer per (``p``, destination device) carrying the *union* of what that device's
-  shards need from ``p`` (halos and replicated reads counted exactly; a box needed by several
-  shards on one device moves once), with edges ``p → transfer → c``.
-- Graph inputs and weights are resident where their readers need them before the run: per
-  device, the union of the boxes read there counts as resident memory and costs no time.
+What a plan becomes
+-------------------
+- **Compute nodes**, one per shard, numbered op by op in topological order: FLOPs from the shard's
+  index box, bytes = the projected input boxes (clipped to their tensors) + its output box, time
+  from the roofline (:meth:`Hardware.shard_time`), output buffer = its output box.
+- **Transfers.** For every produced tensor, the producer's output boxes are intersected with the
+  input boxes of *every* reader shard (all consumer ops and ports of the tensor). A non-empty
+  intersection on one device is a dependence edge; across devices, one transfer per (producer
+  shard, destination device) carries the *union* of what that device's readers need from that
+  shard: halos and replicated reads are counted exactly, and a box needed by several shards (or
+  several ops) on one device moves once. Edges: producer shard → transfer → each reader shard.
+  Transfer nodes follow the compute nodes, tensor by tensor in producer order, then by (producer
+  shard, destination device).
+- **Graph inputs and weights** are resident where their readers need them before the run: per
+  device, the union of the boxes read there counts as resident memory (replication costs memory,
+  not time). Outputs stay where they are produced.
 
-Everything per op and per edge is cached by the identity of the (immutable) ``Op`` objects,
-which rewrites share between a parent plan and its child: re-lowering after a rewrite
-recomputes only the touched op and its edges, then concatenates cached pieces.
+Incremental lowering
+--------------------
+Rewrites share unchanged ``Op`` objects between a parent plan and its child. The lowerer keeps
+the last few lowered plans (*states*) and, for a new plan with the same operations and tensors,
+finds the state it differs least from (by ``is`` on the ops), recomputes only the touched ops,
+the tensors they read or write and the inputs they read, and re-assembles the arrays in one
+compiled pass. Pieces are also cached by the identity of the ops they depend on (the cache keeps
+those ops alive, so their ids stay unique), so plans reached by other paths reuse them too; a
+structural rewrite (fusion, reduction split) takes its structure (topological order, data flow)
+from a cache keyed by op names, kernels and data flow, and its unchanged pieces from the caches. The
+pieces are deterministic functions of their ops, and fresh and incremental lowering run the same
+assembly, so both give bit-identical arrays (``tests/costmodel/test_lowering.py`` checks this on
+random rewrite sequences).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from costmodel.hardware import Hardware
-from costmodel.simulate import csr_from_edges
+from costmodel import _kernels as K
+from costmodel.hardware import Hardware, HardwareError
 from ir.graph import SOURCE_ROLES, Graph, Op
 from ir.kernels import ITEMSIZE, get_kernel
-from ir.zspace import project_boxes
+from ir.kernels.base import Signature
 
 
-@dataclass(frozen=True)
-class OpTasks:
-    dev: np.ndarray        # int32[n]
-    dur: np.ndarray        # float64[n]
-    flops: np.ndarray      # float64[n]
-    nbytes: np.ndarray     # float64[n] read + written
-    out_lo: np.ndarray     # int64[n, r] output boxes
-    out_hi: np.ndarray
-    alloc: np.ndarray      # float64[n] output buffer bytes
-
-
-@dataclass(frozen=True)
-class EdgeData:
-    local_src: np.ndarray   # same-device edges: producer shard -> consumer shard
-    local_dst: np.ndarray
-    t_src: np.ndarray       # transfers: producer shard, destination device, bytes, duration
-    t_dst_dev: np.ndarray
-    t_bytes: np.ndarray
-    t_dur: np.ndarray
-    tc_t: np.ndarray        # transfer (local index) -> consumer shard
-    tc_c: np.ndarray
-
-
-@dataclass
 class Lowered:
-    """The simulator's input arrays plus what the objectives and breakdowns need."""
+    """The simulator's input arrays plus what the objectives and breakdowns need.
 
-    kind: np.ndarray
-    dev: np.ndarray
-    dst: np.ndarray
-    dur: np.ndarray
-    succ_ptr: np.ndarray
-    succ_idx: np.ndarray
-    alloc: np.ndarray
-    resident: np.ndarray
-    n_devices: int
-    op_names: list[str]
-    op_offsets: np.ndarray   # compute nodes of op i: [op_offsets[i], op_offsets[i+1])
-    flops: np.ndarray        # per compute node
-    transfer_op: np.ndarray  # per transfer node: index (into op_names) of the consumer op
+    Nodes ``[0, n_compute)`` are compute nodes (op ``i``'s shards are
+    ``[op_offsets[i], op_offsets[i+1])``, ops in ``op_names`` order), the rest transfers.
 
-
-def union_volumes(lo: np.ndarray, hi: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
-    """Exact volume of the union of the boxes in each group (one coordinate compression for all).
-
-    Fast paths: a group of one box, or of identical boxes, is that box's volume.
+    ``kind`` int8[n], ``dev`` int32[n] (transfer: source device), ``dst`` int32[n] (transfer:
+    destination, compute: -1), ``dur`` float64[n] seconds, ``succ_ptr`` int64[n+1] and
+    ``succ_idx`` int32[m] (CSR successors), ``alloc`` float64[n] (bytes of the buffer each node
+    produces; for a transfer, the bytes moved), ``resident`` float64[n_devices]; per compute node
+    ``flops`` and ``nbytes`` (read + written); per transfer ``transfer_op`` (index into
+    ``op_names`` of the first reader needing it), ``transfer_src_op`` (the producer) and
+    ``transfer_epb`` (link energy per byte). ``program``: equal tokens mean the same logical
+    program (for caching lower bounds).
     """
-    out = np.zeros(n_groups)
-    vol = np.prod(np.clip(hi - lo, 0, None), axis=1).astype(np.float64)
-    keep = vol > 0
-    if not keep.any():
-        return out
-    lo, hi, group, vol = lo[keep], hi[keep], group[keep], vol[keep]
-    counts = np.bincount(group, minlength=n_groups)
-    first = np.full(n_groups, -1)
-    first[group[::-1]] = np.arange(len(group))[::-1]
-    same = np.all(lo == lo[first[group]], axis=1) & np.all(hi == hi[first[group]], axis=1)
-    simple = np.bincount(group, weights=same.astype(np.float64), minlength=n_groups) == counts
-    out[simple] = np.where(counts[simple] > 0, vol[first[simple]], 0.0)
-    hard = ~simple[group]
-    if not hard.any():
-        return out
-    lo, hi, group = lo[hard], hi[hard], group[hard]
-    r = lo.shape[1]
-    axes = [np.unique(np.concatenate([lo[:, k], hi[:, k]])) for k in range(r)]
-    clo = np.stack([np.searchsorted(axes[k], lo[:, k]) for k in range(r)], axis=1)
-    chi = np.stack([np.searchsorted(axes[k], hi[:, k]) for k in range(r)], axis=1)
-    groups = np.unique(group)
-    slot = np.searchsorted(groups, group)
-    cover = np.zeros((len(groups),) + tuple(len(a) - 1 for a in axes), dtype=bool)
-    for i in range(len(lo)):
-        cover[(slot[i],) + tuple(slice(a, b) for a, b in zip(clo[i], chi[i]))] = True
-    cell = np.ones(cover.shape[1:])
-    for k, a in enumerate(axes):
-        shape = [1] * r
-        shape[k] = len(a) - 1
-        cell = cell * np.diff(a).astype(np.float64).reshape(shape)
-    out[groups] = (cover * cell).reshape(len(groups), -1).sum(axis=1)
-    return out
+
+    __slots__ = ("kind", "dev", "dst", "dur", "alloc", "succ_ptr", "succ_idx", "resident", "n_devices", "op_names",
+                 "program", "_ints", "_flts")
+
+    def __init__(self, kind, i32, f64, succ_ptr, succ_idx, resident, ints, flts, n_devices: int,
+                 op_names: tuple[str, ...], program: int = 0) -> None:
+        self.kind, self.dev, self.dst, self.dur, self.alloc = kind, i32[0], i32[1], f64[0], f64[1]
+        self.succ_ptr, self.succ_idx, self.resident = succ_ptr, succ_idx, resident
+        self.n_devices, self.op_names, self.program = n_devices, op_names, program
+        self._ints, self._flts = ints, flts
+
+    @property
+    def op_offsets(self) -> np.ndarray:
+        return self._ints[: len(self.op_names) + 1]
+
+    @property
+    def n_compute(self) -> int:
+        return int(self._ints[len(self.op_names)])
+
+    @property
+    def n_transfer(self) -> int:
+        return self.kind.shape[0] - self.n_compute
+
+    @property
+    def flops(self) -> np.ndarray:
+        return self._flts[: self.n_compute]
+
+    @property
+    def nbytes(self) -> np.ndarray:
+        nc = self.n_compute
+        return self._flts[nc: 2 * nc]
+
+    @property
+    def transfer_epb(self) -> np.ndarray:
+        return self._flts[2 * self.n_compute:]
+
+    @property
+    def transfer_op(self) -> np.ndarray:
+        k = len(self.op_names) + 1
+        return self._ints[k: k + self.n_transfer]
+
+    @property
+    def transfer_src_op(self) -> np.ndarray:
+        return self._ints[len(self.op_names) + 1 + self.n_transfer:]
+
+    @property
+    def transfer_bytes(self) -> np.ndarray:
+        return self.alloc[self.n_compute:]
 
 
 def union_volume(lo: np.ndarray, hi: np.ndarray) -> float:
-    """Exact volume of a union of boxes."""
-    return float(union_volumes(lo, hi, np.zeros(len(lo), np.int64), 1)[0])
+    """Exact volume of a union of boxes (rows of ``lo``/``hi``)."""
+    lo = np.ascontiguousarray(lo, np.int64)
+    hi = np.ascontiguousarray(hi, np.int64)
+    if lo.ndim != 2 or lo.shape != hi.shape:
+        raise ValueError(f"boxes must be (n, d) arrays of one shape, got {lo.shape} and {hi.shape}")
+    return float(K.union_volume(lo, hi))
+
+
+def program_key(g: Graph) -> tuple:
+    """Identity of the logical program behind a plan, cheap to compute (no unsharding)."""
+    logical = []
+    for o in g.ops.values():
+        logical.extend(_logical_entries(o, g))
+    return tuple(sorted(logical)), _io_key(g)
+
+
+def _logical_entries(o: Op, g: Graph) -> list[tuple]:
+    if o.kernel == "fused":
+        return [(s["op"], s["kernel"], json_key(s.get("params", {}))) for s in o.params["stages"]]
+    if o.kernel == "accumulate" and o.name.endswith(".acc") and o.name[:-4] in g.ops:
+        return []
+    if "split" in o.params:
+        return [(o.name, o.kernel, json_key({k: v for k, v in o.params.items() if k != "split"}))]
+    return [(o.name, o.kernel, o.params_key)]
+
+
+def _io_key(g: Graph) -> tuple:
+    return tuple(sorted((n, t.shape, t.dtype, t.role) for n, t in g.tensors.items()
+                        if t.role in SOURCE_ROLES or t.role == "output"))
+
+
+def json_key(params: Mapping[str, Any]) -> str:
+    import json
+
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
+def kernel_class_of(o: Op) -> str:
+    """Efficiency class of an op (a fused op runs as its first stage's class)."""
+    if o.kernel == "fused":
+        return get_kernel(o.params["stages"][0]["kernel"]).kernel_class
+    return get_kernel(o.kernel).kernel_class
+
+
+# ---------------------------------------------------------------------------------------------
+# pieces
+# ---------------------------------------------------------------------------------------------
+
+
+class _SigPack:
+    """A signature's projections as padded int64 arrays for ``op_kernel``."""
+
+    __slots__ = ("sig", "ports", "port_index", "ranks", "in_Ap", "in_An", "in_b", "in_s", "in_shape", "in_rank",
+                 "in_item", "out_Ap", "out_An", "out_b", "out_s", "out_shape", "out_item", "fpp", "n_dims")
+
+    def __init__(self, sig: Signature) -> None:
+        self.sig = sig
+        self.ports = tuple(sig.inputs)
+        self.port_index = {p: i for i, p in enumerate(self.ports)}
+        D = self.n_dims = len(sig.dims)
+        P = len(self.ports)
+        ranks = [sig.inputs[p].out_rank for p in self.ports]
+        self.ranks = ranks
+        R = max(ranks, default=1)
+        self.in_Ap = np.zeros((P, R, D), np.int64)
+        self.in_An = np.zeros((P, R, D), np.int64)
+        self.in_b = np.zeros((P, R), np.int64)
+        self.in_s = np.ones((P, R), np.int64)
+        self.in_shape = np.ones((P, R), np.int64)
+        self.in_rank = np.array(ranks, np.int64)
+        self.in_item = np.array([float(ITEMSIZE[sig.in_specs[p].dtype]) for p in self.ports], np.float64)
+        for i, p in enumerate(self.ports):
+            Ap, An, b, s = sig.inputs[p].arrays
+            r = ranks[i]
+            self.in_Ap[i, :r], self.in_An[i, :r], self.in_b[i, :r], self.in_s[i, :r] = Ap, An, b, s
+            self.in_shape[i, :r] = sig.in_specs[p].shape
+        self.out_Ap, self.out_An, self.out_b, self.out_s = (np.ascontiguousarray(a) for a in sig.output.arrays)
+        self.out_shape = np.array(sig.out_spec.shape, np.int64)
+        self.out_item = float(ITEMSIZE[sig.out_spec.dtype])
+        self.fpp = float(sig.flops_per_point)
+
+
+class OpPiece:
+    """One op's compute nodes: ``f`` float64[n, 5] = (device, seconds, output bytes, FLOPs,
+    bytes), output boxes, its (padded) input boxes per port, and ``res[p]``: the resident bytes
+    per device of port ``p`` when it reads a graph input."""
+
+    __slots__ = ("op", "n", "f", "dev", "out_lo", "out_hi", "in_lo", "in_hi", "pack", "kclass", "dtype", "src_port",
+                 "res", "_ports")
+
+    def __init__(self, op: Op, f: np.ndarray, out_lo: np.ndarray, out_hi: np.ndarray, in_lo: np.ndarray,
+                 in_hi: np.ndarray, pack: _SigPack, kclass: str, dtype: str, src_port: np.ndarray,
+                 res: np.ndarray) -> None:
+        self.op, self.n, self.f = op, f.shape[0], f
+        self.dev = op.shards.device
+        self.out_lo, self.out_hi, self.in_lo, self.in_hi = out_lo, out_hi, in_lo, in_hi
+        self.pack, self.kclass, self.dtype, self.src_port, self.res = pack, kclass, dtype, src_port, res
+        self._ports: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def input_boxes(self, port: str) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) int64[n, rank]: the boxes each shard reads through ``port``, clipped."""
+        hit = self._ports.get(port)
+        if hit is None:
+            i = self.pack.port_index[port]
+            r = self.pack.ranks[i]
+            hit = self._ports[port] = (np.ascontiguousarray(self.in_lo[i, :, :r]),
+                                       np.ascontiguousarray(self.in_hi[i, :, :r]))
+        return hit
+
+
+class GroupPiece:
+    """Edges and transfers of one produced tensor (see ``_kernels.group_kernel``)."""
+
+    __slots__ = ("counts", "ints", "flts", "keep")
+
+    def __init__(self, counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, keep: tuple) -> None:
+        self.counts, self.ints, self.flts, self.keep = counts, ints, flts, keep
+
+
+@dataclass(eq=False)
+class _Structure:
+    """What a plan's lowering depends on besides shards: ops, their order and data flow."""
+
+    keys: tuple[str, ...]                      # op names in dict order
+    order: tuple[str, ...]                     # topological order
+    groups: list[tuple[int, str, tuple[tuple[int, str], ...]]]  # producer, tensor, readers (op, port)
+    sources: list[tuple[str, tuple[tuple[int, str], ...]]]      # tensor, readers
+    op_groups: list[tuple[int, ...]]
+    op_sources: list[tuple[int, ...]]
+    g_prod: np.ndarray
+    g_item: list[float]                        # itemsize of each group's tensor
+    g_rptr: np.ndarray
+    g_rop: np.ndarray
+    program: int
+
+
+class _State:
+    __slots__ = ("ops_map", "tensors", "struct", "ops", "op_pieces", "group_pieces", "source_pieces", "op_sizes",
+                 "g_counts", "lowered")
+
+
+# ---------------------------------------------------------------------------------------------
+# the lowerer
+# ---------------------------------------------------------------------------------------------
 
 
 class Lowerer:
-    """Lowers plans on one ``Hardware``; keeps per-op and per-edge caches across calls."""
+    """Lowers plans on one ``Hardware``; keeps pieces and recent plans for incremental lowering.
 
-    def __init__(self, hw: Hardware, cache_size: int = 20000) -> None:
+    ``lower(g)`` is the only entry point. ``states`` recent plans are searched for the closest
+    one; ``cache_size`` bounds the per-piece caches (LRU).
+    """
+
+    def __init__(self, hw: Hardware, cache_size: int = 8000, states: int = 6) -> None:
         self.hw = hw
         self.cache_size = cache_size
-        self._cache: OrderedDict[tuple, tuple[Any, tuple]] = OrderedDict()
+        self._cache: OrderedDict[tuple, Any] = OrderedDict()
+        self._packs: dict[int, _SigPack] = {}
+        self._den: dict[tuple[str, str], tuple[float, float, float]] = {}
+        self._states: deque[_State] = deque(maxlen=max(1, states))
+        self._programs: dict[tuple, int] = {}
+        self._structures: dict[tuple, _Structure] = {}
+        self._logical: dict[int, tuple] = {}
+        self._io: dict[tuple, tuple] = {}
+        hw_links = (hw.devices_per_node, hw.intra_link.latency, hw.intra_link.bandwidth,
+                    hw.intra_link.energy_per_byte, hw.inter_link.latency, hw.inter_link.bandwidth,
+                    hw.inter_link.energy_per_byte)
+        self._links = hw_links
+        self.stats = {"exact": 0, "incremental": 0, "fresh": 0}
 
-    def _cached(self, key: tuple, keep: tuple, fn: Callable[[], Any]) -> Any:
+    # -- caches ----------------------------------------------------------------------------
+    def _cached(self, key: tuple, fn: Callable[[], Any]) -> Any:
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
-            return hit[0]
+            return hit
         val = fn()
-        self._cache[key] = (val, keep)  # keep the ops alive so their ids stay unique
+        self._cache[key] = val  # values keep the ops of their key alive, so ids stay unique
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return val
 
-    # -- per op --------------------------------------------------------------------------
-    def op_tasks(self, g: Graph, o: Op) -> OpTasks:
-        return self._cached(("op", id(o)), (o,), lambda: self._op_tasks(g, o))
+    def clear(self) -> None:
+        self._cache.clear()
+        self._states.clear()
 
-    def _op_tasks(self, g: Graph, o: Op) -> OpTasks:
-        sig = g.signature(o)
+    def _pack(self, sig: Signature) -> _SigPack:
+        p = self._packs.get(id(sig))
+        if p is None or p.sig is not sig:
+            p = self._packs[id(sig)] = _SigPack(sig)
+        return p
+
+    def _denominators(self, dtype: str, kclass: str) -> tuple[float, float, float]:
+        d = self._den.get((dtype, kclass))
+        if d is None:
+            ce, me = self.hw.efficiency_for(kclass)
+            d = self._den[(dtype, kclass)] = (self.hw.peak_flops(dtype) * ce, self.hw.device.mem_bandwidth * me,
+                                              float(self.hw.launch_overhead_for(kclass)))
+        return d
+
+    # -- pieces ----------------------------------------------------------------------------
+    def op_piece(self, g: Graph, o: Op, like: OpPiece | None = None) -> OpPiece:
+        """``o``'s piece; ``like``: the piece of an op with the same kernel, params and inputs
+        in the same tensors (its signature is reused instead of looked up)."""
+        key = ("op", id(o))
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        return self._cached(key, lambda: self._op_piece(g, o, like))
+
+    def _op_piece(self, g: Graph, o: Op, like: OpPiece | None = None) -> OpPiece:
+        if like is not None:
+            pk, kclass, dtype, src_port = like.pack, like.kclass, like.dtype, like.src_port
+        else:
+            pk = self._pack(g.signature(o))
+            kclass = kernel_class_of(o)
+            dtype = g.tensors[o.output].dtype
+            ins = o.input_map
+            src_port = np.array([g.tensors[ins[p]].role in SOURCE_ROLES for p in pk.ports], np.bool_)
         sh = o.shards
-        flops = sig.flops(sh.lo, sh.hi)
-        read, written = sig.io_bytes(sh.lo, sh.hi)
-        k = get_kernel(o.kernel)
-        kclass = k.kernel_class
-        if o.kernel == "fused":
-            kclass = get_kernel(o.params["stages"][0]["kernel"]).kernel_class
-        dtype = g.tensors[o.output].dtype
-        dur = self.hw.shard_time(flops, read + written, dtype, kclass)
-        out_lo, out_hi = project_boxes(sig.output, sh.lo, sh.hi)
-        dev = sh.device.astype(np.int32)
-        if dev.size and dev.max() >= self.hw.n_devices:
-            from costmodel.hardware import HardwareError
+        if sh.lo.shape[1] != pk.n_dims:
+            raise ValueError(f"op {o.name!r}: shards have rank {sh.lo.shape[1]}, its index space has "
+                             f"{pk.n_dims} dims (validate the plan)")
+        fden, bden, launch = self._denominators(dtype, kclass)
+        f, out_lo, out_hi, in_lo, in_hi, bad, res = K.op_kernel(
+            sh.lo, sh.hi, sh.device, pk.in_Ap, pk.in_An, pk.in_b, pk.in_s, pk.in_shape, pk.in_rank, pk.in_item,
+            pk.out_Ap, pk.out_An, pk.out_b, pk.out_s, pk.out_shape, pk.out_item, pk.fpp, fden, bden, launch,
+            self.hw.n_devices, src_port)
+        if bad >= 0:
+            raise HardwareError(f"op {o.name!r} places a shard on device {bad}, but {self.hw.name!r} has "
+                                f"devices 0..{self.hw.n_devices - 1}")
+        return OpPiece(o, f, out_lo, out_hi, in_lo, in_hi, pk, kclass, dtype, src_port, res)
 
-            raise HardwareError(f"op {o.name!r} places a shard on device {int(dev.max())}, but "
-                                f"{self.hw.name!r} has devices 0..{self.hw.n_devices - 1}")
-        return OpTasks(dev, np.asarray(dur, np.float64), flops, read + written, out_lo, out_hi, written)
+    def _group_piece(self, g: Graph, st: _Structure, gi: int, ops: list[Op], pieces: list[OpPiece]) -> GroupPiece:
+        prod, tensor, readers = st.groups[gi]
+        if len(readers) == 1:
+            r, port = readers[0]
+            key = ("grp", id(ops[prod]), id(ops[r]), port)
+        else:
+            key = ("grp", id(ops[prod])) + tuple((id(ops[r]), port) for r, port in readers)
+        cache = self._cache
+        hit = cache.get(key)
+        if hit is not None:
+            cache.move_to_end(key)
+            return hit
+        pp = pieces[prod]
+        if len(readers) == 1:  # the padded boxes (extra columns beyond the rank are ignored)
+            pc = pieces[r]
+            i = pc.pack.port_index[port]
+            c_lo, c_hi, c_dev = pc.in_lo[i], pc.in_hi[i], pc.dev
+            r_counts = np.array([pc.n], np.int64)
+            keep: tuple = (ops[prod], ops[r])
+        else:
+            boxes = [pieces[r].input_boxes(port) for r, port in readers]
+            c_lo = np.concatenate([b[0] for b in boxes])
+            c_hi = np.concatenate([b[1] for b in boxes])
+            c_dev = np.concatenate([pieces[r].dev for r, _ in readers])
+            r_counts = np.array([pieces[r].n for r, _ in readers], np.int64)
+            keep = (ops[prod],) + tuple(ops[r] for r, _ in readers)
+        counts, ints, flts = K.group_kernel(pp.out_lo, pp.out_hi, pp.dev, c_lo, c_hi, c_dev, r_counts,
+                                            self.hw.n_devices, st.g_item[gi], *self._links)
+        piece = cache[key] = GroupPiece(counts, ints, flts, keep)  # keep: the ops whose ids are in the key
+        if len(cache) > self.cache_size:
+            cache.popitem(last=False)
+        return piece
 
-    def input_boxes(self, g: Graph, o: Op, port: str) -> tuple[np.ndarray, np.ndarray]:
+    def _source_piece(self, g: Graph, st: _Structure, si: int, ops: list[Op], pieces: list[OpPiece]) -> np.ndarray:
+        tensor, readers = st.sources[si]
+        if len(readers) == 1:  # one reader: its piece has it
+            r, port = readers[0]
+            return pieces[r].res[pieces[r].pack.port_index[port]]
+        key = ("src", tensor) + tuple((id(ops[r]), port) for r, port in readers)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit[0]
+
         def compute():
-            sig = g.signature(o)
-            lo, hi = project_boxes(sig.inputs[port], o.shards.lo, o.shards.hi)
-            shape = np.array(g.tensors[o.input_map[port]].shape)
-            lo = np.clip(lo, 0, shape)
-            return lo, np.clip(hi, lo, shape)
+            boxes = [pieces[r].input_boxes(port) for r, port in readers]
+            lo = np.concatenate([b[0] for b in boxes]) if len(boxes) > 1 else boxes[0][0]
+            hi = np.concatenate([b[1] for b in boxes]) if len(boxes) > 1 else boxes[0][1]
+            dev = np.concatenate([pieces[r].dev for r, _ in readers])
+            res = K.resident_kernel(lo, hi, dev, self.hw.n_devices, float(ITEMSIZE[g.tensors[tensor].dtype]))
+            return res, tuple(ops[r] for r, _ in readers)
 
-        return self._cached(("in", id(o), port), (o,), compute)
+        return self._cached(key, compute)[0]
 
-    # -- per edge ------------------------------------------------------------------------
-    def edge(self, g: Graph, p: Op, c: Op, port: str) -> EdgeData:
-        return self._cached(("edge", id(p), id(c), port), (p, c), lambda: self._edge(g, p, c, port))
+    # -- structure -------------------------------------------------------------------------
+    def _structure(self, g: Graph) -> _Structure:
+        """The structure of ``g``, shared by plans with the same ops, kernels and data flow and the
+        same program (cached: structural rewrites and their inverses revisit a few structures)."""
+        key = tuple([(o.name, o.kernel, o.inputs, o.output) for o in g.ops.values()])
+        program = self._programs.setdefault(self._program_key(g), len(self._programs) + 1)
+        st = self._structures.get((key, program))
+        if st is None:
+            st = self._structures[(key, program)] = self._new_structure(g, program)
+            if len(self._structures) > 512:
+                self._structures.pop(next(iter(self._structures)))
+        return st
 
-    def _edge(self, g: Graph, p: Op, c: Op, port: str) -> EdgeData:
-        pt = self.op_tasks(g, p)
-        clo, chi = self.input_boxes(g, c, port)
-        itemsize = ITEMSIZE[g.tensors[p.output].dtype]
-        ilo = np.maximum(pt.out_lo[:, None, :], clo[None, :, :])
-        ihi = np.minimum(pt.out_hi[:, None, :], chi[None, :, :])
-        vol = np.prod(np.clip(ihi - ilo, 0, None), axis=2)
-        pi, ci = np.nonzero(vol > 0)
-        pdev, cdev = pt.dev[pi], c.shards.device[ci].astype(np.int32)
-        same = pdev == cdev
-        remote = ~same
-        rp, rc = pi[remote], ci[remote]
-        rdev = cdev[remote]
-        n_dev = self.hw.n_devices
-        key = rp.astype(np.int64) * n_dev + rdev
-        groups, t_of_pair = np.unique(key, return_inverse=True)
-        t_src = (groups // n_dev).astype(np.int64)
-        t_dst = (groups % n_dev).astype(np.int32)
-        t_vol = union_volumes(ilo[rp, rc], ihi[rp, rc], t_of_pair, len(groups))
-        t_bytes = t_vol * itemsize
-        t_dur = self.hw.transfer_time(pt.dev[t_src], t_dst, t_bytes) if len(groups) else np.zeros(0)
-        return EdgeData(pi[same], ci[same], t_src, t_dst, t_bytes, np.asarray(t_dur, np.float64),
-                        t_of_pair.astype(np.int64), rc)
-
-    # -- sources -------------------------------------------------------------------------
-    def resident(self, g: Graph, tensor: str, readers: list[tuple[Op, str]]) -> np.ndarray:
-        key = ("res", tensor) + tuple((id(o), port) for o, port in readers)
-        return self._cached(key, tuple(o for o, _ in readers), lambda: self._resident(g, tensor, readers))
-
-    def _resident(self, g: Graph, tensor: str, readers: list[tuple[Op, str]]) -> np.ndarray:
-        itemsize = ITEMSIZE[g.tensors[tensor].dtype]
-        boxes = [self.input_boxes(g, o, port) for o, port in readers]
-        lo = np.concatenate([b[0] for b in boxes])
-        hi = np.concatenate([b[1] for b in boxes])
-        dev = np.concatenate([o.shards.device for o, _ in readers])
-        return union_volumes(lo, hi, dev, self.hw.n_devices) * itemsize
-
-    # -- whole plan ----------------------------------------------------------------------
-    def lower(self, g: Graph) -> Lowered:
+    def _new_structure(self, g: Graph, program: int) -> _Structure:
         order = g.topo_order
-        ops = [g.ops[n] for n in order]
         index = {n: i for i, n in enumerate(order)}
-        tasks = [self.op_tasks(g, o) for o in ops]
-        sizes = np.array([len(t.dev) for t in tasks], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(sizes)])
-        n_compute = int(offsets[-1])
-        e_src, e_dst = [], []
-        t_src, t_dst, t_bytes, t_dur, t_op = [], [], [], [], []
-        tc_src, tc_dst = [], []
-        n_t = 0
-        resident = np.zeros(self.hw.n_devices)
-        sources: dict[str, list[tuple[Op, str]]] = {}
-        for ci, c in enumerate(ops):
-            for port, t in c.inputs:
-                pname = g.producers.get(t)
-                if pname is None:
-                    sources.setdefault(t, []).append((c, port))
-                    continue
-                pi = index[pname]
-                e = self.edge(g, g.ops[pname], c, port)
-                if len(e.local_src):
-                    e_src.append(e.local_src + offsets[pi])
-                    e_dst.append(e.local_dst + offsets[ci])
-                if len(e.t_src):
-                    t_src.append(e.t_src + offsets[pi])
-                    t_dst.append(e.t_dst_dev)
-                    t_bytes.append(e.t_bytes)
-                    t_dur.append(e.t_dur)
-                    t_op.append(np.full(len(e.t_src), ci, dtype=np.int64))
-                    tc_src.append(e.tc_t + n_t)
-                    tc_dst.append(e.tc_c + offsets[ci])
-                    n_t += len(e.t_src)
-        for t, readers in sources.items():
-            if g.tensors[t].role in SOURCE_ROLES:
-                resident += self.resident(g, t, readers)
-        cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
-        T_src, T_dst = cat(t_src, np.int64), cat(t_dst, np.int32)
-        n = n_compute + n_t
-        kind = np.zeros(n, np.int8)
-        kind[n_compute:] = 1
-        dev = np.concatenate([cat([t.dev for t in tasks], np.int32), cat([t.dev for t in tasks], np.int32)[T_src]])
-        dst = np.concatenate([np.full(n_compute, -1, np.int32), T_dst])
-        dur = np.concatenate([cat([t.dur for t in tasks], np.float64), cat(t_dur, np.float64)])
-        alloc = np.concatenate([cat([t.alloc for t in tasks], np.float64), cat(t_bytes, np.float64)])
-        src_all = np.concatenate([cat(e_src, np.int64), T_src, cat(tc_src, np.int64) + n_compute])
-        dst_all = np.concatenate([cat(e_dst, np.int64), np.arange(n_compute, n, dtype=np.int64),
-                                  cat(tc_dst, np.int64)])
-        ptr, idx = csr_from_edges(n, src_all, dst_all)
-        return Lowered(kind, dev, dst, dur, ptr, idx, alloc, resident, self.hw.n_devices, list(order), offsets,
-                       cat([t.flops for t in tasks], np.float64), cat(t_op, np.int64))
+        ops = [g.ops[n] for n in order]
+        readers: dict[str, list[tuple[int, str]]] = {}
+        for i, o in enumerate(ops):
+            for port, t in o.inputs:
+                readers.setdefault(t, []).append((i, port))
+        producers = g.producers
+        groups, sources = [], []
+        op_groups: list[list[int]] = [[] for _ in ops]
+        op_sources: list[list[int]] = [[] for _ in ops]
+        for i, o in enumerate(ops):  # produced tensors in producer order
+            rd = readers.get(o.output)
+            if rd:
+                gi = len(groups)
+                groups.append((i, o.output, tuple(rd)))
+                op_groups[i].append(gi)
+                for r, _ in rd:
+                    if gi not in op_groups[r]:
+                        op_groups[r].append(gi)
+        for t, rd in readers.items():  # sources in first-reader order
+            if t in producers:
+                continue
+            if g.tensors[t].role not in SOURCE_ROLES:
+                continue
+            si = len(sources)
+            sources.append((t, tuple(rd)))
+            for r, _ in rd:
+                if si not in op_sources[r]:
+                    op_sources[r].append(si)
+        rptr = np.zeros(len(groups) + 1, np.int64)
+        rop: list[int] = []
+        for gi, (_p, _t, rd) in enumerate(groups):
+            rop.extend(r for r, _ in rd)
+            rptr[gi + 1] = len(rop)
+        return _Structure(tuple(g.ops), order, groups, sources, [tuple(x) for x in op_groups],
+                          [tuple(x) for x in op_sources], np.array([p for p, _, _ in groups], np.int64),
+                          [float(ITEMSIZE[g.tensors[t].dtype]) for _, t, _ in groups], rptr,
+                          np.array(rop, np.int64), program)
+
+    def _program_key(self, g: Graph) -> tuple:
+        """``program_key(g)`` with per-op and per-tensors-mapping memos (ids kept alive)."""
+        logical = []
+        memo = self._logical
+        for o in g.ops.values():
+            hit = memo.get(id(o))
+            if hit is None or hit[0] is not o:
+                hit = memo[id(o)] = (o, _logical_entries(o, g))
+                if len(memo) > self.cache_size:
+                    memo.pop(next(iter(memo)))
+            logical.extend(hit[1])
+        # sources and outputs: rewrites copy the tensors mapping but share these Tensor objects
+        ends = tuple([t for t in g.tensors.values() if t.role != "intermediate"])
+        key = tuple(map(id, ends))
+        io = self._io.get(key)
+        if io is None:
+            io = self._io[key] = (ends, _io_key(g))  # ends keeps the ids valid
+            if len(self._io) > 256:
+                self._io.pop(next(iter(self._io)))
+        return tuple(sorted(logical)), io[1]
+
+    def _find_base(self, g: Graph) -> tuple[_State | None, list[int] | None]:
+        """The recent state ``g`` differs least from (same ops and tensors), and the changed ops."""
+        best, best_changed = None, None
+        gops = g.ops
+        for S in reversed(self._states):
+            if S.ops_map is gops:
+                return S, []
+            st = S.struct
+            if g.tensors is not S.tensors or len(gops) != len(st.keys):
+                continue
+            changed = [i for i, (o, old) in enumerate(zip(map(gops.get, st.order), S.ops)) if o is not old]
+            ok = True
+            for i in changed:
+                o, old = gops.get(st.order[i]), S.ops[i]
+                if o is None or o.inputs != old.inputs or o.output != old.output or o.kernel != old.kernel or (
+                        o.params is not old.params and o.params_key != old.params_key):
+                    ok = False
+                    break
+            if not ok or tuple(gops) != st.keys:
+                continue
+            if best_changed is None or len(changed) < len(best_changed):
+                best, best_changed = S, changed
+                if len(changed) <= 1:
+                    break
+        return best, best_changed
+
+    # -- whole plan ------------------------------------------------------------------------
+    def lower(self, g: Graph) -> Lowered:
+        base, changed = self._find_base(g)
+        if base is not None and not changed:
+            self.stats["exact"] += 1
+            if base.ops_map is not g.ops:  # same ops in a new dict: remember it too
+                self._push(g, base.struct, base.ops, base.op_pieces, base.group_pieces, base.source_pieces,
+                           base.op_sizes, base.g_counts, base.lowered)
+            return base.lowered
+        if base is None:
+            self.stats["fresh"] += 1
+            st = self._structure(g)
+            ops = [g.ops[n] for n in st.order]
+            get = self._cache.get
+            op_pieces = [get(("op", id(o))) or self.op_piece(g, o) for o in ops]
+            group_pieces = [self._group_piece(g, st, gi, ops, op_pieces) for gi in range(len(st.groups))]
+            source_pieces = [self._source_piece(g, st, si, ops, op_pieces) for si in range(len(st.sources))]
+            op_sizes = np.array([p.n for p in op_pieces], np.int64)
+            g_counts = (np.stack([p.counts for p in group_pieces]) if group_pieces
+                        else np.zeros((0, 3), np.int64))
+        else:
+            self.stats["incremental"] += 1
+            st = base.struct
+            ops = list(base.ops)
+            op_pieces = list(base.op_pieces)
+            group_pieces = list(base.group_pieces)
+            source_pieces = list(base.source_pieces)
+            op_sizes = base.op_sizes.copy()
+            g_counts = base.g_counts.copy()
+            get = self._cache.get
+            for i in changed:
+                old = ops[i]
+                o = ops[i] = g.ops[st.order[i]]
+                p = get(("op", id(o))) or self.op_piece(g, o, op_pieces[i] if o.params is old.params else None)
+                op_pieces[i] = p
+                op_sizes[i] = p.n
+            if len(changed) == 1:
+                tg, ts = st.op_groups[changed[0]], st.op_sources[changed[0]]
+            else:
+                tg = sorted({x for i in changed for x in st.op_groups[i]})
+                ts = sorted({x for i in changed for x in st.op_sources[i]})
+            for gi in tg:
+                group_pieces[gi] = p = self._group_piece(g, st, gi, ops, op_pieces)
+                g_counts[gi] = p.counts
+            for si in ts:
+                source_pieces[si] = self._source_piece(g, st, si, ops, op_pieces)
+        low = self._assemble(st, op_pieces, group_pieces, source_pieces, op_sizes, g_counts)
+        self._push(g, st, ops, op_pieces, group_pieces, source_pieces, op_sizes, g_counts, low)
+        return low
+
+    def _push(self, g, st, ops, op_pieces, group_pieces, source_pieces, op_sizes, g_counts, low) -> None:
+        S = _State()
+        S.ops_map, S.tensors, S.struct, S.ops, S.op_pieces = g.ops, g.tensors, st, ops, op_pieces
+        S.group_pieces, S.source_pieces, S.op_sizes, S.g_counts, S.lowered = (
+            group_pieces, source_pieces, op_sizes, g_counts, low)
+        self._states.append(S)
+
+    def _assemble(self, st: _Structure, op_pieces, group_pieces, source_pieces, op_sizes, g_counts) -> Lowered:
+        n_dev = self.hw.n_devices
+        op_f = np.concatenate([p.f for p in op_pieces]) if op_pieces else np.zeros((0, 5))
+        if group_pieces:
+            g_ints = np.concatenate([p.ints for p in group_pieces])
+            g_flts = np.concatenate([p.flts for p in group_pieces])
+        else:
+            g_ints, g_flts = np.zeros((0, 3), np.int64), np.zeros((0, 3))
+        res = np.concatenate(source_pieces) if source_pieces else np.zeros(0)
+        kind, i32, f64, ptr, idx, resident, ints, flts = K.assemble(
+            op_sizes, op_f, st.g_prod, st.g_rptr, st.g_rop, g_counts, g_ints, g_flts, res, n_dev)
+        return Lowered(kind, i32, f64, ptr, idx, resident, ints, flts, n_dev, st.order, st.program)
+
+
+def lower(g: Graph, hw: Hardware) -> Lowered:
+    """One-shot lowering (a fresh ``Lowerer``)."""
+    return Lowerer(hw).lower(g)
+
+
+def warmup() -> float:
+    """Compile (or load from numba's cache) the lowering kernels in this process; seconds spent.
+    About half a second with a warm on-disk cache, tens of seconds on a cold one."""
+    import time
+
+    from costmodel.presets import PRESETS
+    from ir.builder import GraphBuilder
+    from ir.rewrites import retile
+
+    t0 = time.perf_counter()
+    b = GraphBuilder()
+    y = b.matmul(b.input("x", (4, 4)), b.parameter("W", (4, 4)), name="mm")
+    b.add(y, b.input("z", (4, 4)), name="add")
+    b.add(y, y, name="twice")
+    g = retile(retile(b.build(), "mm", [2, 1], [0, 1]), "add", [1, 2], [1, 0])
+    Lowerer(PRESETS["h100-sxm-8"]).lower(g)
+    K.union_volume(np.array([[0, 0], [1, 1]]), np.array([[2, 2], [3, 3]]))
+    return time.perf_counter() - t0

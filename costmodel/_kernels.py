@@ -1,0 +1,543 @@
+"""numba kernels of the lowering (see ``costmodel.lowering`` for what they compute and why).
+
+All box arithmetic is on int64 and exact; volumes are integers (exact in float64 below 2**53),
+so results do not depend on summation order. Float expressions repeat the NumPy reference's
+operations in the same order (``max(f / (peak*ce), b / (bw*me)) + launch``, ``lat + bytes / bw``)
+and are therefore bit-identical to it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# Above this many cells of the compressed coordinate grid, unions are computed by box subtraction.
+GRID_LIMIT = 1 << 21
+
+
+# ---------------------------------------------------------------------------------------------
+# union volume of a few boxes
+# ---------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _box_volume(lo, hi, i):
+    v = 1
+    for d in range(lo.shape[1]):
+        e = hi[i, d] - lo[i, d]
+        if e <= 0:
+            return 0
+        v *= e
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _grow(a, n):
+    if n < a.shape[0]:
+        return a
+    b = np.empty((2 * a.shape[0], a.shape[1]), np.int64)
+    b[: a.shape[0]] = a
+    return b
+
+
+@njit(cache=True, nogil=True)
+def _union_by_subtraction(blo, bhi):
+    """Σ_i vol(B_i minus (B_0 ∪ … ∪ B_{i-1})), each difference kept as disjoint pieces."""
+    k, R = blo.shape
+    total = 0
+    for i in range(k):
+        alo = np.empty((16, R), np.int64)
+        ahi = np.empty((16, R), np.int64)
+        alo[0, :] = blo[i, :]
+        ahi[0, :] = bhi[i, :]
+        n = 1
+        for j in range(i):
+            nlo = np.empty((max(16, 2 * n), R), np.int64)
+            nhi = np.empty((max(16, 2 * n), R), np.int64)
+            m = 0
+            for q in range(n):
+                hit = True
+                for d in range(R):
+                    if max(alo[q, d], blo[j, d]) >= min(ahi[q, d], bhi[j, d]):
+                        hit = False
+                        break
+                if not hit:
+                    nlo = _grow(nlo, m)
+                    nhi = _grow(nhi, m)
+                    nlo[m, :] = alo[q, :]
+                    nhi[m, :] = ahi[q, :]
+                    m += 1
+                    continue
+                cur_lo = alo[q, :].copy()
+                cur_hi = ahi[q, :].copy()
+                for d in range(R):  # slabs below and above box j along d, then clip to it
+                    if cur_lo[d] < blo[j, d]:
+                        nlo = _grow(nlo, m)
+                        nhi = _grow(nhi, m)
+                        nlo[m, :] = cur_lo
+                        nhi[m, :] = cur_hi
+                        nhi[m, d] = blo[j, d]
+                        m += 1
+                    if cur_hi[d] > bhi[j, d]:
+                        nlo = _grow(nlo, m)
+                        nhi = _grow(nhi, m)
+                        nlo[m, :] = cur_lo
+                        nhi[m, :] = cur_hi
+                        nlo[m, d] = bhi[j, d]
+                        m += 1
+                    cur_lo[d] = max(cur_lo[d], blo[j, d])
+                    cur_hi[d] = min(cur_hi[d], bhi[j, d])
+            alo, ahi, n = nlo, nhi, m
+            if n == 0:
+                break
+        for q in range(n):
+            total += _box_volume(alo, ahi, q)
+    return total
+
+
+@njit(cache=True, nogil=True)
+def union_volume(blo, bhi):
+    """Exact volume (int64) of the union of boxes ``[blo[i], bhi[i])`` (empty boxes allowed)."""
+    k, R = blo.shape
+    nk = 0
+    first = -1
+    same = True
+    for i in range(k):
+        if _box_volume(blo, bhi, i) == 0:
+            continue
+        nk += 1
+        if first < 0:
+            first = i
+        elif same:
+            for d in range(R):
+                if blo[i, d] != blo[first, d] or bhi[i, d] != bhi[first, d]:
+                    same = False
+                    break
+    if nk == 0:
+        return 0
+    if same:  # one box, or copies of one box
+        return _box_volume(blo, bhi, first)
+    keep = np.empty(nk, np.int64)
+    t = 0
+    for i in range(k):
+        if _box_volume(blo, bhi, i) > 0:
+            keep[t] = i
+            t += 1
+    lo = np.empty((nk, R), np.int64)
+    hi = np.empty((nk, R), np.int64)
+    for t in range(nk):
+        lo[t, :] = blo[keep[t], :]
+        hi[t, :] = bhi[keep[t], :]
+    # coordinate compression
+    axes = np.empty((R, 2 * nk), np.int64)
+    nu = np.empty(R, np.int64)
+    cells = 1
+    for d in range(R):
+        c = np.empty(2 * nk, np.int64)
+        c[:nk] = lo[:, d]
+        c[nk:] = hi[:, d]
+        c.sort()
+        u = 0
+        for x in range(2 * nk):
+            if x == 0 or c[x] != c[x - 1]:
+                axes[d, u] = c[x]
+                u += 1
+        nu[d] = u
+        cells *= u - 1
+        if cells > GRID_LIMIT:
+            return _union_by_subtraction(lo, hi)
+    stride = np.empty(R, np.int64)
+    s = 1
+    for d in range(R - 1, -1, -1):
+        stride[d] = s
+        s *= nu[d] - 1
+    cover = np.zeros(cells, np.bool_)
+    clo = np.empty(R, np.int64)
+    chi = np.empty(R, np.int64)
+    cur = np.empty(R, np.int64)
+    for t in range(nk):
+        for d in range(R):
+            clo[d] = np.searchsorted(axes[d, : nu[d]], lo[t, d])
+            chi[d] = np.searchsorted(axes[d, : nu[d]], hi[t, d])
+            cur[d] = clo[d]
+        while True:  # odometer over the box's cells
+            f = 0
+            for d in range(R):
+                f += cur[d] * stride[d]
+            cover[f] = True
+            d = R - 1
+            while d >= 0:
+                cur[d] += 1
+                if cur[d] < chi[d]:
+                    break
+                cur[d] = clo[d]
+                d -= 1
+            if d < 0:
+                break
+    total = 0
+    for f in range(cells):
+        if cover[f]:
+            v = 1
+            r = f
+            for d in range(R - 1, -1, -1):
+                j = r % (nu[d] - 1)
+                r //= nu[d] - 1
+                v *= axes[d, j + 1] - axes[d, j]
+            total += v
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# one op: shard tasks and projected boxes
+# ---------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _project(Ap, An, b, s, lo, hi, i, r, empty):
+    """Row ``r`` of the image of index box ``i`` (interval arithmetic; empty box -> empty image)."""
+    D = lo.shape[1]
+    if empty:
+        x = b[r]
+        for j in range(D):
+            x += (Ap[r, j] + An[r, j]) * lo[i, j]
+        return x, x
+    a = b[r]
+    z = b[r] + s[r]
+    for j in range(D):
+        a += Ap[r, j] * lo[i, j] + An[r, j] * (hi[i, j] - 1)
+        z += Ap[r, j] * (hi[i, j] - 1) + An[r, j] * lo[i, j]
+    return a, z
+
+
+@njit(cache=True, nogil=True)
+def op_kernel(lo, hi, dev, in_Ap, in_An, in_b, in_s, in_shape, in_rank, in_item, out_Ap, out_An, out_b, out_s,
+              out_shape, out_item, flops_per_point, flop_den, byte_den, launch, n_dev, src_port):
+    """Per shard: float64[n, 5] = (device, duration, output bytes, FLOPs, bytes read + written);
+    output boxes int64[n, Ro] (unclipped images); input boxes int64[P, n, R] clipped to their
+    tensors (rows beyond a port's rank are padding: [0, 1)); the first device outside
+    ``0..n_dev-1`` (or -1); and for the ports with ``src_port[p]`` (they read a graph input),
+    float64[P, n_dev] bytes of the union of the boxes read on each device (``resident_kernel``)."""
+    n, D = lo.shape
+    P = in_Ap.shape[0]
+    R = in_Ap.shape[1]
+    Ro = out_Ap.shape[0]
+    f = np.empty((n, 5), np.float64)
+    out_lo = np.empty((n, Ro), np.int64)
+    out_hi = np.empty((n, Ro), np.int64)
+    in_lo = np.zeros((P, n, R), np.int64)
+    in_hi = np.ones((P, n, R), np.int64)
+    bad = -1
+    for i in range(n):
+        vol = 1
+        empty = False
+        for d in range(D):
+            e = hi[i, d] - lo[i, d]
+            if e <= 0:
+                empty = True
+            vol *= e
+        flops = np.float64(vol) * flops_per_point
+        read = 0.0
+        for p in range(P):
+            size = 1
+            for r in range(in_rank[p]):
+                a, z = _project(in_Ap[p], in_An[p], in_b[p], in_s[p], lo, hi, i, r, empty)
+                a = min(max(a, 0), in_shape[p, r])
+                z = min(max(z, a), in_shape[p, r])
+                in_lo[p, i, r] = a
+                in_hi[p, i, r] = z
+                size *= z - a
+            read += np.float64(size) * in_item[p]
+        size = 1
+        for r in range(Ro):
+            a, z = _project(out_Ap, out_An, out_b, out_s, lo, hi, i, r, empty)
+            out_lo[i, r] = a
+            out_hi[i, r] = z
+            a = min(max(a, 0), out_shape[r])
+            z = min(max(z, a), out_shape[r])
+            size *= z - a
+        written = np.float64(size) * out_item
+        nbytes = read + written
+        tf = flops / flop_den
+        tb = nbytes / byte_den
+        if (dev[i] < 0 or dev[i] >= n_dev) and bad < 0:
+            bad = dev[i]
+        f[i, 0] = dev[i]
+        f[i, 1] = max(tf, tb) + launch
+        f[i, 2] = written
+        f[i, 3] = flops
+        f[i, 4] = nbytes
+    res = np.zeros((P, n_dev), np.float64)
+    if bad < 0:
+        for p in range(P):
+            if src_port[p]:
+                res[p, :] = resident_kernel(in_lo[p, :, : in_rank[p]], in_hi[p, :, : in_rank[p]], dev, n_dev,
+                                            in_item[p])
+    return f, out_lo, out_hi, in_lo, in_hi, bad, res
+
+
+# ---------------------------------------------------------------------------------------------
+# one produced tensor: local edges and transfers to every reader
+# ---------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _inter(p_lo, p_hi, pi, c_lo, c_hi, cj, ilo, ihi, row):
+    """Intersection of producer box ``pi`` and reader box ``cj`` into row ``row``; its volume."""
+    v = 1
+    for d in range(p_lo.shape[1]):
+        a = max(p_lo[pi, d], c_lo[cj, d])
+        z = min(p_hi[pi, d], c_hi[cj, d])
+        if z <= a:
+            return 0
+        ilo[row, d] = a
+        ihi[row, d] = z
+        v *= z - a
+    return v
+
+
+@njit(cache=True, nogil=True)
+def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize, dev_per_node,
+                 lat_intra, bw_intra, epb_intra, lat_inter, bw_inter, epb_inter):
+    """Edges from the producer's shards to every reader shard of one tensor.
+
+    Returns ``counts`` int64[3] = (L, T, Q), ``ints`` int64[L + T + Q, 3] holding L local edges
+    (producer shard, reader, reader shard), T transfers (producer shard, destination device, first
+    reader) and Q transfer→reader edges (transfer, reader, reader shard), and ``flts``
+    float64[T, 3] = (bytes, seconds, joules per byte) per transfer. One transfer per (producer
+    shard, destination device) carries the union of what that device's reader shards need from it.
+    Reader shards are concatenated reader by reader (``r_counts[k]`` shards of reader ``k``).
+    """
+    npr = p_lo.shape[0]
+    nc = c_lo.shape[0]
+    R = p_lo.shape[1]
+    c_reader = np.empty(nc, np.int64)
+    c_shard = np.empty(nc, np.int64)
+    x = 0
+    for k in range(r_counts.shape[0]):
+        for j in range(r_counts[k]):
+            c_reader[x] = k
+            c_shard[x] = j
+            x += 1
+    one_lo = np.empty((1, R), np.int64)
+    one_hi = np.empty((1, R), np.int64)
+    # pass 1: counts
+    L = 0
+    Q = 0
+    T = 0
+    seen = np.full(n_dev, -1, np.int64)
+    for pi in range(npr):
+        for cj in range(nc):
+            if _inter(p_lo, p_hi, pi, c_lo, c_hi, cj, one_lo, one_hi, 0) > 0:
+                if c_dev[cj] == p_dev[pi]:
+                    L += 1
+                else:
+                    Q += 1
+                    if seen[c_dev[cj]] != pi:
+                        seen[c_dev[cj]] = pi
+                        T += 1
+    ints = np.empty((L + T + Q, 3), np.int64)
+    flts = np.empty((T, 3), np.float64)
+    counts = np.empty(3, np.int64)
+    counts[0] = L
+    counts[1] = T
+    counts[2] = Q
+    if L + Q == 0:
+        return counts, ints, flts
+    # pass 2: fill
+    pair_c = np.empty(nc, np.int64)
+    plo = np.empty((nc, R), np.int64)
+    phi = np.empty((nc, R), np.int64)
+    slo = np.empty((nc, R), np.int64)
+    shi = np.empty((nc, R), np.int64)
+    tid = np.full(n_dev, -1, np.int64)
+    first = np.empty(n_dev, np.int64)
+    cnt = np.zeros(n_dev, np.int64)
+    pos = np.empty(n_dev + 1, np.int64)
+    l_row = 0
+    t_row = L
+    q_row = L + T
+    t = 0
+    for pi in range(npr):
+        npair = 0
+        for cj in range(nc):
+            if _inter(p_lo, p_hi, pi, c_lo, c_hi, cj, plo, phi, npair) > 0:
+                if c_dev[cj] == p_dev[pi]:
+                    ints[l_row, 0] = pi
+                    ints[l_row, 1] = c_reader[cj]
+                    ints[l_row, 2] = c_shard[cj]
+                    l_row += 1
+                else:
+                    d = c_dev[cj]
+                    if cnt[d] == 0:
+                        first[d] = c_reader[cj]
+                    cnt[d] += 1
+                    pair_c[npair] = cj
+                    npair += 1
+        if npair == 0:
+            continue
+        # the needed boxes grouped by destination device (counting sort), then one union each
+        pos[0] = 0
+        for d in range(n_dev):
+            pos[d + 1] = pos[d] + cnt[d]
+        for q in range(npair):
+            d = c_dev[pair_c[q]]
+            x = pos[d + 1] - cnt[d]
+            slo[x, :] = plo[q, :]
+            shi[x, :] = phi[q, :]
+            cnt[d] -= 1
+        src = p_dev[pi]
+        for d in range(n_dev):  # transfers of this producer shard in destination order
+            if pos[d + 1] == pos[d]:
+                continue
+            nbytes = np.float64(union_volume(slo[pos[d]:pos[d + 1]], shi[pos[d]:pos[d + 1]])) * itemsize
+            if src // dev_per_node == d // dev_per_node:
+                dur = lat_intra + nbytes / bw_intra
+                epb = epb_intra
+            else:
+                dur = lat_inter + nbytes / bw_inter
+                epb = epb_inter
+            ints[t_row, 0] = pi
+            ints[t_row, 1] = d
+            ints[t_row, 2] = first[d]
+            flts[t, 0] = nbytes
+            flts[t, 1] = dur
+            flts[t, 2] = epb
+            tid[d] = t
+            t += 1
+            t_row += 1
+        for q in range(npair):
+            cj = pair_c[q]
+            ints[q_row, 0] = tid[c_dev[cj]]
+            ints[q_row, 1] = c_reader[cj]
+            ints[q_row, 2] = c_shard[cj]
+            q_row += 1
+    return counts, ints, flts
+
+
+@njit(cache=True, nogil=True)
+def resident_kernel(lo, hi, dev, n_dev, itemsize):
+    """float64[n_dev]: bytes of the union of the boxes read on each device."""
+    n, R = lo.shape
+    out = np.zeros(n_dev, np.float64)
+    cnt = np.zeros(n_dev, np.int64)
+    for i in range(n):
+        cnt[dev[i]] += 1
+    for d in range(n_dev):
+        if cnt[d] == 0:
+            continue
+        glo = np.empty((cnt[d], R), np.int64)
+        ghi = np.empty((cnt[d], R), np.int64)
+        k = 0
+        for i in range(n):
+            if dev[i] == d:
+                glo[k, :] = lo[i, :]
+                ghi[k, :] = hi[i, :]
+                k += 1
+        out[d] = np.float64(union_volume(glo, ghi)) * itemsize
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole plan
+# ---------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, res, n_dev):
+    """Flat simulator arrays from the per-op and per-group pieces (see ``Lowerer._assemble``).
+
+    Returns ``kind``, ``i32`` = rows (dev, dst), ``f64`` = rows (dur, alloc), ``succ_ptr``,
+    ``succ_idx``, ``resident``, ``ints`` = (op offsets [k+1], transfer_op [T], transfer_src_op [T])
+    and ``flts`` = (flops [nc], nbytes [nc], transfer_epb [T]): few arrays, because returning each
+    one from compiled code costs about half a microsecond."""
+    k = op_sizes.shape[0]
+    off = np.zeros(k + 1, np.int64)
+    for i in range(k):
+        off[i + 1] = off[i] + op_sizes[i]
+    nc = off[k]
+    G = g_prod.shape[0]
+    L = 0
+    T = 0
+    Q = 0
+    for g in range(G):
+        L += g_counts[g, 0]
+        T += g_counts[g, 1]
+        Q += g_counts[g, 2]
+    n = nc + T
+    m = L + T + Q
+    kind = np.zeros(n, np.int8)
+    i32 = np.empty((2, n), np.int32)  # rows: dev, dst
+    f64 = np.empty((2, n), np.float64)  # rows: dur, alloc
+    ints = np.empty(k + 1 + 2 * T, np.int64)  # op offsets, transfer_op, transfer_src_op
+    flts = np.empty(2 * nc + T, np.float64)  # flops, nbytes, transfer_epb
+    dev = i32[0]
+    dst = i32[1]
+    dur = f64[0]
+    alloc = f64[1]
+    flops = flts[:nc]
+    nbytes = flts[nc : 2 * nc]
+    t_epb = flts[2 * nc :]
+    ints[: k + 1] = off
+    t_op = ints[k + 1 : k + 1 + T]
+    t_src_op = ints[k + 1 + T :]
+    for i in range(nc):
+        dst[i] = -1
+    for i in range(nc):
+        dev[i] = np.int32(op_f[i, 0])
+        dur[i] = op_f[i, 1]
+        alloc[i] = op_f[i, 2]
+        flops[i] = op_f[i, 3]
+        nbytes[i] = op_f[i, 4]
+    src = np.empty(m, np.int64)
+    tgt = np.empty(m, np.int64)
+    e = 0
+    t_base = 0
+    row = 0
+    for g in range(G):
+        lg = g_counts[g, 0]
+        tg = g_counts[g, 1]
+        qg = g_counts[g, 2]
+        p_off = off[g_prod[g]]
+        r0 = g_rptr[g]
+        for x in range(lg):
+            src[e] = p_off + g_ints[row + x, 0]
+            tgt[e] = off[g_rop[r0 + g_ints[row + x, 1]]] + g_ints[row + x, 2]
+            e += 1
+        row += lg
+        for x in range(tg):
+            node = nc + t_base + x
+            kind[node] = 1
+            dev[node] = dev[p_off + g_ints[row + x, 0]]
+            dst[node] = np.int32(g_ints[row + x, 1])
+            dur[node] = g_flts[t_base + x, 0 + 1]
+            alloc[node] = g_flts[t_base + x, 0]
+            t_epb[t_base + x] = g_flts[t_base + x, 2]
+            t_op[t_base + x] = g_rop[r0 + g_ints[row + x, 2]]
+            t_src_op[t_base + x] = g_prod[g]
+            src[e] = p_off + g_ints[row + x, 0]
+            tgt[e] = node
+            e += 1
+        row += tg
+        for x in range(qg):
+            src[e] = nc + t_base + g_ints[row + x, 0]
+            tgt[e] = off[g_rop[r0 + g_ints[row + x, 1]]] + g_ints[row + x, 2]
+            e += 1
+        row += qg
+        t_base += tg
+    # CSR by a stable counting sort on the source
+    ptr = np.zeros(n + 1, np.int64)
+    for x in range(m):
+        ptr[src[x] + 1] += 1
+    for i in range(n):
+        ptr[i + 1] += ptr[i]
+    fill = ptr[:n].copy()
+    idx = np.empty(m, np.int32)
+    for x in range(m):
+        s = src[x]
+        idx[fill[s]] = np.int32(tgt[x])
+        fill[s] += 1
+    resident = np.zeros(n_dev, np.float64)
+    for s in range(res.shape[0] // n_dev):  # one row of n_dev per input tensor, added in order
+        for d in range(n_dev):
+            resident[d] += res[s * n_dev + d]
+    return kind, i32, f64, ptr, idx, resident, ints, flts

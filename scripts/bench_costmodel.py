@@ -1,0 +1,187 @@
+"""Cost-model throughput: full evaluations per second on one core, each after one random rewrite.
+
+This is what the search does: take a plan, apply ``ir.rewrites.random_rewrite``, evaluate the
+child with a long-lived ``costmodel.Evaluator`` (lowering, simulation, energy, lower bound). Cases:
+
+- ``mlp@8``: ``mlp(batch=1024, widths=[1024, 4096, 4096, 1024])`` on ``h100-sxm-8``;
+- ``transformer@8``: ``transformer(batch=8, seq=512, d_model=1024, heads=16, d_ff=4096)`` on
+  ``h100-sxm-8``, at most 32 shards per op;
+- ``transformer@64``: the same block on ``h100-sxm-64``, every op first retiled 8-64 ways over the
+  64 devices, at most 64 shards per op.
+
+Each start plan is pre-sharded with 20-25 random rewrites (tens of shards at 8 devices, hundreds
+at 64). The walk then accepts a child as the next parent with probability 1/2 and restarts from
+the start plan every ``--restart`` steps, so plan sizes stay stable over the run.
+
+Reported per case: mean plan size, ``eval/s`` = evaluations per CPU-second of this process counting
+only the evaluation, ``step/s`` = counting the rewrite too, median of ``--repeats`` rounds, and
+the mean microseconds per step in the rewrite, the lowering and the simulation. CPU time
+(``time.process_time``) rather than wall time, because the machine may be shared; the process is
+pinned to one core with single-threaded BLAS and numba.
+
+Usage: ``python scripts/bench_costmodel.py [--seconds 3] [--repeats 3] [--json PATH] [--cases ...]``
+"""
+
+from __future__ import annotations
+
+import os
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH
+
+from ir import workloads  # noqa: E402
+from ir.rewrites import RewriteError, random_rewrite, retile  # noqa: E402
+
+# CPU time of this process: the machine may be shared, and "per core" means per CPU-second.
+CLOCK = time.process_time
+TRANSFORMER = dict(batch=8, seq=512, d_model=1024, heads=16, d_ff=4096)
+CAP = {"mlp@8": 32, "transformer@8": 32, "transformer@64": 64}  # max shards per op in random rewrites
+
+
+def start_plan(case: str, seed: int):
+    """(graph, hardware preset, n_devices) of a case, pre-sharded deterministically."""
+    rng = np.random.default_rng(seed)
+    if case == "mlp@8":
+        g, hw, n, warm = workloads.build("mlp", batch=1024, widths=[1024, 4096, 4096, 1024]), "h100-sxm-8", 8, 20
+    elif case == "transformer@8":
+        g, hw, n, warm = workloads.build("transformer", **TRANSFORMER), "h100-sxm-8", 8, 25
+    elif case == "transformer@64":
+        g, hw, n, warm = workloads.build("transformer", **TRANSFORMER), "h100-sxm-64", 64, 20
+        for name in list(g.topo_order):  # every op 8-64 ways over the 64 devices
+            sig = g.signature(name)
+            ways = int(rng.choice([8, 16, 32, 64]))
+            parts = [1] * len(sig.extents)
+            for d, e in enumerate(sig.extents):  # spread the ways over the leading dims
+                f = 1
+                while ways > 1 and f * 2 <= e and ways % 2 == 0:
+                    f *= 2
+                    ways //= 2
+                parts[d] = f
+            start = int(rng.integers(n))
+            g = retile(g, name, parts, [(start + i) % n for i in range(int(np.prod(parts)))])
+    else:
+        raise SystemExit(f"unknown case {case!r}")
+    for _ in range(warm):
+        g, _m = random_rewrite(g, rng, n, max_shards_per_op=CAP[case])
+    return g, hw, n
+
+
+def run_case(case: str, seconds: float, repeats: int, restart: int, seed: int) -> dict:
+    from costmodel import Evaluator
+    from costmodel.simulate import warmup
+
+    warmup()
+    g0, hw, n = start_plan(case, seed)
+    ev = Evaluator(hw)
+    ev(g0)
+    rng = np.random.default_rng(seed + 1)
+    rates, step_rates, wall_rates, shards = [], [], [], []
+    for r in range(repeats + 1):  # round 0 warms caches and numba (not reported)
+        g, steps, t_eval, t_all, w_eval = g0, 0, 0.0, 0.0, 0.0
+        budget = seconds if r else min(1.0, seconds)
+        while t_all < budget:
+            t0 = CLOCK()
+            try:
+                child, _m = random_rewrite(g, rng, n, max_shards_per_op=CAP[case])
+            except RewriteError:
+                g = g0
+                continue
+            t1 = CLOCK()
+            w1 = time.perf_counter()
+            ev(child)
+            w2 = time.perf_counter()
+            t2 = CLOCK()
+            t_eval += t2 - t1
+            t_all += t2 - t0
+            w_eval += w2 - w1
+            steps += 1
+            if r and steps % 50 == 0:
+                shards.append(child.n_shards)
+            g = child if rng.random() < 0.5 else g
+            if steps % restart == 0:
+                g = g0
+        if r:
+            rates.append(steps / t_eval)
+            step_rates.append(steps / t_all)
+            wall_rates.append(steps / w_eval)
+    low = ev(g0, keep=True).lowered
+    nodes = len(low.kind)
+    split = profile_split(ev, g0, rng, n, CAP[case], restart)
+    return {"case": case, "hardware": hw, "ops": len(g0.ops), "start_shards": g0.n_shards,
+            "mean_shards": float(np.mean(shards)) if shards else float(g0.n_shards), "start_nodes": nodes,
+            "start_transfers": int((low.kind == 1).sum()),
+            "eval_per_s": statistics.median(rates), "step_per_s": statistics.median(step_rates),
+            "eval_per_s_wall": statistics.median(wall_rates),
+            "eval_per_s_all": rates, "split_us": split}
+
+
+def profile_split(ev, g0, rng, n, cap: int, restart: int, steps: int = 300) -> dict:
+    """Mean microseconds per step in: the rewrite, lowering the child, simulating it."""
+    from costmodel.simulate import simulate_arrays
+
+    t_rw = t_low = t_sim = 0.0
+    perf = CLOCK
+    g = g0
+    for i in range(steps):
+        t0 = perf()
+        child, _m = random_rewrite(g, rng, n, max_shards_per_op=cap)
+        t1 = perf()
+        low = ev.lowerer.lower(child)
+        t2 = perf()
+        simulate_arrays(low.kind, low.dev, low.dst, low.dur, low.succ_ptr, low.succ_idx, low.alloc,
+                        low.resident, low.n_devices)
+        t3 = perf()
+        t_rw += t1 - t0
+        t_low += t2 - t1
+        t_sim += t3 - t2
+        g = child if rng.random() < 0.5 else g
+        if i % restart == restart - 1:
+            g = g0
+    us = lambda x: round(x / steps * 1e6, 1)  # noqa: E731
+    return {"rewrite": us(t_rw), "lower": us(t_low), "simulate": us(t_sim)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=3.0, help="timed seconds per round")
+    ap.add_argument("--repeats", type=int, default=3, help="timed rounds per case (median reported)")
+    ap.add_argument("--restart", type=int, default=50, help="restart the walk from the start plan every N steps")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cases", nargs="*", default=["mlp@8", "transformer@8", "transformer@64"])
+    ap.add_argument("--json", help="also write the results as JSON to this path")
+    ap.add_argument("--cpu", type=int, default=None, help="core to pin to (default: the first allowed)")
+    a = ap.parse_args(argv)
+    if hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {a.cpu if a.cpu is not None else cpus[0]})
+    results = [run_case(c, a.seconds, a.repeats, a.restart, a.seed) for c in a.cases]
+    goals = {"transformer@8": 5000.0, "transformer@64": 500.0}
+    print(f"{'case':<16}{'ops':>5}{'shards':>8}{'nodes':>7}{'eval/s':>10}{'step/s':>10}{'goal':>8}   "
+          "us per step: rewrite / lower / simulate")
+    for r in results:
+        s = r["split_us"]
+        print(f"{r['case']:<16}{r['ops']:>5}{r['mean_shards']:>8.0f}{r['start_nodes']:>7}{r['eval_per_s']:>10.0f}"
+              f"{r['step_per_s']:>10.0f}{goals.get(r['case'], float('nan')):>8.0f}   "
+              f"{s['rewrite']:.0f} / {s['lower']:.0f} / {s['simulate']:.0f}")
+    doc = {"machine": f"{platform.machine()} {os.cpu_count()}-core, Python {platform.python_version()}",
+           "one_core": True, "seconds": a.seconds, "repeats": a.repeats, "results": results}
+    if a.json:
+        Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc))
+    return doc
+
+
+if __name__ == "__main__":
+    main()

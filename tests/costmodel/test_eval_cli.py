@@ -1,0 +1,96 @@
+"""``tapestry eval``: tables, JSON, and clear exit-2 errors for bad presets, files and plans."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from costmodel import evaluate
+from costmodel.presets import PRESETS
+from ir import workloads
+from ir.rewrites import retile
+from ir.serialize import save
+from optimizer.cli import main
+
+
+@pytest.fixture
+def plan(tmp_path):
+    g = workloads.build("mlp", batch=64, widths=[256, 1024, 256])
+    g = retile(g, "fc1", [1, 4], [0, 1, 2, 3])
+    p = tmp_path / "plan.json"
+    save(g, p)
+    return p, g
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    out, err = capsys.readouterr()
+    return ei.value.code, out, err
+
+
+def test_eval_prints_tables(plan, capsys):
+    p, g = plan
+    code, out, err = run(["eval", str(p), "--hardware", "h100-sxm-8"], capsys)
+    assert code == 0, err
+    for word in ("makespan", "lower bound", "gap", "energy", "peak memory", "feasible", "bytes moved",
+                 "per operation", "fc1", "act1", "fc2", "per device"):
+        assert word in out
+    assert "Traceback" not in out + err
+
+
+def test_eval_json_matches_evaluate(plan, capsys):
+    p, g = plan
+    code, out, err = run(["eval", str(p), "--hardware", "h100-sxm-8", "--json"], capsys)
+    assert code == 0, err
+    r = json.loads(out)
+    e = evaluate(g, PRESETS["h100-sxm-8"])
+    assert r["makespan"] == e.makespan and r["energy"] == e.energy and r["lower_bound"] == e.lower_bound
+    assert r["gap"] == e.gap and r["feasible"] is True and r["devices"] == 4
+    assert [o["op"] for o in r["breakdown"]["ops"]] == ["fc1", "act1", "fc2"]
+    assert r["breakdown"]["ops"][0]["shards"] == 4 and len(r["breakdown"]["devices"]) == 8
+
+
+def test_eval_hardware_yaml_file(plan, capsys, tmp_path):
+    p, g = plan
+    hw = tmp_path / "hw.yaml"
+    hw.write_text("base: h100-sxm-8\nname: slow\nefficiency:\n  matmul: {compute: 0.5, memory: 0.5}\n")
+    code, out, err = run(["eval", str(p), "--hardware", str(hw), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["hardware"] == "slow"
+    assert json.loads(out)["makespan"] > evaluate(g, "h100-sxm-8").makespan
+
+
+@pytest.mark.parametrize("case", ["preset", "yaml", "field", "missing-yaml", "plan", "plan-json", "no-plan",
+                                  "device"])
+def test_errors_exit_2_without_traceback(case, plan, capsys, tmp_path):
+    p, g = plan
+    hw = "h100-sxm-8"
+    if case == "preset":
+        hw, want = "h100-sxm-9", "known presets"
+    elif case == "yaml":
+        (tmp_path / "bad.yaml").write_text("name: [unclosed\n")
+        hw, want = str(tmp_path / "bad.yaml"), "not valid YAML"
+    elif case == "field":
+        (tmp_path / "bad.yaml").write_text("base: h100-sxm-8\nefficency: {}\n")
+        hw, want = str(tmp_path / "bad.yaml"), "efficency"
+    elif case == "missing-yaml":
+        hw, want = str(tmp_path / "nope.yaml"), "not found"
+    elif case == "plan":
+        doc = json.loads(p.read_text())
+        doc["ops"][0]["shards"]["hi"][0][0] = 63  # shards no longer cover the index space
+        p.write_text(json.dumps(doc))
+        want = "not a valid plan"
+    elif case == "plan-json":
+        p.write_text("{not json")
+        want = "bad-json"
+    elif case == "no-plan":
+        p, want = tmp_path / "missing.json", "does not exist"
+    elif case == "device":
+        save(retile(g, "fc2", [2, 1], [0, 9]), p)
+        hw, want = "h100-sxm-8", "device 9"
+    code, out, err = run(["eval", str(p), "--hardware", hw], capsys)
+    assert code == 2
+    assert want in " ".join(err.split()), err  # the message is wrapped at 100 columns
+    assert "Traceback" not in err and err.startswith("error:")
