@@ -115,6 +115,25 @@ def _sqlite_readonly_url(url: URL) -> URL:
     )
 
 
+def _set_wal(cursor: Any, timeout_s: float) -> None:
+    """Switch to WAL, retrying: SQLite can answer SQLITE_BUSY to a journal-mode change without
+    consulting the busy handler while another process is creating or switching the same file."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+
 def _install_sqlite_events(engine: Engine, *, readonly: bool, busy_timeout_s: float) -> None:
     busy_ms = int(busy_timeout_s * 1000)
 
@@ -127,7 +146,7 @@ def _install_sqlite_events(engine: Engine, *, readonly: bool, busy_timeout_s: fl
             cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
             cursor.execute("PRAGMA foreign_keys = ON")
             if not readonly:
-                cursor.execute("PRAGMA journal_mode = WAL")
+                _set_wal(cursor, busy_timeout_s)
                 # In WAL mode NORMAL cannot corrupt the file; a power cut may drop the last
                 # commits, which resume-from-checkpoint tolerates.
                 cursor.execute("PRAGMA synchronous = NORMAL")
