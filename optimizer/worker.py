@@ -29,12 +29,14 @@ def evaluator_for(hw_dict: dict) -> Any:
     """The process's evaluator for this hardware (created, and numba warmed up, once)."""
     from costmodel.evaluate import Evaluator
     from costmodel.hardware import Hardware
+    from costmodel.lowering import warmup as warm_lowering
     from costmodel.simulate import warmup
 
     key = hashlib.sha256(json.dumps(hw_dict, sort_keys=True).encode()).hexdigest()
     ev = _EVALUATORS.get(key)
     if ev is None:
-        warmup()
+        warmup()  # numba compiles per process: once per worker, not per task
+        warm_lowering()
         ev = _EVALUATORS[key] = Evaluator(Hardware.from_dict(hw_dict))
     return ev
 
