@@ -123,6 +123,7 @@ def _drive(cfg: CampaignConfig, archive: Any, url: str, hw: Any, base: Any, seed
             sampler = make_sampler(cfg, archive, client, hw, base)
             farm = Farm(cfg.name, archive, client, strategy, list(cfg.objectives), ref, _budget(cfg),
                         cfg.search.epsilon, cfg.checkpoint_seconds, rng, progress, sampler)
+            farm.counters["driver"] = driver_identity()
             if resume is None:
                 strategy.seed_population(seed_records)
                 farm.merge(seed_records, len(seed_records), "driver")
@@ -137,6 +138,35 @@ def _drive(cfg: CampaignConfig, archive: Any, url: str, hw: Any, base: Any, seed
             progress.update(farm, force=True)
     return {"campaign": cfg.name, "status": status, "reason": reason, "evaluations": farm.counters["evaluations"],
             "front": len(farm.front), "hypervolume": farm.hypervolume(), "best_gap": farm.best_gap}
+
+
+def driver_identity() -> dict[str, Any]:
+    import socket
+
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def check_not_running(row: dict) -> None:
+    """Refuse to resume a campaign whose driver is still alive (two drivers would fight)."""
+    import datetime as dt
+
+    drv = row["counters"].get("driver") or {}
+    if row["status"] != "running" or not drv:
+        return
+    me = driver_identity()
+    if drv.get("host") == me["host"]:
+        try:
+            os.kill(int(drv["pid"]), 0)
+        except (ProcessLookupError, ValueError, TypeError):
+            return  # the driver died (crash, kill -9): safe to continue
+        except PermissionError:
+            pass
+        raise ConfigError(f"campaign {row['name']!r} is running (driver process {drv['pid']} on this host); stop it "
+                          f"with Ctrl-C or kill {drv['pid']}, then resume")
+    age = (dt.datetime.now(dt.timezone.utc) - row["updated_at"]).total_seconds()
+    if age < 120:
+        raise ConfigError(f"campaign {row['name']!r} is running on {drv.get('host')} (updated {age:.0f} s ago); "
+                          f"stop that driver first, or wait two minutes if it crashed")
 
 
 def load_campaign_config(archive: Any, name: str) -> tuple[CampaignConfig, dict]:
@@ -177,6 +207,7 @@ def resume_campaign(name: str, db: str | None = None, config_path: str | None = 
                                           if v is not None})
         cfg = cfg.model_copy(update={"budget": b})
         row = archive.get_campaign(name)
+        check_not_running(row)
         resolved["config"] = cfg.model_dump(mode="json")
         ref = np.array(row["reference_point"], dtype=float)
         ckpt = archive.latest_checkpoint(name)

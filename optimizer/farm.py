@@ -92,7 +92,10 @@ class Farm:
     def restore(self, counters: dict, front_rows: list[dict], checkpoint: dict | None,
                 fetch_graph: Callable[[str], str]) -> None:
         """Continue from the archive: committed counters and front, checkpointed strategy and RNG."""
+        me = self.counters.get("driver")
         self.counters.update(counters)
+        if me:
+            self.counters["driver"] = me
         self.counters["seq"] = max(int(self.counters.get("seq", 0)), int(self.archive.last_seq(self.campaign) or 0))
         self._wall0 = float(self.counters.get("wall_seconds", 0.0))
         self.front.update((r["digest"], [r["objectives"][n] for n in self.objectives],

@@ -206,3 +206,17 @@ def test_other_strategies_run_and_share_the_archive(tmp_path, db, strategy):
         done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
         assert len(done) >= 4 and len(done[0].values) == 2
         assert study.metric_names == ["makespan", "peak_memory"]
+
+
+def test_resume_refuses_while_the_driver_is_alive(tmp_path, db):
+    cfg = write_config(tmp_path, small_config("live", db, budget={"evaluations": 10**9, "wall_time": 120}))
+    proc = popen_cli("run", str(cfg), "--db", db, "--quiet")
+    try:
+        _wait_for(db, "live", 20)
+        res = cli("resume", "live", "--db", db)
+        assert res.returncode == 2 and "Traceback" not in res.stderr
+        assert "is running" in " ".join(res.stderr.split())
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # a clean stop: checkpoint, status paused
+        proc.wait(timeout=60)
+    assert rows(db, "SELECT status FROM campaigns WHERE name = 'live'")[0]["status"] == "paused"
