@@ -9,7 +9,10 @@ Each operator takes ``(g, rng, ctx)`` and returns ``(child, move)`` where ``move
 - ``align``: copy a neighbour's sharding (producer or consumer with the same index space);
 - ``fuse_chain``: fuse a producer with its elementwise consumers along a chain;
 - ``reduce_spread``: split a hidden reduction k ways and spread the partials over k devices;
-- ``layout_all``: the same (dim 0, k devices) spread for every op (a data-parallel jump).
+- ``layout_all``: the same (dim 0, k devices) spread for every op (a data-parallel jump);
+- ``crossover``: recombination with a mate from the task's front: each op that is the same
+  operation in both plans (kernel, params, tensors) takes the mate's shards with probability ½.
+  Shards of one op never constrain another's, so the child is valid by construction.
 """
 
 from __future__ import annotations
@@ -29,6 +32,20 @@ class MutationContext:
     n_devices: int
     max_shards_per_op: int
     rewrite_weights: dict[str, float] | None = None
+    mates: list[Graph] = field(default_factory=list)  # crossover partners (the task's front)
+
+
+@dataclass(frozen=True)
+class Crossover(M.Move):
+    """Lineage of a crossover child: the mate's digest and the ops whose shards came from it.
+    (Not replayable from text alone: replaying needs the mate plan from the archive.)"""
+
+    mate: str
+    ops: tuple[str, ...]
+    kind = "crossover"
+
+    def __str__(self) -> str:
+        return f"crossover{{mate={self.mate[:16]},ops=[{','.join(self.ops)}]}}"
 
 
 def _pick(rng: np.random.Generator, seq):
@@ -131,13 +148,32 @@ def op_layout_all(g: Graph, rng: np.random.Generator, ctx: MutationContext):
     return seq.apply(g), seq
 
 
+def op_crossover(g: Graph, rng: np.random.Generator, ctx: MutationContext):
+    mates = [m for m in ctx.mates if m is not g]
+    if not mates:
+        raise RewriteError("no crossover partner")
+    mate = _pick(rng, mates)
+    same = [n for n, o in g.ops.items() if n in mate.ops and o.shards != mate.ops[n].shards
+            and _same_operation(o, mate.ops[n])]
+    if not same:
+        raise RewriteError("the partner shares no differently sharded operation")
+    take = [n for n in same if rng.random() < 0.5] or [_pick(rng, same)]
+    child = g.with_ops({n: g.ops[n].replace(shards=mate.ops[n].shards) for n in take})
+    return child, Crossover(mate.digest, tuple(take))
+
+
+def _same_operation(a, b) -> bool:
+    return (a.kernel == b.kernel and a.params_key == b.params_key and a.inputs == b.inputs
+            and a.output == b.output)
+
+
 Operator = Callable[[Graph, np.random.Generator, MutationContext], tuple[Graph, M.Move]]
 OPERATORS: dict[str, Operator] = {
     "rewrite": op_rewrite, "spread": op_spread, "align": op_align, "fuse_chain": op_fuse_chain,
-    "reduce_spread": op_reduce_spread, "layout_all": op_layout_all,
+    "reduce_spread": op_reduce_spread, "layout_all": op_layout_all, "crossover": op_crossover,
 }
 DEFAULT_OPERATOR_WEIGHTS = {"rewrite": 4.0, "spread": 2.0, "align": 2.0, "fuse_chain": 0.7,
-                            "reduce_spread": 0.8, "layout_all": 0.3}
+                            "reduce_spread": 0.8, "layout_all": 0.3, "crossover": 1.5}
 
 
 @dataclass

@@ -139,6 +139,8 @@ def search_task(spec: dict) -> dict:
             else:
                 parent = parents[int(rng.integers(len(parents)))][0]
             op_name = weights.choose(rng)
+            if op_name == "crossover":
+                ctx.mates = [it[0] for it in front.items] + [p for p, _ in parents]
         try:
             child, move = OPERATORS[op_name](parent, rng, ctx)
         except RewriteError:
