@@ -2,7 +2,7 @@
 
 All box arithmetic is on int64 and exact; volumes are integers (exact in float64 below 2**53),
 so results do not depend on summation order. Float expressions repeat the NumPy reference's
-operations in the same order (``max(f / (peak*ce), b / (bw*me)) + launch``, ``lat + bytes / bw``)
+operations in the same order (``max(f / (peak*ce), b / (bw*me)) + launch``, ``bytes / bw``)
 and are therefore bit-identical to it.
 """
 
@@ -303,8 +303,9 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
     Returns ``counts`` int64[3] = (L, T, Q), ``ints`` int64[L + T + Q, 3] holding L local edges
     (producer shard, reader, reader shard), T transfers (producer shard, destination device, first
     reader) and Q transfer→reader edges (transfer, reader, reader shard), and ``flts``
-    float64[T, 3] = (bytes, seconds, joules per byte) per transfer. One transfer per (producer
-    shard, destination device) carries the union of what that device's reader shards need from it.
+    float64[T, 4] = (bytes, port seconds = bytes / bandwidth, joules per byte, latency seconds)
+    per transfer. One transfer per (producer shard, destination device) carries the union of what
+    that device's reader shards need from it.
     Reader shards are concatenated reader by reader (``r_counts[k]`` shards of reader ``k``).
     """
     npr = p_lo.shape[0]
@@ -336,7 +337,7 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
                         seen[c_dev[cj]] = pi
                         T += 1
     ints = np.empty((L + T + Q, 3), np.int64)
-    flts = np.empty((T, 3), np.float64)
+    flts = np.empty((T, 4), np.float64)
     counts = np.empty(3, np.int64)
     counts[0] = L
     counts[1] = T
@@ -391,10 +392,12 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
                 continue
             nbytes = np.float64(union_volume(slo[pos[d]:pos[d + 1]], shi[pos[d]:pos[d + 1]])) * itemsize
             if src // dev_per_node == d // dev_per_node:
-                dur = lat_intra + nbytes / bw_intra
+                dur = nbytes / bw_intra
+                lat = lat_intra
                 epb = epb_intra
             else:
-                dur = lat_inter + nbytes / bw_inter
+                dur = nbytes / bw_inter
+                lat = lat_inter
                 epb = epb_inter
             ints[t_row, 0] = pi
             ints[t_row, 1] = d
@@ -402,6 +405,7 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
             flts[t, 0] = nbytes
             flts[t, 1] = dur
             flts[t, 2] = epb
+            flts[t, 3] = lat
             tid[d] = t
             t += 1
             t_row += 1
@@ -446,7 +450,7 @@ def resident_kernel(lo, hi, dev, n_dev, itemsize):
 def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, res, n_dev):
     """Flat simulator arrays from the per-op and per-group pieces (see ``Lowerer._assemble``).
 
-    Returns ``kind``, ``i32`` = rows (dev, dst), ``f64`` = rows (dur, alloc), ``succ_ptr``,
+    Returns ``kind``, ``i32`` = rows (dev, dst), ``f64`` = rows (dur, alloc, lat), ``succ_ptr``,
     ``succ_idx``, ``resident``, ``ints`` = (op offsets [k+1], transfer_op [T], transfer_src_op [T])
     and ``flts`` = (flops [nc], nbytes [nc], transfer_epb [T]): few arrays, because returning each
     one from compiled code costs about half a microsecond."""
@@ -467,13 +471,14 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
     m = L + T + Q
     kind = np.zeros(n, np.int8)
     i32 = np.empty((2, n), np.int32)  # rows: dev, dst
-    f64 = np.empty((2, n), np.float64)  # rows: dur, alloc
+    f64 = np.empty((3, n), np.float64)  # rows: dur, alloc, lat
     ints = np.empty(k + 1 + 2 * T, np.int64)  # op offsets, transfer_op, transfer_src_op
     flts = np.empty(2 * nc + T, np.float64)  # flops, nbytes, transfer_epb
     dev = i32[0]
     dst = i32[1]
     dur = f64[0]
     alloc = f64[1]
+    lat = f64[2]
     flops = flts[:nc]
     nbytes = flts[nc : 2 * nc]
     t_epb = flts[2 * nc :]
@@ -485,6 +490,7 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
     for i in range(nc):
         dev[i] = np.int32(op_f[i, 0])
         dur[i] = op_f[i, 1]
+        lat[i] = 0.0
         alloc[i] = op_f[i, 2]
         flops[i] = op_f[i, 3]
         nbytes[i] = op_f[i, 4]
@@ -509,7 +515,8 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
             kind[node] = 1
             dev[node] = dev[p_off + g_ints[row + x, 0]]
             dst[node] = np.int32(g_ints[row + x, 1])
-            dur[node] = g_flts[t_base + x, 0 + 1]
+            dur[node] = g_flts[t_base + x, 1]
+            lat[node] = g_flts[t_base + x, 3]
             alloc[node] = g_flts[t_base + x, 0]
             t_epb[t_base + x] = g_flts[t_base + x, 2]
             t_op[t_base + x] = g_rop[r0 + g_ints[row + x, 2]]

@@ -89,15 +89,18 @@ class Evaluation:
 @dataclass
 class Breakdown:
     """``devices``: one dict per device of the fleet: ``device``, ``used``, ``compute_s``
-    (busy computing), ``egress_s``, ``ingress_s``, ``comm_s`` (egress + ingress), ``idle_s``
-    (makespan − compute, for used devices; 0 otherwise), ``shards``, ``peak_memory``,
-    ``resident_memory``.
+    (busy computing), ``egress_s``, ``ingress_s`` (port occupancy: the sum of ``bytes /
+    bandwidth`` of the transfers it sends / receives; link latencies hold no port and are not
+    included), ``comm_s`` (egress + ingress), ``idle_s`` (makespan − compute, for used devices; 0
+    otherwise), ``shards``, ``peak_memory``, ``resident_memory``.
 
     ``ops``: one dict per operation in topological order: ``op``, ``shards``, ``flops``,
-    ``compute_s`` (sum of its shard durations), ``transfers``, ``in_bytes`` and ``in_s`` (bytes and
-    seconds of the transfers bringing its inputs; a transfer shared by several readers on one
-    device is counted for the first of them), ``devices`` (sorted), ``start`` and ``finish``
-    (first shard start, last shard finish)."""
+    ``compute_s`` (sum of its shard durations), ``transfers``, ``in_bytes``, ``in_s`` and
+    ``in_latency_s`` (bytes, port seconds = bytes / bandwidth, and summed link latencies of the
+    transfers bringing its inputs; ``in_s + in_latency_s`` is what they would take one after the
+    other without pipelining; a transfer shared by several readers on one device is counted for
+    the first of them), ``devices`` (sorted), ``start`` and ``finish`` (first shard start, last
+    shard finish)."""
 
     makespan: float
     devices: list[dict[str, Any]]
@@ -127,8 +130,10 @@ def breakdown(ev: Evaluation) -> Breakdown:
     t_op = low.transfer_op
     t_bytes = low.alloc[nc:]
     t_dur = low.dur[nc:]
+    t_lat = low.lat[nc:]
     in_bytes = np.bincount(t_op, weights=t_bytes, minlength=k) if t_op.size else np.zeros(k)
     in_s = np.bincount(t_op, weights=t_dur, minlength=k) if t_op.size else np.zeros(k)
+    in_lat = np.bincount(t_op, weights=t_lat, minlength=k) if t_op.size else np.zeros(k)
     n_in = np.bincount(t_op, minlength=k) if t_op.size else np.zeros(k, np.int64)
     ops = []
     for i, name in enumerate(low.op_names):
@@ -136,6 +141,7 @@ def breakdown(ev: Evaluation) -> Breakdown:
         ops.append({
             "op": name, "shards": b - a, "flops": float(low.flops[a:b].sum()), "compute_s": float(low.dur[a:b].sum()),
             "transfers": int(n_in[i]), "in_bytes": float(in_bytes[i]), "in_s": float(in_s[i]),
+            "in_latency_s": float(in_lat[i]),
             "devices": sorted(set(low.dev[a:b].tolist())),
             "start": float(s.start[a:b].min()) if b > a else 0.0,
             "finish": float(s.finish[a:b].max()) if b > a else 0.0})
@@ -159,7 +165,7 @@ class Evaluator:
     def __call__(self, g: Graph, keep: bool = False) -> Evaluation:
         low = self.lowerer.lower(g)
         s = simulate_arrays(low.kind, low.dev, low.dst, low.dur, low.succ_ptr, low.succ_idx, low.alloc,
-                            low.resident, low.n_devices)
+                            low.resident, low.n_devices, lat=low.lat)
         nc = low.n_compute
         # = schedule_energy(s, hw, kind, dev, dst, alloc), with the per-transfer link energies from the lowering
         energy = energy_breakdown(s.makespan, s.busy_compute, s.used, self.hw.device, low.alloc[nc:],

@@ -5,7 +5,10 @@ devices (:class:`DeviceSpec`). Devices are numbered ``0 .. n_devices-1`` node by
 ``d`` sits on node ``d // devices_per_node``. Two devices on the same node talk over the intra-node
 link (NVLink through NVSwitch on an HGX board); devices on different nodes talk over the
 inter-node link (one NIC per device, e.g. 400 Gb/s InfiniBand). Both are :class:`LinkSpec`:
-bandwidth *per direction* per device port, a latency, and an energy per byte moved.
+bandwidth *per direction* per device port, a latency, and an energy per byte moved. A transfer
+of ``b`` bytes holds the sender's and the receiver's port for ``b / bandwidth``; the latency
+delays the data's arrival without holding them (links pipeline, see ``costmodel.simulate``), so
+one transfer alone takes ``latency + b / bandwidth`` (:meth:`Hardware.transfer_time`).
 
 Per-kernel-class efficiency factors scale the datasheet peaks: a shard of kernel class ``c`` runs
 at ``peak_flops[dtype] * compute_eff[c]`` and ``mem_bandwidth * memory_eff[c]``. Class
@@ -229,7 +232,8 @@ class LinkSpec:
             object.__setattr__(self, f, _positive(_number(getattr(self, f), f"link.{f}", q), f"link.{f}", zero))
 
     def transfer_time(self, nbytes: float | np.ndarray) -> float | np.ndarray:
-        """latency + bytes / bandwidth."""
+        """latency + bytes / bandwidth: when the data of one transfer alone has arrived (the
+        port is held for bytes / bandwidth only)."""
         return self.latency + np.asarray(nbytes, dtype=np.float64) / self.bandwidth
 
     def to_dict(self) -> dict[str, Any]:
@@ -356,7 +360,8 @@ class Hardware:
                                  self.inter_link.energy_per_byte, 0.0)
 
     def transfer_time(self, src, dst, nbytes) -> np.ndarray:
-        """float64 array: latency + bytes / bandwidth; 0 where src == dst (no transfer)."""
+        """float64 array: latency + bytes / bandwidth, when the data of one transfer alone has
+        arrived (the ports are held for bytes / bandwidth only); 0 where src == dst (no transfer)."""
         lat = self.link_latency(src, dst)
         bw = self.link_bandwidth(src, dst)
         return lat + np.asarray(nbytes, dtype=np.float64) / bw

@@ -11,8 +11,11 @@ What a plan becomes
   shard, destination device) carries the *union* of what that device's readers need from that
   shard: halos and replicated reads are counted exactly, and a box needed by several shards (or
   several ops) on one device moves once. Edges: producer shard → transfer → each reader shard.
-  Transfer nodes follow the compute nodes, tensor by tensor in producer order, then by (producer
-  shard, destination device).
+  Its ``dur`` is ``bytes / bandwidth`` of the link it crosses (NVLink inside a node, the NIC
+  across nodes: the time it holds the sender's egress and the receiver's ingress port) and its
+  ``lat`` the link's latency (added before the data is available, holding no port; see
+  ``costmodel.simulate``). Transfer nodes follow the compute nodes, tensor by tensor in producer
+  order, then by (producer shard, destination device).
 - **Graph inputs and weights** are resident where their readers need them before the run: per
   device, the union of the boxes read there counts as resident memory (replication costs memory,
   not time). Outputs stay where they are produced.
@@ -54,24 +57,36 @@ class Lowered:
     ``[op_offsets[i], op_offsets[i+1])``, ops in ``op_names`` order), the rest transfers.
 
     ``kind`` int8[n], ``dev`` int32[n] (transfer: source device), ``dst`` int32[n] (transfer:
-    destination, compute: -1), ``dur`` float64[n] seconds, ``succ_ptr`` int64[n+1] and
-    ``succ_idx`` int32[m] (CSR successors), ``alloc`` float64[n] (bytes of the buffer each node
-    produces; for a transfer, the bytes moved), ``resident`` float64[n_devices]; per compute node
+    destination, compute: -1), ``dur`` float64[n] seconds of occupancy (compute: the roofline
+    time; transfer: bytes / link bandwidth, the time it holds the two ports), ``lat`` float64[n]
+    seconds of latency (transfer: the link's latency, which delays the data's arrival without
+    holding the ports; compute: 0), ``elapsed`` = ``dur + lat`` (start to output available);
+    ``succ_ptr`` int64[n+1] and ``succ_idx`` int32[m] (CSR successors), ``alloc`` float64[n]
+    (bytes of the buffer each node produces; for a transfer, the bytes moved), ``resident``
+    float64[n_devices]; per compute node
     ``flops`` and ``nbytes`` (read + written); per transfer ``transfer_op`` (index into
     ``op_names`` of the first reader needing it), ``transfer_src_op`` (the producer) and
     ``transfer_epb`` (link energy per byte). ``program``: equal tokens mean the same logical
     program (for caching lower bounds).
     """
 
-    __slots__ = ("kind", "dev", "dst", "dur", "alloc", "succ_ptr", "succ_idx", "resident", "n_devices", "op_names",
-                 "program", "_ints", "_flts")
+    __slots__ = ("kind", "dev", "dst", "dur", "lat", "alloc", "succ_ptr", "succ_idx", "resident", "n_devices",
+                 "op_names", "program", "_ints", "_flts")
 
     def __init__(self, kind, i32, f64, succ_ptr, succ_idx, resident, ints, flts, n_devices: int,
                  op_names: tuple[str, ...], program: int = 0) -> None:
-        self.kind, self.dev, self.dst, self.dur, self.alloc = kind, i32[0], i32[1], f64[0], f64[1]
+        self.kind, self.dev, self.dst = kind, i32[0], i32[1]
+        self.dur, self.alloc, self.lat = f64[0], f64[1], f64[2]
         self.succ_ptr, self.succ_idx, self.resident = succ_ptr, succ_idx, resident
         self.n_devices, self.op_names, self.program = n_devices, op_names, program
         self._ints, self._flts = ints, flts
+
+    @property
+    def elapsed(self) -> np.ndarray:
+        """float64[n]: ``dur + lat``, the seconds from a node's start until its output is available
+        when nothing delays it (for a transfer: latency + bytes / bandwidth,
+        :meth:`Hardware.transfer_time`)."""
+        return self.dur + self.lat
 
     @property
     def op_offsets(self) -> np.ndarray:
@@ -566,7 +581,7 @@ class Lowerer:
             g_ints = np.concatenate([p.ints for p in group_pieces])
             g_flts = np.concatenate([p.flts for p in group_pieces])
         else:
-            g_ints, g_flts = np.zeros((0, 3), np.int64), np.zeros((0, 3))
+            g_ints, g_flts = np.zeros((0, 3), np.int64), np.zeros((0, 4))
         res = np.concatenate(source_pieces) if source_pieces else np.zeros(0)
         kind, i32, f64, ptr, idx, resident, ints, flts = K.assemble(
             op_sizes, op_f, st.g_prod, st.g_rptr, st.g_rop, g_counts, g_ints, g_flts, res, n_dev)

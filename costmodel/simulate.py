@@ -13,17 +13,25 @@ array              dtype / shape        meaning
 ``kind``           int8[n]              0 = compute (a shard), 1 = transfer (a copy between devices)
 ``dev``            int32[n]             compute: the device that runs it; transfer: the SOURCE device
 ``dst``            int32[n]             transfer: the DESTINATION device; compute: ignored, use -1
-``dur``            float64[n]           duration in seconds, already computed by the caller:
-                                        compute = roofline + launch overhead
-                                        (:meth:`Hardware.shard_time`), transfer = latency + bytes /
-                                        bandwidth (:meth:`Hardware.transfer_time`). Finite, >= 0.
+``dur``            float64[n]           OCCUPANCY in seconds, already computed by the caller: how
+                                        long the node holds its resources. Compute = roofline +
+                                        launch overhead (:meth:`Hardware.shard_time`); transfer =
+                                        bytes / bandwidth of the link it crosses (the port time, NOT
+                                        the latency). Finite, >= 0.
+``lat``            float64[n], opt.     keyword-only LATENCY in seconds: added after the occupancy
+                                        before the node's output is available, without holding any
+                                        resource. Transfer = the link's latency (software + switch
+                                        hops); compute = 0. Finite, >= 0; default: all zeros (then
+                                        ``dur`` is the whole time, the contract before latencies
+                                        were pipelined).
 ``succ_ptr``       int64[n+1]           CSR row pointers: successors of node ``i`` are
 ``succ_idx``       int32[m]             ``succ_idx[succ_ptr[i]:succ_ptr[i+1]]``. An edge ``i -> j``
-                                        means j cannot start before i has finished (data
-                                        dependence). ``succ_ptr[0] == 0``, non-decreasing,
-                                        ``succ_ptr[n] == m``. Duplicate edges are harmless; a cycle
-                                        (self-loops included) is an error. :func:`csr_from_edges`
-                                        builds these from an edge list.
+                                        means j cannot start before i has finished, i.e. before
+                                        ``start[i] + dur[i] + lat[i]`` (data dependence).
+                                        ``succ_ptr[0] == 0``, non-decreasing, ``succ_ptr[n] ==
+                                        m``. Duplicate edges are harmless; a cycle (self-loops
+                                        included) is an error. :func:`csr_from_edges` builds these
+                                        from an edge list.
 ``alloc_bytes``    float64[n]           bytes of the buffer the node PRODUCES: for a compute node it
                                         lives on ``dev[i]`` (its output box), for a transfer on
                                         ``dst[i]`` (the received box; this is also the number of
@@ -40,9 +48,10 @@ array              dtype / shape        meaning
 How a graph maps onto this (the lowering's job, stated here so both sides agree): one compute
 node per shard; when a consumer shard reads a box produced by a shard on the SAME device, an edge
 producer -> consumer; on a DIFFERENT device, a transfer node (dev = producer's device, dst =
-consumer's device, alloc_bytes = bytes of the intersecting box) with edges producer -> transfer
--> consumer. Graph inputs and parameters are not nodes: their bytes go into ``resident_bytes`` of
-every device that reads them, and reading them costs no transfer time (DESIGN.md section 4).
+consumer's device, alloc_bytes = bytes of the intersecting box, dur = bytes / link bandwidth,
+lat = link latency) with edges producer -> transfer -> consumer. Graph inputs and parameters are
+not nodes: their bytes go into ``resident_bytes`` of every device that reads them, and reading
+them costs no transfer time (DESIGN.md section 4).
 
 Resources and timing model
 --------------------------
@@ -50,26 +59,40 @@ Every device has three independent resources: its *compute* (one shard at a time
 port and its *ingress* port (one transfer at a time each; on the real machines the port is the
 NVLink port inside a node and the NIC across nodes, the lowering chooses the duration
 accordingly). A compute node occupies ``compute[dev]``; a transfer occupies ``egress[dev]`` and
-``ingress[dst]`` for its whole duration. Compute and communication of one device overlap freely.
+``ingress[dst]``. Compute and communication of one device overlap freely.
+
+Links pipeline: a node holds its resources for ``dur`` only, from ``start`` to ``start + dur``;
+its output is available to its successors at ``finish = start + dur + lat``. For a transfer,
+the bytes leave the sender's port and enter the receiver's port over ``bytes / bandwidth``, and
+the latency (software, switch hops) delays their arrival without blocking the ports: a second
+transfer from the same sender starts at ``start + dur`` of the first, so two back-to-back
+transfers of ``b`` bytes finish at ``b/bw + lat`` and ``2·b/bw + lat`` (not ``2·(lat + b/bw)``).
+The same rule applies to every node, so a compute node with ``lat > 0`` frees its device after
+``dur`` (the lowering always gives compute nodes ``lat = 0``).
 
 Scheduling: non-preemptive static list scheduling. Priority = upward rank
-``rank[i] = dur[i] + max(rank[j] for j in succ(i))`` (0 for no successor), computed over a Kahn
-topological order. Starting from the sources, the scheduler repeatedly takes the *ready* node
-(all predecessors already scheduled) with the highest rank, ties to the lower index, and starts
-it at ``max(finish of all predecessors, free time of each resource it needs)``; the resources are
-then busy until its finish. Each resource therefore runs its nodes in priority order, without
+``rank[i] = dur[i] + lat[i] + max(rank[j] for j in succ(i))`` (0 for no successor), computed over
+a Kahn topological order. Starting from the sources, the scheduler repeatedly takes the *ready*
+node (all predecessors already scheduled) with the highest rank, ties to the lower index, and
+starts it at ``start = max(finish of all predecessors, free time of each resource it needs)``;
+the resources are then busy until ``start + dur`` and the node finishes at
+``start + dur + lat``. Each resource therefore runs its nodes in priority order, without
 back-filling gaps. Every node starts no later than the latest finish of the nodes scheduled
-before it, so ``makespan <= sum(dur)``.
+before it, so ``makespan <= sum(dur + lat)``; and ``makespan >= critical_path`` (longest path
+of ``dur + lat``) and ``>= max_device_load`` (largest sum of ``dur`` on one resource).
 
 Memory: the buffer of node ``i`` (``alloc_bytes[i]`` on ``dev[i]`` for compute, ``dst[i]`` for a
-transfer) is allocated at ``start[i]`` and freed when the last of its successors finishes; a node
-without successors (a graph output), or with ``keep[i]``, keeps its buffer to the end. The buffers a node reads are
-thus live while it runs. ``peak_mem[d] = resident_bytes[d] + max over time of the live buffers
-on d``, computed by an event sweep in which, at equal times, frees are applied before allocations.
+transfer) is allocated at ``start[i]`` (a transfer's receive buffer too, although the data lands
+up to ``lat`` later) and freed when the last of its successors finishes (its ``finish``); a
+node without successors (a graph output), or with ``keep[i]``, keeps its buffer to the end. The
+buffers a node reads are thus live while it runs. ``peak_mem[d] = resident_bytes[d] + max over
+time of the live buffers on d``, computed by an event sweep in which, at equal times, frees are
+applied before allocations.
 
-Outputs (:class:`Schedule`): ``start``, ``finish`` (float64[n]), ``makespan`` (max finish, 0 for
-an empty DAG), ``peak_mem`` (float64[n_devices]), ``busy_compute`` / ``busy_egress`` /
-``busy_ingress`` (float64[n_devices], sums of durations), ``busy_comm = busy_egress +
+Outputs (:class:`Schedule`): ``start``, ``finish`` (float64[n], ``finish = start + dur + lat``),
+``makespan`` (max finish, 0 for an empty DAG), ``peak_mem`` (float64[n_devices]),
+``busy_compute`` / ``busy_egress`` / ``busy_ingress`` (float64[n_devices], sums of ``dur``: the
+time each resource is occupied, latencies excluded), ``busy_comm = busy_egress +
 busy_ingress``, ``used`` (bool[n_devices]: any node on it, as compute, source or destination, or
 resident bytes > 0), ``rank`` (float64[n]), ``order`` (int32[n], nodes in the order they were
 scheduled), ``critical_path`` (max rank: a lower bound on the makespan), ``bytes_moved``.
@@ -215,7 +238,7 @@ def _radix_argsort(keys):
 
 
 @njit(cache=True, nogil=True)
-def _simulate_core(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices, keep):
+def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices, keep):
     """Returns (status, start, finish, makespan, peak_mem, busy_compute, busy_egress,
     busy_ingress, used, rank, order, n_topo). status 0 = ok, 1 = cycle (then ``order[:n_topo]``
     holds the nodes Kahn could order; the others lie on or behind a cycle)."""
@@ -264,7 +287,7 @@ def _simulate_core(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, residen
             r = rank[succ_idx[e]]
             if r > best:
                 best = r
-        rank[u] = dur[u] + best
+        rank[u] = dur[u] + lat[u] + best
 
     # --- priority: position in (rank descending, index ascending) order ---------------------
     prio = _radix_argsort(~rank.view(np.uint64))  # prio[p] = node with the p-th highest priority
@@ -273,7 +296,7 @@ def _simulate_core(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, residen
         pos[prio[p]] = p
 
     # --- list scheduling ------------------------------------------------------------------
-    ready = np.zeros(n, np.float64)  # max finish of the predecessors scheduled so far
+    ready = np.zeros(n, np.float64)  # max finish (data available) of the predecessors scheduled so far
     compute_free = np.zeros(n_devices, np.float64)
     egress_free = np.zeros(n_devices, np.float64)
     ingress_free = np.zeros(n_devices, np.float64)
@@ -296,8 +319,8 @@ def _simulate_core(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, residen
         if kind[u] == 0:
             if compute_free[d] > t:
                 t = compute_free[d]
-            f = t + dur[u]
-            compute_free[d] = f
+            o = t + dur[u]  # the resources are held until o; the output is available at f
+            compute_free[d] = o
             busy_compute[d] += dur[u]
             used[d] = True
         else:
@@ -306,13 +329,14 @@ def _simulate_core(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, residen
                 t = egress_free[d]
             if ingress_free[r] > t:
                 t = ingress_free[r]
-            f = t + dur[u]
-            egress_free[d] = f
-            ingress_free[r] = f
+            o = t + dur[u]
+            egress_free[d] = o
+            ingress_free[r] = o
             busy_egress[d] += dur[u]
             busy_ingress[r] += dur[u]
             used[d] = True
             used[r] = True
+        f = o + lat[u]
         start[u] = t
         finish[u] = f
         if f > makespan:
@@ -385,9 +409,9 @@ class Schedule:
     finish: np.ndarray  # float64[n]
     makespan: float
     peak_mem: np.ndarray  # float64[n_devices], resident included
-    busy_compute: np.ndarray  # float64[n_devices]
-    busy_egress: np.ndarray  # float64[n_devices]
-    busy_ingress: np.ndarray  # float64[n_devices]
+    busy_compute: np.ndarray  # float64[n_devices], sum of dur of its compute nodes
+    busy_egress: np.ndarray  # float64[n_devices], sum of dur (port occupancy) of the transfers it sends
+    busy_ingress: np.ndarray  # float64[n_devices], sum of dur of the transfers it receives
     used: np.ndarray  # bool[n_devices]
     rank: np.ndarray  # float64[n], upward rank (priority)
     order: np.ndarray  # int32[n], scheduling order
@@ -395,7 +419,7 @@ class Schedule:
 
     @property
     def busy_comm(self) -> np.ndarray:
-        """float64[n_devices]: egress + ingress busy time."""
+        """float64[n_devices]: egress + ingress occupancy (latencies not included)."""
         return self.busy_egress + self.busy_ingress
 
     @property
@@ -408,12 +432,13 @@ class Schedule:
 
     @property
     def critical_path(self) -> float:
-        """Longest path (sum of durations), a lower bound on the makespan."""
+        """Longest path (sum of ``dur + lat``), a lower bound on the makespan."""
         return float(self.rank.max()) if self.rank.size else 0.0
 
     @property
     def max_device_load(self) -> float:
-        """Largest busy time of any single resource, another lower bound on the makespan."""
+        """Largest occupancy (sum of ``dur``) of any single resource, another lower bound on the
+        makespan."""
         if not self.busy_compute.size:
             return 0.0
         return float(max(self.busy_compute.max(), self.busy_egress.max(), self.busy_ingress.max()))
@@ -442,9 +467,9 @@ def _as(a, dtype, name: str) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def _validate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices) -> None:
+def _validate(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices) -> None:
     n = kind.shape[0]
-    for name, a in (("dev", dev), ("dst", dst), ("dur", dur), ("alloc_bytes", alloc_bytes)):
+    for name, a in (("dev", dev), ("dst", dst), ("dur", dur), ("lat", lat), ("alloc_bytes", alloc_bytes)):
         if a.shape[0] != n:
             raise SimulationError(f"{name}: length {a.shape[0]} != n = {n} (length of kind)")
     if succ_ptr.shape[0] != n + 1:
@@ -470,6 +495,9 @@ def _validate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_byt
     if not np.all(np.isfinite(dur)) or np.any(dur < 0):
         i = int(np.flatnonzero(~np.isfinite(dur) | (dur < 0))[0])
         raise SimulationError(f"dur[{i}] = {dur[i]!r}: durations must be finite and >= 0")
+    if not np.all(np.isfinite(lat)) or np.any(lat < 0):
+        i = int(np.flatnonzero(~np.isfinite(lat) | (lat < 0))[0])
+        raise SimulationError(f"lat[{i}] = {lat[i]!r}: latencies must be finite and >= 0")
     if not np.all(np.isfinite(alloc_bytes)) or np.any(alloc_bytes < 0):
         raise SimulationError("alloc_bytes: must be finite and >= 0")
     if not np.all(np.isfinite(resident_bytes)) or np.any(resident_bytes < 0):
@@ -496,8 +524,9 @@ def _find_cycle(n: int, succ_ptr: np.ndarray, succ_idx: np.ndarray, ordered: np.
 
 
 def simulate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices: int,
-             *, keep=None, check: bool = True) -> Schedule:
-    """Simulate a lowered plan; see the module docstring for the array contract.
+             *, lat=None, keep=None, check: bool = True) -> Schedule:
+    """Simulate a lowered plan; see the module docstring for the array contract (``lat``:
+    float64[n] latencies, default zeros).
 
     Raises :class:`SimulationError` for malformed input (when ``check``) and for a cycle
     (always; the message names the nodes on one cycle).
@@ -513,25 +542,29 @@ def simulate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_byte
     succ_idx = _as(succ_idx, np.int32, "succ_idx")
     alloc_bytes = _as(alloc_bytes, np.float64, "alloc_bytes")
     resident_bytes = _as(resident_bytes, np.float64, "resident_bytes")
+    lat = np.zeros(kind.shape[0], np.float64) if lat is None else _as(lat, np.float64, "lat")
     if keep is not None:
         keep = _as(keep, np.bool_, "keep")
         if keep.shape[0] != kind.shape[0]:
             raise SimulationError(f"keep: length {keep.shape[0]} != n = {kind.shape[0]} (length of kind)")
     if check:
-        _validate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices)
+        _validate(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices)
     return simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices,
-                           keep=keep)
+                           lat=lat, keep=keep)
 
 
 def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
-                    n_devices: int, *, keep=None) -> Schedule:
-    """Fast path: arrays already of the contract's dtypes (``keep``: bool[n] or None), contiguous
-    and valid. Unchecked: out-of-range indices or negative/NaN durations here are undefined
-    behaviour (wrong results or a crash). Still raises on a cycle."""
+                    n_devices: int, *, lat=None, keep=None) -> Schedule:
+    """Fast path: arrays already of the contract's dtypes (``lat``: float64[n] or None for zeros;
+    ``keep``: bool[n] or None), contiguous and valid. Unchecked: out-of-range indices or
+    negative/NaN durations or latencies here are undefined behaviour (wrong results or a crash).
+    Still raises on a cycle."""
+    if lat is None:
+        lat = np.zeros(kind.shape[0], np.float64)
     if keep is None:
         keep = np.zeros(kind.shape[0], np.bool_)
     (status, start, finish, makespan, peak_mem, busy_c, busy_e, busy_i, used, rank, order,
-     n_topo) = _simulate_core(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
+     n_topo) = _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
                               int(n_devices), keep)
     if status != 0:
         cyc = _find_cycle(kind.shape[0], succ_ptr, succ_idx, order[:n_topo])
@@ -567,5 +600,6 @@ def warmup() -> float:
     dst = np.array([-1, 1, -1], np.int32)
     dur = np.array([1.0, 0.5, 1.0])
     ptr, idx = csr_from_edges(3, [0, 1], [1, 2])
-    simulate_arrays(kind, dev, dst, dur, ptr, idx, np.array([8.0, 8.0, 8.0]), np.array([1.0, 0.0]), 2)
+    simulate_arrays(kind, dev, dst, dur, ptr, idx, np.array([8.0, 8.0, 8.0]), np.array([1.0, 0.0]), 2,
+                    lat=np.array([0.0, 0.25, 0.0]))
     return time.perf_counter() - t0

@@ -141,7 +141,7 @@ def profile_split(ev, g0, rng, n, cap: int, restart: int, steps: int = 300) -> d
         low = ev.lowerer.lower(child)
         t2 = perf()
         simulate_arrays(low.kind, low.dev, low.dst, low.dur, low.succ_ptr, low.succ_idx, low.alloc,
-                        low.resident, low.n_devices)
+                        low.resident, low.n_devices, lat=low.lat)
         t3 = perf()
         t_rw += t1 - t0
         t_low += t2 - t1

@@ -2,8 +2,9 @@
 
 Figures used (costmodel/presets.py): float32 peak P = 66.9e12 FLOP/s, HBM B = 3.35e12 B/s,
 launch L = 5 us, NVLink 450e9 B/s per direction and 2.5 us latency, 40 pJ/B, active 700 W,
-idle 75 W, 80 GB per device. Shard time = max(FLOPs / P, bytes / B) + L; transfer time =
-latency + bytes / bandwidth.
+idle 75 W, 80 GB per device. Shard time = max(FLOPs / P, bytes / B) + L; a transfer holds the
+sender's and the receiver's NVLink ports for bytes / bandwidth and its data arrives
+latency + bytes / bandwidth after it starts (the latency is pipelined: it holds no port).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def test_one_matmul_on_one_device():
     assert e.gap == pytest.approx(t / lb, rel=1e-12)
     b = e.breakdown()
     assert b.ops == [{"op": "mm", "shards": 1, "flops": flops, "compute_s": pytest.approx(t), "transfers": 0,
-                      "in_bytes": 0.0, "in_s": 0.0, "devices": [0], "start": 0.0, "finish": pytest.approx(t)}]
+                      "in_bytes": 0.0, "in_s": 0.0, "in_latency_s": 0.0, "devices": [0], "start": 0.0,
+                      "finish": pytest.approx(t)}]
     assert b.devices[0]["compute_s"] == pytest.approx(t) and b.devices[0]["idle_s"] == pytest.approx(0.0, abs=1e-18)
     assert not any(d["used"] for d in b.devices[1:])
 
@@ -78,7 +80,8 @@ def test_split_matmul_over_two_devices_with_a_known_transfer():
     e = evaluate(g, HW)
     t1 = roof(2.0 * (M // 2) * K * N, 4.0 * ((M // 2) * K + K * N + (M // 2) * N))
     xfer = 4.0 * (M // 2) * N  # device 1's half of y, 2 MB
-    T = LAT + xfer / BW
+    occ = xfer / BW  # port time
+    T = LAT + occ  # the data lands T after the transfer starts
     t2 = roof(1.0 * M * N, 4.0 * 2 * M * N)  # relu: 1 FLOP per element, reads and writes M*N floats
     ms = t1 + T + t2
     assert e.makespan == pytest.approx(ms, rel=1e-12)
@@ -94,12 +97,14 @@ def test_split_matmul_over_two_devices_with_a_known_transfer():
     b = e.breakdown()
     d0, d1 = b.devices[0], b.devices[1]
     assert d0["compute_s"] == pytest.approx(busy0) and d1["compute_s"] == pytest.approx(busy1)
-    assert d1["egress_s"] == pytest.approx(T) and d0["ingress_s"] == pytest.approx(T) and d1["comm_s"] == pytest.approx(T)
+    # ports are occupied for bytes / bandwidth only
+    assert d1["egress_s"] == occ and d0["ingress_s"] == occ and d1["comm_s"] == occ
     assert d0["idle_s"] == pytest.approx(ms - busy0) and d1["idle_s"] == pytest.approx(ms - busy1)
     ops = {o["op"]: o for o in b.ops}
     assert ops["mm"]["shards"] == 2 and ops["mm"]["compute_s"] == pytest.approx(2 * t1)
     assert ops["mm"]["flops"] == 2.0 * M * K * N and ops["mm"]["devices"] == [0, 1]
-    assert ops["act"]["in_bytes"] == xfer and ops["act"]["in_s"] == pytest.approx(T) and ops["act"]["transfers"] == 1
+    assert ops["act"]["in_bytes"] == xfer and ops["act"]["in_s"] == occ and ops["act"]["transfers"] == 1
+    assert ops["act"]["in_latency_s"] == LAT and ops["mm"]["in_latency_s"] == 0.0
     assert ops["act"]["start"] == pytest.approx(t1 + T) and ops["act"]["finish"] == pytest.approx(ms)
 
 
@@ -119,7 +124,7 @@ def test_halo_exchange_for_a_split_conv2d():
     np.testing.assert_array_equal(low.alloc[tr], [halo, halo])
     assert e.bytes_moved == 2 * halo
     t_act = roof(C * (H // 2) * W, 4.0 * 2 * C * (H // 2) * W)
-    T = LAT + halo / BW  # both directions at once: different ports
+    T = LAT + halo / BW  # both directions at once (different ports): each lands after LAT + halo / BW
     # conv shard: (H/2 + 1) input rows (one halo row, one padding row clipped away), all weights
     t_conv = roof(2.0 * C * 9 * Co * (H // 2) * W, 4.0 * (C * (H // 2 + 1) * W + Co * C * 9 + Co * (H // 2) * W))
     assert e.makespan == pytest.approx(t_act + T + t_conv, rel=1e-12)
@@ -136,11 +141,39 @@ def test_reduction_split_accumulate_pulls_the_partials():
     assert len(tr) == 1 and (low.dev[tr[0]], low.dst[tr[0]]) == (1, 0)
     assert low.alloc[tr[0]] == 4.0 * M * N  # partial block 1
     t_p = roof(2.0 * M * (K // 2) * N, 4.0 * (M * (K // 2) + (K // 2) * N + M * N))
-    T = LAT + 4.0 * M * N / BW
+    T = LAT + 4.0 * M * N / BW  # one transfer: it lands after latency + bytes / bandwidth
     t_acc = roof(1.0 * M * N, 4.0 * (2 * M * N + M * N))  # 1 add per output, reads 2 partials
     assert e.makespan == pytest.approx(t_p + T + t_acc, rel=1e-12)
     ops = {o["op"]: o for o in e.breakdown().ops}
     assert ops["mm.acc"]["in_bytes"] == 4.0 * M * N and ops["mm"]["in_bytes"] == 0
+
+
+def test_partials_into_one_device_pipeline_their_latency():
+    # 4 reduction blocks on devices 0..3, accumulated on device 0: the 3 remote partials (M·N
+    # floats each) queue on device 0's NVLink ingress for 4MN / BW each; their latencies overlap,
+    # so the last lands at t_p + 3·(4MN / BW) + LAT (it was t_p + 3·(LAT + 4MN / BW) when the
+    # latency held the port)
+    M, K, N = 256, 4096, 256
+    g = split_reduction(matmul_graph(M, K, N), "mm", 4)
+    g = retile(g, "mm", [4, 1, 1], [0, 1, 2, 3])
+    g = retile(g, "mm.acc", [1, 1], [0])
+    e = evaluate(g, HW)
+    low = e.lowered
+    tr = np.nonzero(low.kind == 1)[0]
+    assert sorted(low.dev[tr].tolist()) == [1, 2, 3] and set(low.dst[tr].tolist()) == {0}
+    occ = 4.0 * M * N / BW
+    np.testing.assert_array_equal(low.dur[tr], occ)
+    np.testing.assert_array_equal(low.lat[tr], LAT)
+    t_p = roof(2.0 * M * (K // 4) * N, 4.0 * (M * (K // 4) + (K // 4) * N + M * N))
+    t_acc = roof(3.0 * M * N, 4.0 * (4 * M * N + M * N))  # 3 adds per output, reads 4 partials
+    assert e.makespan == pytest.approx(t_p + 3 * occ + LAT + t_acc, rel=1e-12)
+    b = e.breakdown()
+    assert b.devices[0]["ingress_s"] == pytest.approx(3 * occ, rel=1e-15)
+    assert [b.devices[d]["egress_s"] for d in (1, 2, 3)] == [occ] * 3
+    ops = {o["op"]: o for o in b.ops}
+    assert ops["mm.acc"]["in_s"] == pytest.approx(3 * occ, rel=1e-15)
+    assert ops["mm.acc"]["in_latency_s"] == pytest.approx(3 * LAT, rel=1e-15)
+    assert ops["mm.acc"]["start"] == pytest.approx(t_p + 3 * occ + LAT, rel=1e-12)
 
 
 def test_plan_exceeding_80_gb_is_infeasible():
@@ -183,6 +216,11 @@ def test_bound_energy_breakdown_consistency(name, params):
         b = e.breakdown()
         assert sum(o["compute_s"] for o in b.ops) == pytest.approx(sum(d["compute_s"] for d in b.devices))
         assert sum(o["in_bytes"] for o in b.ops) == pytest.approx(e.bytes_moved)
+        # port seconds: every transfer counted once per op, once on its sender and once on its receiver
+        assert 2 * sum(o["in_s"] for o in b.ops) == pytest.approx(sum(d["comm_s"] for d in b.devices))
+        nc = low.n_compute
+        assert sum(o["in_latency_s"] for o in b.ops) == pytest.approx(float(low.lat[nc:].sum()))
+        assert np.all(s.finish == s.start + low.dur + low.lat)
         assert sum(o["shards"] for o in b.ops) == g.n_shards
         assert sum(d["used"] for d in b.devices) == e.devices
         assert max(d["peak_memory"] for d in b.devices) == e.peak_memory

@@ -159,10 +159,14 @@ def test_matches_reference_on_random_plans(name):
         assert t == rt
         assert e == re
         np.testing.assert_array_equal(r, rr)
-        # transfer durations and link energies by the link they cross
+        # transfer port times (bytes / bandwidth), latencies and link energies by the link they cross
         nc = low.n_compute
         tn = np.arange(nc, len(low.kind))
-        np.testing.assert_allclose(low.dur[tn], HW4.transfer_time(low.dev[tn], low.dst[tn], low.alloc[tn]), rtol=1e-15)
+        np.testing.assert_array_equal(low.dur[tn], low.alloc[tn] / HW4.link_bandwidth(low.dev[tn], low.dst[tn]))
+        np.testing.assert_array_equal(low.lat[tn], HW4.link_latency(low.dev[tn], low.dst[tn]))
+        np.testing.assert_allclose(low.elapsed[tn], HW4.transfer_time(low.dev[tn], low.dst[tn], low.alloc[tn]),
+                                   rtol=1e-15)
+        np.testing.assert_array_equal(low.lat[:nc], 0.0)
         np.testing.assert_array_equal(low.transfer_epb, HW4.link_energy_per_byte(low.dev[tn], low.dst[tn]))
 
 
@@ -183,13 +187,17 @@ def test_split_matmul_transfer_by_hand():
     t = 3
     assert low.kind[t] == 1 and low.dev[t] == 1 and low.dst[t] == 0
     assert low.alloc[t] == (M // 2) * N * 4  # the lower half of y
-    assert low.dur[t] == HW4.intra_link.latency + (M // 2) * N * 4 / HW4.intra_link.bandwidth
+    # it holds the NVLink ports for bytes / bandwidth; the latency only delays the data
+    assert low.dur[t] == (M // 2) * N * 4 / HW4.intra_link.bandwidth
+    assert low.lat[t] == HW4.intra_link.latency
+    np.testing.assert_array_equal(low.lat[:3], 0.0)
     # resident: x rows and all of W on each device
     np.testing.assert_array_equal(low.resident, [(M // 2 * K + K * N) * 4] * 2 + [0, 0])
     # across nodes (device 2 is on node 1): the InfiniBand link
     g2 = place(g, "mm", [0, 2])
     low2 = Lowerer(HW4).lower(g2)
-    assert low2.dev[3] == 2 and low2.dur[3] == HW4.inter_link.latency + (M // 2) * N * 4 / HW4.inter_link.bandwidth
+    assert low2.dev[3] == 2 and low2.dur[3] == (M // 2) * N * 4 / HW4.inter_link.bandwidth
+    assert low2.lat[3] == HW4.inter_link.latency
 
 
 def test_box_needed_by_several_shards_and_ops_moves_once():
@@ -255,8 +263,8 @@ def test_device_out_of_range_is_a_hardware_error():
         Lowerer(HW4).lower(g)
 
 
-ARRAYS = ("kind", "dev", "dst", "dur", "succ_ptr", "succ_idx", "alloc", "resident", "op_offsets", "flops", "nbytes",
-          "transfer_op", "transfer_src_op", "transfer_epb")
+ARRAYS = ("kind", "dev", "dst", "dur", "lat", "elapsed", "succ_ptr", "succ_idx", "alloc", "resident", "op_offsets",
+          "flops", "nbytes", "transfer_op", "transfer_src_op", "transfer_epb")
 
 
 def assert_same(a, b):

@@ -17,17 +17,18 @@ C, T = 0, 1
 
 
 def run(nodes, edges=(), n_devices=2, resident=None):
-    """nodes: list of (kind, dev, dst, dur[, alloc_bytes]); edges: list of (i, j)."""
+    """nodes: list of (kind, dev, dst, dur[, alloc_bytes[, lat]]); edges: list of (i, j)."""
     n = len(nodes)
     kind = np.array([nd[0] for nd in nodes], np.int8)
     dev = np.array([nd[1] for nd in nodes], np.int32)
     dst = np.array([nd[2] for nd in nodes], np.int32)
     dur = np.array([nd[3] for nd in nodes], np.float64)
     alloc = np.array([nd[4] if len(nd) > 4 else 0.0 for nd in nodes], np.float64)
+    lat = np.array([nd[5] if len(nd) > 5 else 0.0 for nd in nodes], np.float64)
     e = np.array(edges, np.int64).reshape(-1, 2)
     ptr, idx = csr_from_edges(n, e[:, 0], e[:, 1])
     res = np.zeros(n_devices) if resident is None else np.asarray(resident, np.float64)
-    return simulate(kind, dev, dst, dur, ptr, idx, alloc, res, n_devices)
+    return simulate(kind, dev, dst, dur, ptr, idx, alloc, res, n_devices, lat=lat)
 
 
 def test_warmup_compiles():
@@ -59,12 +60,80 @@ def test_transfer_timing_from_hardware():
         t = float(hw.transfer_time(a, b, nbytes))
         lk = getattr(hw, link)
         assert t == pytest.approx(lk.latency + nbytes / lk.bandwidth)
-        s = run([(C, a, -1, 1.0), (T, a, b, t, nbytes), (C, b, -1, 1.0)], [(0, 1), (1, 2)], n_devices=hw.n_devices)
-        assert s.start[1] == 1.0 and s.finish[1] == 1.0 + t
-        assert s.start[2] == 1.0 + t
+        occ, lat = nbytes / lk.bandwidth, lk.latency  # port time, latency
+        s = run([(C, a, -1, 1.0), (T, a, b, occ, nbytes, lat), (C, b, -1, 1.0)], [(0, 1), (1, 2)],
+                n_devices=hw.n_devices)
+        assert s.start[1] == 1.0 and s.finish[1] == 1.0 + occ + lat
+        assert s.start[2] == 1.0 + occ + lat  # the successor starts at start + dur + lat
         assert s.makespan == pytest.approx(2.0 + t)
-        assert s.busy_egress[a] == t and s.busy_ingress[b] == t and s.busy_comm[a] == t
+        # the ports are occupied for bytes / bandwidth only
+        assert s.busy_egress[a] == occ and s.busy_ingress[b] == occ and s.busy_comm[a] == occ
         assert s.bytes_moved == nbytes
+        assert s.rank[0] == pytest.approx(1.0 + occ + lat + 1.0, rel=1e-15) and s.critical_path == s.rank[0]
+
+
+def test_latency_pipelines_transfers_from_one_sender():
+    # two transfers of b bytes from device 0 (to 1 and to 2): dur = b / bw, lat = link latency.
+    # The port is busy for b / bw only, so the second starts when the first's bytes are out and
+    # both latencies overlap: finishes b/bw + lat and 2·b/bw + lat (not 2·(lat + b/bw)).
+    b, bw, lat = 64e3, 450e9, 2.5e-6
+    occ = b / bw
+    s = run([(T, 0, 1, occ, b, lat), (T, 0, 2, occ, b, lat)], n_devices=3)
+    np.testing.assert_array_equal(s.start, [0.0, occ])
+    np.testing.assert_array_equal(s.finish, [occ + lat, occ + occ + lat])
+    assert s.makespan == 2 * occ + lat < 2 * (lat + occ)
+    assert s.busy_egress[0] == 2 * occ and s.busy_ingress[1] == occ and s.busy_ingress[2] == occ
+    # without pipelining (the latency folded into dur) they serialize: 2·(lat + b/bw)
+    s0 = run([(T, 0, 1, lat + occ, b), (T, 0, 2, lat + occ, b)], n_devices=3)
+    assert s0.makespan == 2 * (lat + occ)
+
+
+def test_seven_partials_into_one_receiver_pay_one_latency():
+    # the reduce-scatter case: 7 transfers of b bytes into device 0 (from 1..7) serialize on its
+    # ingress for b / bw each; the last lands at 7·b/bw + lat, then the accumulate runs
+    b, bw, lat, acc = 64e3, 450e9, 2.5e-6, 1e-6
+    occ = b / bw
+    nodes = [(T, k, 0, occ, b, lat) for k in range(1, 8)] + [(C, 0, -1, acc)]
+    s = run(nodes, [(k, 7) for k in range(7)], n_devices=8)
+    # equal ranks (occ + lat + acc): lower index first, each starting when the ingress frees
+    np.testing.assert_allclose(s.start[:7], [k * occ for k in range(7)], rtol=1e-15)
+    assert s.start[7] == pytest.approx(7 * occ + lat, rel=1e-15)
+    assert s.makespan == pytest.approx(7 * occ + lat + acc, rel=1e-15)
+    assert s.busy_ingress[0] == pytest.approx(7 * occ, rel=1e-15)
+
+
+def test_port_is_free_after_bytes_over_bandwidth():
+    # transfer A 0->1 (dur 1, lat 5); transfer B 0->2 (dur 1) and C 3->1 (dur 1) need A's ports:
+    # they start at 1.0 (A's bytes are out), not at 6.0 (A's data lands); a successor of A
+    # (compute on 1) starts at 0 + 1 + 5 = 6
+    s = run([(T, 0, 1, 1.0, 0.0, 5.0), (T, 0, 2, 1.0), (T, 3, 1, 1.0), (C, 1, -1, 1.0)], [(0, 3)], n_devices=4)
+    np.testing.assert_array_equal(s.rank, [7.0, 1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(s.start, [0.0, 1.0, 1.0, 6.0])
+    np.testing.assert_array_equal(s.finish, [6.0, 2.0, 2.0, 7.0])
+    assert s.makespan == 7.0 and s.critical_path == 7.0
+    np.testing.assert_array_equal(s.busy_egress, [2.0, 0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(s.busy_ingress, [0.0, 2.0, 1.0, 0.0])
+    assert s.max_device_load == 2.0
+
+
+def test_latency_holds_no_compute_and_default_is_zero():
+    # the same rule for compute nodes: a compute node with lat frees its device after dur
+    s = run([(C, 0, -1, 1.0, 0.0, 3.0), (C, 0, -1, 1.0), (C, 1, -1, 1.0)], [(0, 2)])
+    np.testing.assert_array_equal(s.start, [0.0, 1.0, 4.0])
+    np.testing.assert_array_equal(s.finish, [4.0, 2.0, 5.0])
+    # lat omitted == all zeros, in both wrappers
+    kind, dev, dst, dur = [0, 1, 0], [0, 0, 1], [-1, 1, -1], [1.0, 0.5, 1.0]
+    ptr, idx = csr_from_edges(3, [0, 1], [1, 2])
+    args = (kind, dev, dst, dur, ptr, idx, [8.0, 8.0, 8.0], [0.0, 0.0], 2)
+    a, b = simulate(*args), simulate(*args, lat=np.zeros(3))
+    np.testing.assert_array_equal(a.finish, b.finish)
+    np.testing.assert_array_equal(a.finish, [1.0, 1.5, 2.5])
+    c = simulate_arrays(np.array(kind, np.int8), np.array(dev, np.int32), np.array(dst, np.int32), np.array(dur),
+                        ptr, idx, np.full(3, 8.0), np.zeros(2), 2)
+    np.testing.assert_array_equal(c.finish, a.finish)
+    d = simulate_arrays(np.array(kind, np.int8), np.array(dev, np.int32), np.array(dst, np.int32), np.array(dur),
+                        ptr, idx, np.full(3, 8.0), np.zeros(2), 2, lat=np.array([0.0, 0.25, 0.0]))
+    np.testing.assert_array_equal(d.finish, [1.0, 1.75, 2.75])
 
 
 def test_transfers_from_one_sender_serialize_on_egress():
@@ -162,6 +231,7 @@ def test_input_validation():
     good = dict(kind=[0, 1], dev=[0, 0], dst=[-1, 1], dur=[1.0, 1.0], succ_ptr=[0, 1, 1], succ_idx=[1],
                 alloc_bytes=[0.0, 0.0], resident_bytes=[0.0, 0.0], n_devices=2)
     assert simulate(**good).makespan == 2.0
+    assert simulate(**good, lat=[0.0, 0.5]).makespan == 2.5
     for change, pattern in (
         (dict(dev=[0, 2]), r"dev\[1\] = 2 out of range"),
         (dict(dst=[-1, -1]), r"dst\[1\] = -1 out of range"),
@@ -176,6 +246,9 @@ def test_input_validation():
         (dict(alloc_bytes=[0.0, -1.0]), "alloc_bytes"),
         (dict(n_devices=0), "n_devices"),
         (dict(dev=[0.5, 0]), "integers"),
+        (dict(lat=[0.0, -1.0]), r"lat\[1\]"),
+        (dict(lat=[np.inf, 0.0]), r"lat\[0\]"),
+        (dict(lat=[0.0]), "lat: length"),
     ):
         with pytest.raises(SimulationError, match=pattern):
             simulate(**{**good, **change})
@@ -200,12 +273,15 @@ def test_energy():
     assert e.transfer == pytest.approx(1e-2 + 2e-1)
     assert energy_joules(10.0, [4.0, 0.0, 0.0], [True, True, False], d, [1e9, 2e9], [1e-11, 1e-10]) \
         == pytest.approx(e.total)
-    # from a schedule: compute on 0 (1 s), 1 GB 0 -> 8 across nodes, compute on 8 (1 s)
+    # from a schedule: compute on 0 (1 s), 1 GB 0 -> 8 across nodes, compute on 8 (1 s); the
+    # transfer holds the NICs for 1e9 / bw and lands after t = lat + 1e9 / bw: makespan 2 + t
     t = float(hw.transfer_time(0, 8, 1e9))
     kind, dev, dst = np.array([0, 1, 0]), np.array([0, 0, 8]), np.array([-1, 8, -1])
     alloc = np.array([1e9, 1e9, 1.0])
     ptr, idx = csr_from_edges(3, [0, 1], [1, 2])
-    s = simulate(kind, dev, dst, [1.0, t, 1.0], ptr, idx, alloc, np.zeros(64), 64)
+    s = simulate(kind, dev, dst, [1.0, 1e9 / hw.inter_link.bandwidth, 1.0], ptr, idx, alloc, np.zeros(64), 64,
+                 lat=[0.0, hw.inter_link.latency, 0.0])
+    assert s.makespan == pytest.approx(2 + t)
     eb = schedule_energy(s, hw, kind, dev, dst, alloc)
     assert eb.compute == pytest.approx(2 * 700.0)
     assert eb.idle == pytest.approx(2 * d.idle_power * (2 + t - 1))
@@ -217,7 +293,7 @@ def test_energy():
 # ---------------------------------------------------------------------------------------------
 
 
-def reference(kind, dev, dst, dur, succ, alloc, resident, nd):
+def reference(kind, dev, dst, dur, lat, succ, alloc, resident, nd):
     n = len(kind)
     preds = [[] for _ in range(n)]
     for i in range(n):
@@ -239,7 +315,7 @@ def reference(kind, dev, dst, dur, succ, alloc, resident, nd):
             visit(u)
     rank = [0.0] * n
     for u in order:  # reverse topological (post-order)
-        rank[u] = dur[u] + max((rank[v] for v in succ[u]), default=0.0)
+        rank[u] = dur[u] + lat[u] + max((rank[v] for v in succ[u]), default=0.0)
     left = [len(p) for p in preds]
     heap = [(-rank[i], i) for i in range(n) if left[i] == 0]
     heapq.heapify(heap)
@@ -249,9 +325,9 @@ def reference(kind, dev, dst, dur, succ, alloc, resident, nd):
         _, u = heapq.heappop(heap)
         res = [("c", dev[u])] if kind[u] == 0 else [("e", dev[u]), ("i", dst[u])]
         t = max([finish[p] for p in preds[u]] + [free.get(r, 0.0) for r in res])
-        start[u], finish[u] = t, t + dur[u]
+        start[u], finish[u] = t, t + dur[u] + lat[u]  # data available after the latency
         for r in res:
-            free[r] = finish[u]
+            free[r] = t + dur[u]  # the resources only for dur
         for v in succ[u]:
             left[v] -= 1
             if left[v] == 0:
@@ -280,53 +356,57 @@ def dags(draw):
         for i in draw(st.lists(st.integers(0, j - 1), max_size=3)):
             edges.add((perm[i], perm[j]))
     durs = st.one_of(st.just(0.0), st.sampled_from([0.5, 1.0, 2.0]), st.floats(0.001, 10.0))
-    kind, dev, dst, dur, alloc = [], [], [], [], []
+    lats = st.one_of(st.just(0.0), st.sampled_from([0.25, 1.0, 3.0]), st.floats(0.001, 5.0))
+    kind, dev, dst, dur, lat, alloc = [], [], [], [], [], []
     for _ in range(n):
         k = draw(st.integers(0, 1))
         a = draw(st.integers(0, nd - 1))
         b = (a + draw(st.integers(1, nd - 1))) % nd if k == 1 else -1
         kind.append(k), dev.append(a), dst.append(b), dur.append(draw(durs))
+        lat.append(draw(lats) if k == 1 or draw(st.integers(0, 4)) == 0 else 0.0)  # mostly 0 on compute
         alloc.append(draw(st.sampled_from([0.0, 1.0, 2.0, 5.0, 100.0])))
     resident = draw(st.lists(st.sampled_from([0.0, 3.0]), min_size=nd, max_size=nd))
-    return n, nd, sorted(edges), kind, dev, dst, dur, alloc, resident
+    return n, nd, sorted(edges), kind, dev, dst, dur, lat, alloc, resident
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dags())
 def test_random_dags(case):
-    n, nd, edges, kind, dev, dst, dur, alloc, resident = case
+    n, nd, edges, kind, dev, dst, dur, lat, alloc, resident = case
     e = np.array(edges, np.int64).reshape(-1, 2)
     ptr, idx = csr_from_edges(n, e[:, 0], e[:, 1])
-    s = simulate(kind, dev, dst, dur, ptr, idx, alloc, resident, nd)
+    s = simulate(kind, dev, dst, dur, ptr, idx, alloc, resident, nd, lat=lat)
     dur_a = np.array(dur)
-    tol = 1e-9 * (1.0 + dur_a.sum())
-    # precedence
+    lat_a = np.array(lat)
+    tol = 1e-9 * (1.0 + dur_a.sum() + lat_a.sum())
+    # precedence: a successor starts once the data has arrived (start + dur + lat)
     for i, j in edges:
         assert s.start[j] >= s.finish[i]
-    np.testing.assert_allclose(s.finish - s.start, dur_a, rtol=1e-12, atol=1e-12)
-    # no overlap on any resource
+    np.testing.assert_allclose(s.finish - s.start, dur_a + lat_a, rtol=1e-12, atol=1e-12)
+    # no overlap on any resource, each held over [start, start + dur)
     res = {}
     for u in range(n):
         keys = [("c", dev[u])] if kind[u] == 0 else [("e", dev[u]), ("i", dst[u])]
         for key in keys:
-            res.setdefault(key, []).append((s.start[u], s.finish[u]))
+            res.setdefault(key, []).append((s.start[u], s.start[u] + dur[u]))
     for iv in res.values():
         iv.sort()
         for (s0, f0), (s1, f1) in zip(iv, iv[1:]):
             assert s1 >= f0
     # bounds
     succ = [list(idx[ptr[i]:ptr[i + 1]]) for i in range(n)]
-    ref_start, ref_finish, ref_rank, ref_peak = reference(kind, dev, dst, dur, succ, alloc, resident, nd)
+    ref_start, ref_finish, ref_rank, ref_peak = reference(kind, dev, dst, dur, lat, succ, alloc, resident, nd)
     crit = max(ref_rank)
     load = max(sum(f - s_ for s_, f in iv) for iv in res.values())
     assert s.makespan >= crit - tol
     assert s.makespan >= load - tol
-    assert s.makespan <= dur_a.sum() + tol
+    assert s.makespan <= dur_a.sum() + lat_a.sum() + tol
     assert s.makespan == pytest.approx(max(s.finish))
     assert s.critical_path == pytest.approx(crit)
     # same schedule as the plain-Python reference (same priority rule, same tie-break)
     np.testing.assert_allclose(s.rank, ref_rank, rtol=1e-12)
     np.testing.assert_allclose(s.start, ref_start, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(s.finish, ref_finish, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(s.peak_mem, ref_peak, rtol=1e-12)
     # accounting
     bc = np.zeros(nd)
@@ -350,6 +430,8 @@ def test_large_random_dag_schedules_every_node():
     kind = (rng.random(n) < 0.3).astype(np.int8)
     dev = rng.integers(0, nd, n).astype(np.int32)
     dst = np.where(kind == 1, (dev + 1 + rng.integers(0, nd - 1, n)) % nd, -1).astype(np.int32)
-    s = simulate(kind, dev, dst, rng.random(n), ptr, idx.astype(np.int32), rng.random(n) * 1e6, np.zeros(nd), nd)
+    lat = np.where(kind == 1, rng.random(n), 0.0)
+    s = simulate(kind, dev, dst, rng.random(n), ptr, idx.astype(np.int32), rng.random(n) * 1e6, np.zeros(nd), nd,
+                 lat=lat)
     assert sorted(s.order.tolist()) == list(range(n))
     assert np.all(s.start[j] >= s.finish[i] - 1e-12)
