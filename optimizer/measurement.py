@@ -77,7 +77,7 @@ def measure_plan(g: Any, hw: Any, backend: str = "numpy", repeats: int = 3, warm
                                     if hasattr(low, "nbytes") else None}})
     for t in run.transfers:
         k = t["index"]
-        pred = (float(low.dur[nc + k]) if aligned
+        pred = (float(low.elapsed[nc + k]) if aligned
                 else float(hwp.transfer_time(t["src"], t["dst"], t["bytes"] or 0.0)))
         records.append({**base, "kind": "transfer", "device_name": names[run.device_map[t["dst"]]],
                         "op": t["producer"], "shard": t["shard"], "measured_seconds": t["seconds"],
@@ -88,7 +88,7 @@ def measure_plan(g: Any, hw: Any, backend: str = "numpy", repeats: int = 3, warm
     details: dict[str, Any] = {
         "hardware": hw.name, "prediction": "serial", "n_devices": len(run.device_map), "shards": len(run.shards),
         "transfers": len(run.transfers), "repeats": run.repeats, "transfer_bytes": tp.transfer_bytes,
-        "serial_with_transfers": serial + float(low.dur[nc:].sum()),
+        "serial_with_transfers": serial + float(low.elapsed[nc:].sum()),
         "measured_shards_sum": float(sum(s["seconds"] for s in run.shards)),
         "measured_transfers_sum": float(sum(t["seconds"] for t in run.transfers)),
         "gpus": sorted({v for v in run.device_map.values() if v is not None})}

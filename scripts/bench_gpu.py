@@ -175,7 +175,7 @@ def part_plans(backend: str, hw_cal, n: int, repeats: int, seed: int) -> dict:
         rows.append({"plan": i, "digest": g.digest[:12], "ops": len(g.ops), "shards": g.n_shards,
                      "devices": len(g.devices), "transfers": len(tp.transfers), "transfer_bytes": tp.transfer_bytes,
                      "measured_s": res.plan_seconds, "predicted_serial_s": serial,
-                     "predicted_serial_transfers_s": serial + float(low.dur[nc:].sum()),
+                     "predicted_serial_transfers_s": serial + float(low.elapsed[nc:].sum()),
                      "measured_shards_s": float(sum(s["seconds"] for s in res.shards)),
                      "max_rel_error": err, "verified": bool(err <= TOLERANCE["float32"]),
                      "wall_s": time.perf_counter() - t0})

@@ -25,7 +25,7 @@ def test_records_carry_predictions_and_go_into_the_archive(plans, tmp_path):
     shards = [r for r in recs if r["kind"] == "shard"]
     assert [r["predicted_seconds"] for r in shards] == pytest.approx(list(low.dur[:nc]))
     transfers = [r for r in recs if r["kind"] == "transfer"]
-    assert [r["predicted_seconds"] for r in transfers] == pytest.approx(list(low.dur[nc:]))
+    assert [r["predicted_seconds"] for r in transfers] == pytest.approx(list(low.dur[nc:] + low.lat[nc:]))  # occupancy + link latency
     plan = recs[-1]
     assert plan["kind"] == "plan" and plan["verified"] is True and plan["max_rel_error"] < 1e-4
     assert plan["predicted_seconds"] == pytest.approx(serial_prediction(g, hw))
