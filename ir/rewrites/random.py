@@ -21,6 +21,34 @@ DEFAULT_WEIGHTS: dict[str, float] = {
 }
 
 
+class Structure:
+    """Candidates of the structural moves. They depend on the ops' kernels, params and tensors,
+    never on shards; every structural rewrite (fuse, unfuse, reduction split and merge) makes a
+    new tensor table, so the table object identifies the structure and keys this cache."""
+
+    def __init__(self, g: Graph) -> None:
+        names = list(g.ops)
+        self.reducible = [n for n in names if g.ops[n].kernel != "fused" and not g.ops[n].params.get("split")
+                          and g.signature(n).reductions]
+        self.split = [n for n in names if g.ops[n].params.get("split")]
+        self.fused = [n for n in names if g.ops[n].kernel == "fused"]
+        self.fusable = [(g.producers[t], r[0][0]) for t, r in g.consumers.items()
+                        if len(r) == 1 and t in g.producers and fusable(g, g.producers[t], r[0][0]) is None]
+
+
+_STRUCTURES: dict[int, tuple[object, Structure]] = {}
+
+
+def structure(g: Graph) -> Structure:
+    hit = _STRUCTURES.get(id(g.tensors))
+    if hit is not None and hit[0] is g.tensors:
+        return hit[1]
+    if len(_STRUCTURES) > 256:
+        _STRUCTURES.clear()
+    st = _STRUCTURES[id(g.tensors)] = (g.tensors, Structure(g))  # holding the table keeps its id unique
+    return st[1]
+
+
 def _choice(rng: np.random.Generator, seq: list):
     return seq[int(rng.integers(len(seq)))]
 
@@ -42,8 +70,10 @@ def draw_move(g: Graph, rng: np.random.Generator, n_devices: int, kind: str,
             options = [p for p in (2, 2, 3, 4, 8) if p <= min(ext, room)]
             return M.Split(o.name, sig.dims[d], _choice(rng, options)) if options else None
         if kind == "merge":
-            if len(sh) < 2:
+            split_dims = [k for k in range(sh.ndim) if len(sh) > 1 and sh.lo[:, k].min() != sh.lo[:, k].max()]
+            if not split_dims:
                 return None
+            d = split_dims[int(rng.integers(len(split_dims)))]
             return M.Merge(o.name, sig.dims[d], None if rng.random() < 0.5 else 2)
         if kind == "place":
             k = min(len(sh), n_devices)
@@ -52,8 +82,7 @@ def draw_move(g: Graph, rng: np.random.Generator, n_devices: int, kind: str,
             return M.Place(o.name, tuple((start + i * stride) % n_devices for i in range(k)))
         return M.MoveShard(o.name, int(rng.integers(len(sh))), int(rng.integers(n_devices)))
     if kind == "split_reduction":
-        cands = [n for n in names if g.ops[n].kernel != "fused" and not g.ops[n].params.get("split")
-                 and g.signature(n).reductions]
+        cands = structure(g).reducible
         if not cands:
             return None
         n = _choice(rng, cands)
@@ -61,18 +90,13 @@ def draw_move(g: Graph, rng: np.random.Generator, n_devices: int, kind: str,
         parts = [p for p in (2, 4, 8) if red.extent % p == 0 and p <= n_devices * 2]
         return M.SplitReduction(n, _choice(rng, parts), red.name) if parts else None
     if kind == "merge_reduction":
-        cands = [n for n in names if g.ops[n].params.get("split")]
+        cands = structure(g).split
         return M.MergeReduction(_choice(rng, cands)) if cands else None
     if kind == "fuse":
-        pairs = []
-        for t, readers in g.consumers.items():
-            if len(readers) == 1 and t in g.producers:
-                p, c = g.producers[t], readers[0][0]
-                if fusable(g, p, c) is None:
-                    pairs.append((p, c))
+        pairs = structure(g).fusable
         return M.Fuse(*_choice(rng, pairs)) if pairs else None
     if kind == "unfuse":
-        cands = [n for n in names if g.ops[n].kernel == "fused"]
+        cands = structure(g).fused
         return M.Unfuse(_choice(rng, cands)) if cands else None
     raise ValueError(f"unknown move kind {kind!r}; kinds are {sorted(DEFAULT_WEIGHTS)}")
 
