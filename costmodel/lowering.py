@@ -431,7 +431,6 @@ class Lowerer:
 
     def _new_structure(self, g: Graph, program: int) -> _Structure:
         order = g.topo_order
-        index = {n: i for i, n in enumerate(order)}
         ops = [g.ops[n] for n in order]
         readers: dict[str, list[tuple[int, str]]] = {}
         for i, o in enumerate(ops):

@@ -7,7 +7,6 @@ comparing the front with the single-device and data-parallel baselines on the sa
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -131,7 +130,3 @@ def _summary(name: str, row: dict, hw: Any, front: list[dict], base: dict[str, d
                   + f"; verified against the original: {corr.get('verified', 0)}."]
     lines += ["", "Files: `plans/` (JSON and pictures), `front.parquet`, `pareto.png`.", ""]
     return "\n".join(lines)
-
-
-def dumps_json(data: Any) -> str:
-    return json.dumps(data, indent=1, default=str)
