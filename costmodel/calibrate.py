@@ -231,12 +231,16 @@ def _polish(p0, xf, xb, y, fixed, scale):
             p[j] = math.exp(theta[k])
         return p
 
-    x0 = [math.log(max(p0[j], 1e-12)) for j in free] + [max(p0[2], 0.0)]
-    lo = [-np.inf] * len(free) + [0.0]
+    # log(1/efficiency) between efficiency MAX_EFFICIENCY and 1e-12: unbounded, trust-region steps
+    # on launch-bound data can reach exp() overflow
+    t_lo, t_hi = math.log(1.0 / MAX_EFFICIENCY), math.log(1e12)
+    x0 = [min(max(math.log(max(p0[j], 1e-300)), t_lo), t_hi) for j in free] + [max(p0[2], 0.0)]
+    lo = [t_lo] * len(free) + [0.0]
+    hi = [t_hi] * len(free) + [np.inf]
     try:
-        r = least_squares(lambda th: (_model(unpack(th), xf, xb) - y) / y, x0, bounds=(lo, np.inf),
+        r = least_squares(lambda th: (_model(unpack(th), xf, xb) - y) / y, x0, bounds=(lo, hi),
                           loss="soft_l1", f_scale=scale, method="trf", x_scale="jac")
-    except (ValueError, FloatingPointError):
+    except (ValueError, FloatingPointError, OverflowError):
         return None
     return unpack(r.x) if r.success else None
 

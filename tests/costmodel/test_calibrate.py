@@ -112,3 +112,16 @@ def test_measurements_for_a_plan_and_calibrated_file_round_trip(tmp_path):
     assert Evaluator(back)(g).makespan == pytest.approx(Evaluator(TRUE)(g).makespan, rel=1e-3)
     fits = fit_classes(data, BASE)
     assert fits["matmul"].n == sum(r["kernel_class"] == "matmul" for r in data)
+
+
+def test_launch_bound_points_fit_without_overflow():
+    """Three launch-bound conv points (scatter in the measured times, flops far below what the
+    preset would notice) once drove the polish to exp(4868): the fit must stay finite."""
+    times = (7.617293256084777e-05, 0.00015373507898002004, 7.817684013539421e-05)
+    recs = [{"kernel_class": "conv", "flops": f, "bytes": f / 4, "dtype": "float32", "seconds": t}
+            for f, t in zip((1e4, 1e5, 1e6), times)]
+    cal, fits = calibrate(recs, "h100-sxm-8", report=True)
+    fit = fits["conv"]
+    assert np.isfinite([fit.compute_eff, fit.memory_eff, fit.launch]).all()
+    assert 1e-12 <= fit.compute_eff <= 1.5 and 1e-12 <= fit.memory_eff <= 1.5
+    assert min(times) * 0.5 <= fit.launch <= max(times)  # launch-bound: the overhead carries the time
