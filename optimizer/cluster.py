@@ -1,8 +1,16 @@
-"""Dask clients: join an existing scheduler, or start a local cluster sized to the machine."""
+"""Dask clients: join an existing scheduler, or start a local cluster sized to the machine.
+
+A local cluster whose workers advertise a ``GPU`` resource gives each worker process its own
+GPU through ``CUDA_VISIBLE_DEVICES`` (round-robin over the machine's GPUs, so several workers
+may share one), as dask-cuda's ``LocalCUDACluster`` does; inside a worker the GPU is then
+device 0. Remote workers are started by the user (``dask worker ADDR --resources GPU=1``, or
+``dask cuda worker`` on machines with several GPUs).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import warnings
@@ -13,12 +21,48 @@ class ClusterError(RuntimeError):
     """The Dask scheduler cannot be reached."""
 
 
+def local_gpus() -> list[str]:
+    """The GPUs local workers may use, as ``CUDA_VISIBLE_DEVICES`` entries: the entries of that
+    variable when it is set, else ``0..n-1`` for the n GPUs CuPy sees, else none."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [v.strip() for v in visible.split(",") if v.strip()]
+    try:
+        import cupy  # noqa: PLC0415  (optional dependency)
+
+        return [str(i) for i in range(int(cupy.cuda.runtime.getDeviceCount()))]
+    except Exception:  # noqa: BLE001  (no CuPy, no driver, no device: all mean "no GPUs")
+        return []
+
+
+def _gpu_cluster_class() -> type:
+    from distributed import LocalCluster
+
+    class GpuLocalCluster(LocalCluster):
+        """A LocalCluster whose worker ``i`` sees only GPU ``gpus[i % len(gpus)]``."""
+
+        def __init__(self, gpus: list[str], **kwargs: Any) -> None:
+            self.gpus = list(gpus)
+            super().__init__(n_workers=0, **kwargs)
+
+        def new_worker_spec(self) -> dict[Any, dict]:
+            (name, spec), = super().new_worker_spec().items()
+            spec = copy.deepcopy(spec)
+            env = dict(spec["options"].get("env") or {})
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[int(name) % len(self.gpus)]
+            spec["options"]["env"] = env
+            return {name: spec}
+
+    return GpuLocalCluster
+
+
 @contextlib.contextmanager
 def dask_client(scheduler: str | None, workers: int | None = None, threads: int = 1,
-                resources: dict[str, float] | None = None) -> Iterator[Any]:
+                resources: dict[str, float] | None = None, gpus: list[str] | None = None) -> Iterator[Any]:
     """A client of the scheduler at ``scheduler``, or of a local cluster (processes, ``threads``
     threads each, ``workers`` default: one per core up to 8; ``resources`` advertised by each
-    local worker, e.g. ``{"GPU": 1}``)."""
+    local worker, e.g. ``{"GPU": 1}``, in which case each worker is pinned to one of ``gpus``
+    (default :func:`local_gpus`), round-robin)."""
     from distributed import Client, LocalCluster
 
     if scheduler:
@@ -33,13 +77,22 @@ def dask_client(scheduler: str | None, workers: int | None = None, threads: int 
             client.close()
         return
     n = workers or max(1, min(os.cpu_count() or 1, 8))
-    extra = {"resources": resources} if resources else {}
+    kw: dict[str, Any] = dict(threads_per_worker=threads, processes=True, dashboard_address=None,
+                              silence_logs=logging.ERROR, memory_limit=0)
+    if resources:
+        kw["resources"] = resources
+    pin = (local_gpus() if gpus is None else list(gpus)) if resources and resources.get("GPU") else []
     with warnings.catch_warnings():  # the scheduler's HTTP server moves off a busy port 8787: harmless
         warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
-        cluster = LocalCluster(n_workers=n, threads_per_worker=threads, processes=True, dashboard_address=None,
-                               silence_logs=logging.ERROR, memory_limit=0, **extra)
+        if pin:
+            cluster = _gpu_cluster_class()(pin, **kw)
+            cluster.scale(n)
+        else:
+            cluster = LocalCluster(n_workers=n, **kw)
     client = Client(cluster)
     try:
+        if pin:
+            client.wait_for_workers(n, timeout=120)
         yield client
     finally:
         client.close()

@@ -33,6 +33,7 @@ def serial_prediction(g: Any, hw: Any) -> float:
 def measure_task(spec: dict) -> dict:
     """Verify and time one plan on this worker; plain data out."""
     from costmodel.hardware import Hardware
+    from executor.device_run import device_name
     from executor.measure import time_plan
     from executor.verify import verify
     from ir.serialize import from_json
@@ -42,12 +43,8 @@ def measure_task(spec: dict) -> dict:
     report = verify(g, seed=0, backend=spec["backend"])
     seconds = time_plan(g, spec["backend"], repeats=spec.get("repeats", 3))
     predicted = serial_prediction(g, Hardware.from_dict(spec["hardware"]))
-    device_name = "cpu"
-    if spec["backend"] == "cupy":
-        import cupy
-
-        device_name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
-    return {"plan_digest": spec["digest"], "kind": "plan", "backend": spec["backend"], "device_name": device_name,
+    return {"plan_digest": spec["digest"], "kind": "plan", "backend": spec["backend"],
+            "device_name": device_name(spec["backend"]),
             "measured_seconds": seconds, "predicted_seconds": predicted, "verified": bool(report.ok),
             "max_rel_error": float(report.max_rel_error), "details": {"worker": worker_name()}}
 

@@ -1,6 +1,7 @@
-"""CuPy backend on a real GPU: kernels, device-aware execution and timing agree with NumPy.
+"""CuPy backend: kernels, device-aware execution and timing agree with NumPy.
 
-Skipped unless CuPy is installed and ``cupy.cuda.is_available()``; run with ``-m gpu``.
+Each test runs on the fake CuPy of ``fake_cupy`` (two GPUs, host/device mixups refused) on every
+machine, and on the real CuPy where a GPU is present (``pytest -m gpu``); see conftest.py.
 """
 
 from __future__ import annotations
@@ -8,22 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-cupy = pytest.importorskip("cupy")
-try:
-    _ok = bool(cupy.cuda.is_available())
-except Exception:  # noqa: BLE001  (driver errors come as assorted types)
-    _ok = False
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _ok, reason="no usable NVIDIA GPU (cupy.cuda.is_available())")]
-
-from costmodel.transfers import transfer_plan  # noqa: E402
-from executor.device_run import run_on_devices  # noqa: E402
-from executor.run import execute, read_box  # noqa: E402
-from executor.verify import TOLERANCE, rel_error  # noqa: E402
-from ir import workloads  # noqa: E402
-from ir.builder import GraphBuilder  # noqa: E402
-from ir.kernels import REGISTRY, get_kernel  # noqa: E402
-from ir.rewrites import RewriteError, fuse, place, random_rewrite, split, split_reduction  # noqa: E402
-from ir.zspace import ZRange, project_boxes  # noqa: E402
+from costmodel.transfers import transfer_plan
+from executor.device_run import run_on_devices
+from executor.run import execute, read_box
+from executor.verify import TOLERANCE, rel_error
+from ir import workloads
+from ir.builder import GraphBuilder
+from ir.kernels import REGISTRY, get_kernel
+from ir.rewrites import RewriteError, fuse, place, random_rewrite, split, split_reduction
+from ir.zspace import ZRange, project_boxes
 
 SMALL = {
     "mlp": dict(batch=6, widths=(12, 20, 10)),
@@ -60,7 +54,7 @@ def all_graphs():
     return [workloads.build(n, **p) for n, p in SMALL.items()] + extra_graphs()
 
 
-def test_every_kernel_on_random_boxes_equals_numpy():
+def test_every_kernel_on_random_boxes_equals_numpy(cupy):
     rng = np.random.default_rng(0)
     seen = set()
     for g in all_graphs():
@@ -103,7 +97,7 @@ def random_plan(name, seed, n_devices=4):
 
 
 @pytest.mark.parametrize("name", list(SMALL))
-def test_run_on_devices_cupy_equals_numpy(name):
+def test_run_on_devices_cupy_equals_numpy(name, cupy):
     for seed in range(3):
         g = random_plan(name, seed)
         tp = transfer_plan(g, 4)
@@ -116,7 +110,7 @@ def test_run_on_devices_cupy_equals_numpy(name):
             assert rel_error(b.outputs[n], a.outputs[n]) <= TOLERANCE["float32"], (name, seed, n)
 
 
-def test_incomplete_communication_is_caught_on_gpu_too():
+def test_incomplete_communication_is_caught_on_gpu_too(cupy):
     from executor.device_run import IncompleteCommunication
 
     g = place(split(workloads.mlp(**SMALL["mlp"]), "fc1", "n", 2), "fc1", (0, 1))
@@ -126,7 +120,7 @@ def test_incomplete_communication_is_caught_on_gpu_too():
         run_on_devices(g, tp.transfers[1:], tp.residency, backend="cupy")
 
 
-def test_timing_uses_cuda_events(monkeypatch):
+def test_timing_uses_cuda_events(monkeypatch, cupy):
     calls = []
     real = cupy.cuda.get_elapsed_time
 
@@ -146,7 +140,7 @@ def test_timing_uses_cuda_events(monkeypatch):
     assert res.plan_seconds > 0
 
 
-def test_time_plan_and_measure_on_cupy():
+def test_time_plan_and_measure_on_cupy(cupy):
     from executor.measure import time_ops, time_plan
 
     g = workloads.mlp(batch=64, widths=(256, 512, 256))
@@ -154,7 +148,7 @@ def test_time_plan_and_measure_on_cupy():
     assert all(v > 0 for v in time_ops(g, "cupy", repeats=3).values())
 
 
-def test_measure_plan_records_on_cupy():
+def test_measure_plan_records_on_cupy(cupy):
     from optimizer.measurement import measure_plan
 
     g = random_plan("mlp", 2)
@@ -163,7 +157,7 @@ def test_measure_plan_records_on_cupy():
     assert all(r["backend"] == "cupy" and r["measured_seconds"] > 0 for r in recs)
 
 
-def test_calibrate_quick_on_cupy(tmp_path):
+def test_calibrate_quick_on_cupy(tmp_path, cupy):
     from costmodel.hardware import load_hardware
     from optimizer.cli import main
 
@@ -174,7 +168,7 @@ def test_calibrate_quick_on_cupy(tmp_path):
     assert load_hardware(out).n_devices == 8
 
 
-def test_grid_on_gpu_workers():
+def test_grid_on_gpu_workers(real_cupy):
     from optimizer.grid import grid_client, run_plan_on_grid
 
     g = place(split(workloads.mlp(**SMALL["mlp"]), "fc1", "n", 2), "fc1", (0, 1))
