@@ -1,9 +1,11 @@
 """Sampled real executions during a campaign, and how well the model ranks them.
 
 A fraction ``sampling.rate`` of plans entering the front (at most ``max_per_minute``) is sent to
-a Dask task that verifies the plan against the unsharded program and times it on the sampling
-backend. CuPy tasks ask for ``resources={"GPU": 1}`` (workers started with ``--resources GPU=1``);
-NumPy tasks run anywhere, so sampling works without GPUs through the same path.
+a Dask task that runs the plan device-aware on the sampling backend, verifies it against the
+unsharded program and times its shards, transfers and the whole plan (records as in
+``optimizer.measurement``; the rank correlation uses the plan records). CuPy tasks ask for
+``resources={"GPU": 1}`` (workers started with ``--resources GPU=1``); NumPy tasks run anywhere,
+so sampling works without GPUs through the same path.
 
 The prediction a measurement is compared with is the model's time for the plan *as the
 executor runs it*: its shards one after another on one device of the sampling hardware
@@ -30,23 +32,23 @@ def serial_prediction(g: Any, hw: Any) -> float:
     return float(low.dur[: int(low.op_offsets[-1])].sum())  # the compute nodes: one per shard
 
 
-def measure_task(spec: dict) -> dict:
-    """Verify and time one plan on this worker; plain data out."""
+def measure_task(spec: dict) -> list[dict]:
+    """Run one plan device-aware on this worker (``optimizer.measurement.measure_plan``: one buffer
+    set per plan device, only the lowering's transfer boxes moved), check it against the unsharded
+    program and time it; plain records out: one per shard, per transfer and one for the plan."""
     from costmodel.hardware import Hardware
-    from executor.device_run import device_name
-    from executor.measure import time_plan
-    from executor.verify import verify
     from ir.serialize import from_json
+    from optimizer.measurement import measure_plan
     from optimizer.worker import worker_name
 
     g = from_json(json.loads(spec["graph_json"]), validate=False)
-    report = verify(g, seed=0, backend=spec["backend"])
-    seconds = time_plan(g, spec["backend"], repeats=spec.get("repeats", 3))
-    predicted = serial_prediction(g, Hardware.from_dict(spec["hardware"]))
-    return {"plan_digest": spec["digest"], "kind": "plan", "backend": spec["backend"],
-            "device_name": device_name(spec["backend"]),
-            "measured_seconds": seconds, "predicted_seconds": predicted, "verified": bool(report.ok),
-            "max_rel_error": float(report.max_rel_error), "details": {"worker": worker_name()}}
+    records = measure_plan(g, Hardware.from_dict(spec["hardware"]), spec["backend"], repeats=spec.get("repeats", 3))
+    worker = worker_name()
+    for r in records:
+        r["plan_digest"] = spec["digest"]  # the archive's key for the candidate
+        if r["kind"] == "plan":
+            r["details"]["worker"] = worker
+    return records
 
 
 class Sampler:
@@ -76,13 +78,13 @@ class Sampler:
         for fut in done:
             digest = self.futures.pop(fut)
             try:
-                m = fut.result()
+                records = fut.result()
             except Exception as e:  # noqa: BLE001
                 log.warning("sampled execution of %s failed: %s: %s", digest[:12], type(e).__name__, e)
                 continue
             finally:
                 fut.release()
-            rows.append({**m, "campaign": self.campaign})
+            rows.extend({**m, "campaign": self.campaign} for m in records)
         if rows:
             self.archive.add_measurements(rows)
 

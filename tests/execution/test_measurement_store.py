@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel.lowering import Lowerer
+from costmodel.transfers import transfer_plan
 from costmodel.presets import PRESETS
 from optimizer.measurement import measure_plan, store_measurements
 from optimizer.sampling import serial_prediction
@@ -60,7 +61,12 @@ def test_campaign_sampling_task_measures_and_predicts(plans):
 
     g = plans.spread_plan("mlp", 1)
     hw = PRESETS["cpu"]
-    m = measure_task({"graph_json": json.dumps(g.to_json()), "digest": g.digest, "backend": "numpy", "repeats": 1,
-                      "hardware": hw.to_dict()})
-    assert m["verified"] and m["measured_seconds"] > 0
+    recs = measure_task({"graph_json": json.dumps(g.to_json()), "digest": g.digest, "backend": "numpy",
+                         "repeats": 1, "hardware": hw.to_dict()})
+    kinds = [r["kind"] for r in recs]
+    assert kinds.count("plan") == 1 and kinds.count("shard") == g.n_shards
+    assert kinds.count("transfer") == len(transfer_plan(g, 1 + max(g.devices)).transfers) > 0  # device-aware
+    assert all(r["plan_digest"] == g.digest and r["measured_seconds"] > 0 for r in recs)
+    m = recs[-1]
+    assert m["kind"] == "plan" and m["verified"] and m["details"]["worker"]
     assert m["predicted_seconds"] == pytest.approx(serial_prediction(g, hw)) and m["predicted_seconds"] > 0

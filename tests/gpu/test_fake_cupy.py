@@ -79,9 +79,12 @@ def test_gpu_names_reach_the_measurement_records(fake):
     assert device_name("cupy", 1) == "Fake GPU 1"
     assert device_name("numpy").startswith("cpu")
     g = place(split(workloads.mlp(batch=6, widths=(12, 20, 10)), "fc1", "n", 2), "fc1", (0, 1))
-    m = measure_task({"graph_json": json.dumps(g.to_json()), "digest": g.digest, "backend": "cupy", "repeats": 1,
-                      "hardware": PRESETS["h100-sxm-8"].to_dict()})
-    assert m["device_name"] == "Fake GPU 0" and m["backend"] == "cupy" and m["verified"]
+    recs = measure_task({"graph_json": json.dumps(g.to_json()), "digest": g.digest, "backend": "cupy",
+                         "repeats": 1, "hardware": PRESETS["h100-sxm-8"].to_dict()})
+    plan = recs[-1]
+    assert plan["kind"] == "plan" and plan["device_name"] == "Fake GPU 0" and plan["verified"]
+    assert {r["device_name"] for r in recs if r["kind"] == "shard"} == {"Fake GPU 0", "Fake GPU 1"}
+    assert all(r["backend"] == "cupy" for r in recs)
 
 
 def test_local_gpus_follow_cuda_visible_devices_then_cupy(fake, monkeypatch):
