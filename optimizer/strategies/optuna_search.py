@@ -12,6 +12,7 @@ reduction, ``<op>.red`` (reduction blocks, 1 = not split).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -78,15 +79,20 @@ class OptunaStrategy(Strategy):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.base = loads(ctx.base_json)
         self.sampler_name = sampler
-        if sampler == "tpe":
-            smp = optuna.samplers.TPESampler(seed=ctx.seed, multivariate=True)
-        else:
-            smp = optuna.samplers.NSGAIISampler(seed=ctx.seed, population_size=max(8, ctx.search.get("population", 24)))
         self.study = optuna.create_study(storage=optuna_storage_url(ctx.storage_url), study_name=ctx.campaign,
-                                         sampler=smp, directions=["minimize"] * len(ctx.objectives),
+                                         sampler=self._sampler(ctx.seed), directions=["minimize"] * len(ctx.objectives),
                                          load_if_exists=True)
-        self.study.set_metric_names(list(ctx.objectives))
+        with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use; only labels the dashboard
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self.study.set_metric_names(list(ctx.objectives))
         self.refine = max(0, int(ctx.search.get("steps_per_task", 200)) // (TRIALS_PER_TASK * 4))
+
+    def _sampler(self, seed: int) -> Any:
+        import optuna
+
+        if self.sampler_name == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True)
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(8, self.ctx.search.get("population", 24)))
 
     def seed_population(self, records: list[dict]) -> None:
         pass  # the sampler starts from its own random trials
@@ -125,6 +131,12 @@ class OptunaStrategy(Strategy):
         import optuna
 
         super().load_json(state, fetch_graph)
+        # The sampler's RNG is not in the checkpoint (Optuna keeps it in memory only); reseeding it
+        # from the campaign seed and the restored task count keeps a resume deterministic without
+        # replaying the draws the first run started with. The study itself (trials, NSGA-II
+        # generations) lives in the database.
+        self.study.sampler = self._sampler(int(np.random.SeedSequence([self.ctx.seed, 7, self.task_index])
+                                               .generate_state(1)[0]))
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             self.study.tell(t.number, state=_fail())  # asked before a crash, never told
 
