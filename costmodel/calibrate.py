@@ -231,8 +231,8 @@ def _polish(p0, xf, xb, y, fixed, scale):
             p[j] = math.exp(theta[k])
         return p
 
-    # log(1/efficiency) between efficiency MAX_EFFICIENCY and 1e-12: unbounded, trust-region steps
-    # on launch-bound data can reach exp() overflow
+    # theta = log(1/efficiency), kept to efficiencies in [1e-12, MAX_EFFICIENCY]: unbounded
+    # trust-region steps on launch-bound points overflowed exp()
     t_lo, t_hi = math.log(1.0 / MAX_EFFICIENCY), math.log(1e12)
     x0 = [min(max(math.log(max(p0[j], 1e-300)), t_lo), t_hi) for j in free] + [max(p0[2], 0.0)]
     lo = [t_lo] * len(free) + [0.0]

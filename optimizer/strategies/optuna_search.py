@@ -80,8 +80,8 @@ class OptunaStrategy(Strategy):
         self.base = loads(ctx.base_json)
         self.sampler_name = sampler
         self.study = optuna.create_study(storage=optuna_storage_url(ctx.storage_url), study_name=ctx.campaign,
-                                         sampler=self._sampler(ctx.seed), directions=["minimize"] * len(ctx.objectives),
-                                         load_if_exists=True)
+                                         sampler=self._sampler(ctx.seed),
+                                         directions=["minimize"] * len(ctx.objectives), load_if_exists=True)
         with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use; only labels the dashboard
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study.set_metric_names(list(ctx.objectives))
