@@ -122,7 +122,7 @@ def quickstart_plans(n: int, seed: int, n_devices: int):
     import yaml
 
     from ir import workloads
-    from ir.rewrites import RewriteError, random_rewrite
+    from ir.rewrites import random_walk
 
     cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
     base = workloads.build(cfg["workload"]["name"], **cfg["workload"].get("params", {}))
@@ -131,12 +131,7 @@ def quickstart_plans(n: int, seed: int, n_devices: int):
     tries = 0
     while len(plans) < n and tries < 50 * n:
         tries += 1
-        g = base
-        for _ in range(int(rng.integers(1, 40))):
-            try:
-                g, _m = random_rewrite(g, rng, n_devices)
-            except RewriteError:
-                break
+        g = random_walk(base, rng, n_devices, int(rng.integers(1, 40)))
         if g.digest not in seen:
             seen.add(g.digest)
             plans.append(g)

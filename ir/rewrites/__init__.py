@@ -13,10 +13,10 @@ from ir.rewrites.canonical import unshard
 from ir.rewrites.errors import RewriteError
 from ir.rewrites.fusion import fusable, fuse, unfuse
 from ir.rewrites.moves import MOVES, Move, parse_move
-from ir.rewrites.random import DEFAULT_WEIGHTS, draw_move, random_rewrite
+from ir.rewrites.random import DEFAULT_WEIGHTS, draw_move, random_rewrite, random_walk
 from ir.rewrites.reduction import merge_reduction, split_reduction
 from ir.rewrites.shard import merge, move, place, retile, split
 
 __all__ = ["DEFAULT_WEIGHTS", "align", "MOVES", "Move", "RewriteError", "draw_move", "fusable", "fuse", "merge",
-           "merge_reduction", "move", "parse_move", "place", "random_rewrite", "retile", "split",
+           "merge_reduction", "move", "parse_move", "place", "random_rewrite", "random_walk", "retile", "split",
            "split_reduction", "unfuse", "unshard"]

@@ -120,3 +120,14 @@ def random_rewrite(g: Graph, rng: np.random.Generator, n_devices: int,
         except RewriteError:
             continue
     raise RewriteError(f"no legal rewrite found in {tries} draws")
+
+
+def random_walk(g: Graph, rng: np.random.Generator, n_devices: int, steps: int, **kwargs: object) -> Graph:
+    """``g`` after up to ``steps`` random legal rewrites (``random_rewrite``; ``kwargs`` go to it);
+    the walk ends early where no legal rewrite is found."""
+    for _ in range(steps):
+        try:
+            g, _move = random_rewrite(g, rng, n_devices, **kwargs)  # type: ignore[arg-type]
+        except RewriteError:
+            break
+    return g

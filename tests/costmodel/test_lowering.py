@@ -17,7 +17,7 @@ from ir import workloads
 from ir.builder import GraphBuilder
 from ir.graph import SOURCE_ROLES
 from ir.kernels import ITEMSIZE
-from ir.rewrites import RewriteError, place, random_rewrite, retile, split, split_reduction
+from ir.rewrites import RewriteError, place, random_rewrite, random_walk, retile, split, split_reduction
 from ir.zspace import ZRange
 
 SMALL = {
@@ -137,13 +137,7 @@ def random_plans(name, n_plans, steps, seed, n_devices=4):
     rng = np.random.default_rng(seed)
     g0 = workloads.build(name, **SMALL[name])
     for _ in range(n_plans):
-        g = g0
-        for _ in range(steps):
-            try:
-                g, _m = random_rewrite(g, rng, n_devices)
-            except RewriteError:
-                break
-        yield g
+        yield random_walk(g0, rng, n_devices, steps)
 
 
 @pytest.mark.parametrize("name", ["mlp", "transformer", "convnet"])

@@ -9,7 +9,7 @@ import pytest
 
 from ir import workloads
 from ir.graph import Graph
-from ir.rewrites import RewriteError, random_rewrite
+from ir.rewrites import RewriteError, random_walk
 
 SMALL = {
     "mlp": dict(batch=6, widths=(12, 20, 10)),
@@ -21,13 +21,7 @@ SMALL = {
 def random_plan(name: str, seed: int, n_devices: int = 4, steps: int = 14) -> Graph:
     """A small workload after ``steps`` random legal rewrites over ``n_devices`` devices."""
     rng = np.random.default_rng([seed, len(name)])
-    g = workloads.build(name, **SMALL[name])
-    for _ in range(steps):
-        try:
-            g, _move = random_rewrite(g, rng, n_devices)
-        except RewriteError:
-            pass
-    return g
+    return random_walk(workloads.build(name, **SMALL[name]), rng, n_devices, steps)
 
 
 def spread_plan(name: str, seed: int, n_devices: int = 4) -> Graph:

@@ -16,7 +16,7 @@ from executor.verify import TOLERANCE, rel_error
 from ir import workloads
 from ir.builder import GraphBuilder
 from ir.kernels import REGISTRY, get_kernel
-from ir.rewrites import RewriteError, fuse, place, random_rewrite, split, split_reduction
+from ir.rewrites import fuse, place, random_walk, split, split_reduction
 from ir.zspace import ZRange, project_boxes
 
 SMALL = {
@@ -87,13 +87,7 @@ def test_every_kernel_on_random_boxes_equals_numpy(cupy):
 
 def random_plan(name, seed, n_devices=4):
     rng = np.random.default_rng(seed)
-    g = workloads.build(name, **SMALL[name])
-    for _ in range(14):
-        try:
-            g, _ = random_rewrite(g, rng, n_devices)
-        except RewriteError:
-            pass
-    return g
+    return random_walk(workloads.build(name, **SMALL[name]), rng, n_devices, 14)
 
 
 @pytest.mark.parametrize("name", list(SMALL))

@@ -92,3 +92,20 @@ def test_random_lineage_replays_from_text(kit):
         assert parse_move(str(m)) == m
     replayed = parse_move("; ".join(lineage)).apply(g)
     assert replayed.digest == h.digest
+
+
+def test_random_walk_takes_legal_steps_and_stops_when_stuck():
+    import numpy as np
+
+    from ir import workloads
+    from ir.rewrites import random_walk, unshard
+    from ir.validate import validate
+
+    g0 = workloads.mlp(batch=8, widths=(16, 32, 16))
+    g = random_walk(g0, np.random.default_rng(1), 4, 12)
+    assert g.digest != g0.digest and not validate(g)
+    assert unshard(g).digest == unshard(g0).digest
+    assert random_walk(g0, np.random.default_rng(1), 4, 12).digest == g.digest  # same seed, same walk
+    assert random_walk(g0, np.random.default_rng(1), 4, 0) is g0
+    # only merges on an unsharded program: nothing is legal, the walk ends where it started
+    assert random_walk(g0, np.random.default_rng(1), 4, 5, weights={"merge": 1.0}) is g0
