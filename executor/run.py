@@ -14,17 +14,45 @@ import numpy as np
 
 from executor.backend import exec_dtype, get_backend
 from ir.graph import SOURCE_ROLES, Graph
-from ir.kernels import get_kernel
+from ir.kernels import INDEX_DTYPE, get_kernel
 from ir.zspace import ZRange, project_boxes
 
 
+def value_range(g: Graph, tensor: str) -> tuple[float, float] | None:
+    """The narrowest value range any reader's kernel declares for ``tensor`` (None: any value)."""
+    lo, hi = -np.inf, np.inf
+    for op, port in g.consumers.get(tensor, []):
+        o = g.ops[op]
+        if o.kernel == "fused":
+            continue
+        ins = {p: g.tensors[t].spec for p, t in o.inputs}
+        k = get_kernel(o.kernel)
+        r = k.value_range(port, ins, k.check_params(o.params))
+        if r is not None:
+            lo, hi = max(lo, r[0]), min(hi, r[1])
+    return None if np.isinf(lo) and np.isinf(hi) else (lo, hi)
+
+
 def random_inputs(g: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Deterministic inputs per tensor name: the same name gets the same values in any graph."""
+    """Deterministic inputs per tensor name: the same name gets the same values in any graph.
+
+    Values respect the readers' declared ranges (``Kernel.value_range``): token ids and labels
+    are valid indices, optimizer second moments are non-negative.
+    """
     out = {}
     for name, t in g.tensors.items():
         if t.role not in SOURCE_ROLES:
             continue
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        rng_range = value_range(g, name)
+        if t.dtype == INDEX_DTYPE:
+            lo, hi = rng_range if rng_range is not None else (0, 2**31 - 1)
+            out[name] = rng.integers(int(lo), int(hi), size=t.shape, dtype=np.int32)
+            continue
+        if rng_range is not None and np.isfinite(rng_range[0]) and np.isfinite(rng_range[1]):
+            out[name] = rng.uniform(rng_range[0], rng_range[1], size=t.shape).astype(
+                np.float32 if t.dtype == "bfloat16" else t.dtype)
+            continue
         scale = 1.0 / np.sqrt(t.shape[0]) if t.role == "parameter" and len(t.shape) >= 2 else 0.5
         a = rng.standard_normal(t.shape) * scale
         if name.endswith("_g"):  # layernorm gains near one

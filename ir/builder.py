@@ -38,6 +38,10 @@ class GraphBuilder:
     def parameter(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
         return self._add_tensor(Tensor(name, tuple(shape), dtype or self.dtype, "parameter"))
 
+    def state(self, name: str, shape: Sequence[int], dtype: str | None = None) -> str:
+        """A loop-carried non-parameter source (optimizer moments); see ``ir.graph``."""
+        return self._add_tensor(Tensor(name, tuple(shape), dtype or self.dtype, "state"))
+
     def op(self, kernel: str, name: str, inputs: dict[str, str], **params: Any) -> str:
         """Add an op reading ``inputs`` (port → tensor); returns its output tensor's name."""
         if name in self._ops:

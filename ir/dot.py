@@ -19,6 +19,7 @@ PALETTE = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b
            "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"]
 ROLE_STYLE = {"input": 'shape=box, style="rounded,filled", fillcolor="#e8f0fe"',
               "parameter": 'shape=note, style=filled, fillcolor="#f1f3f4"',
+              "state": 'shape=note, style=filled, fillcolor="#fce8e6"',
               "intermediate": "shape=box, style=rounded",
               "output": 'shape=box, style="rounded,filled,bold", fillcolor="#e6f4ea"'}
 

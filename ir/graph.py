@@ -3,8 +3,15 @@
 Node kinds and fields (the one place they are defined):
 
 - ``Tensor(name, shape, dtype, role)``: a whole logical tensor. ``role`` is ``input``
-  (activations fed in), ``parameter`` (weights), ``intermediate`` or ``output``. Inputs and
-  parameters have no producer; every other tensor has exactly one.
+  (activations fed in: the batch, targets, token ids), ``parameter`` (weights), ``state``
+  (optimizer state such as AdamW's moments), ``intermediate`` or ``output``. Inputs, parameters
+  and states are *sources*: they have no producer; every other tensor has exactly one.
+- **Loop-carried state.** A training step reads a parameter or state tensor ``P`` and writes its
+  next value into the output tensor ``P.next`` (``carried`` maps ``P -> P.next``). ``P`` then
+  lives where the shards of ``P.next``'s producer write it (the update op's sharding *is* the
+  state's layout: replicated = data parallel, sharded = ZeRO/FSDP), so reading a box of ``P`` on
+  another device is a transfer. Sources without a next value (the batch; weights of a forward-only
+  program) stay resident wherever they are read.
 - ``Op(name, kernel, params, inputs, output, shards)``: one block operation. ``inputs`` maps the
   kernel's port names to tensor names, ``output`` names the tensor it writes (port ``y``).
   ``params`` is plain JSON data (never mutated). The kernel's signature, derived from the input
@@ -33,8 +40,15 @@ from ir.kernels.base import Signature
 from ir.zspace import ZRange
 
 FORMAT = "tapestry-graph/1"
-ROLES = ("input", "parameter", "intermediate", "output")
-SOURCE_ROLES = ("input", "parameter")
+ROLES = ("input", "parameter", "state", "intermediate", "output")
+SOURCE_ROLES = ("input", "parameter", "state")
+STATE_ROLES = ("parameter", "state")
+NEXT_SUFFIX = ".next"
+
+
+def next_name(tensor: str) -> str:
+    """The name of a loop-carried tensor's next value (``W1`` -> ``W1.next``)."""
+    return tensor + NEXT_SUFFIX
 DTYPES_OK = DTYPES
 
 
@@ -167,6 +181,12 @@ class Graph:
             for port, t in o.inputs:
                 out.setdefault(t, []).append((o.name, port))
         return out
+
+    @cached_property
+    def carried(self) -> dict[str, str]:
+        """Loop-carried state: source ``P`` (parameter or state) -> its produced next value ``P.next``."""
+        return {n: next_name(n) for n, t in self.tensors.items()
+                if t.role in STATE_ROLES and next_name(n) in self.producers}
 
     @cached_property
     def topo_order(self) -> tuple[str, ...]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ir.kernels import contraction, conv, elementwise, fused, layout, reduce, rowwise
-from ir.kernels.base import (DTYPES, ELEMENTWISE, ITEMSIZE, MONOIDS, Kernel, Reduction, Signature, SignatureError,
+from ir.kernels.base import (DTYPES, ELEMENTWISE, FLOAT_DTYPES, INDEX_DTYPE, ITEMSIZE, MONOIDS, Kernel, Reduction,
+                             Signature, SignatureError,
                              TensorSpec)
 
 REGISTRY: dict[str, Kernel] = {
@@ -30,5 +31,5 @@ def cached_signature(kernel: str, params_key: str, in_specs: tuple[tuple[str, Te
     return get_kernel(kernel).signature(dict(in_specs), json.loads(params_key))
 
 
-__all__ = ["DTYPES", "ELEMENTWISE", "ITEMSIZE", "MONOIDS", "REGISTRY", "Kernel", "Reduction", "Signature",
+__all__ = ["DTYPES", "ELEMENTWISE", "FLOAT_DTYPES", "INDEX_DTYPE", "ITEMSIZE", "MONOIDS", "REGISTRY", "Kernel", "Reduction", "Signature",
            "SignatureError", "TensorSpec", "cached_signature", "get_kernel"]

@@ -28,8 +28,10 @@ import numpy as np
 
 from ir.zspace import Projection, ZRange, project_boxes
 
-DTYPES = ("float32", "float16", "bfloat16")
-ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+INDEX_DTYPE = "int32"  # token ids and labels; read only by a kernel's ``index_ports``
+DTYPES = FLOAT_DTYPES + (INDEX_DTYPE,)
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
 
 # Named kernel properties that rewrites query (tinygrad's GroupOp idea).
 ELEMENTWISE = "elementwise"  # index space = output shape, identity output projection
@@ -111,6 +113,9 @@ class Kernel:
     properties: ClassVar[frozenset[str]] = frozenset()
     kernel_class: ClassVar[str] = "default"  # efficiency class for the cost model
     params_defaults: ClassVar[Mapping[str, Any]] = {}
+    # Ports that take integer indices (int32: token ids, labels); every other port takes floats of
+    # one dtype. An index port's values are checked against ``value_range`` by the executor.
+    index_ports: ClassVar[tuple[str, ...]] = ()
 
     # -- to implement -------------------------------------------------------------------
     def base_signature(self, ins: Mapping[str, TensorSpec], params: Mapping[str, Any]) -> Signature:
@@ -122,6 +127,16 @@ class Kernel:
     def partial_compute(self, xp: Any, blocks: Mapping[str, Any], params: Mapping[str, Any], block: int) -> Any:
         """Compute for reduction block ``block`` of a split op (linear adds its bias once)."""
         return self.compute(xp, blocks, params)
+
+    def value_range(self, port: str, ins: Mapping[str, TensorSpec],
+                    params: Mapping[str, Any]) -> tuple[float, float] | None:
+        """The half-open range ``[lo, hi)`` of values port ``port`` accepts, or None for any value.
+
+        Index ports say which indices exist (embedding ids: ``[0, vocab)``); state ports of
+        optimizers say which values are meaningful (AdamW's second moment is >= 0). The executor
+        draws random inputs inside these ranges.
+        """
+        return None
 
     # -- shared machinery --------------------------------------------------------------
     def check_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,10 +156,12 @@ class Kernel:
                 f"kernel {self.name!r} takes inputs {list(self.inputs)}; "
                 + (f"missing {missing}" if missing else f"unexpected {extra}")
             )
-        dtypes = {s.dtype for s in ins.values()}
+        dtypes = {s.dtype for p, s in ins.items() if p not in self.index_ports}
         for port, spec in ins.items():
-            if spec.dtype not in DTYPES:
-                raise SignatureError(f"input {port!r} has dtype {spec.dtype!r}; allowed: {list(DTYPES)}")
+            allowed = (INDEX_DTYPE,) if port in self.index_ports else FLOAT_DTYPES
+            if spec.dtype not in allowed:
+                raise SignatureError(f"kernel {self.name!r} input {port!r} has dtype {spec.dtype!r}; "
+                                     f"allowed: {list(allowed)}")
             if len(spec.shape) == 0:
                 raise SignatureError(f"input {port!r} is 0-dimensional; tensors have rank >= 1")
         if len(dtypes) > 1:
