@@ -160,6 +160,16 @@ PRESETS: dict[str, Hardware] = {
         efficiency=dict(_DEFAULT_EFF),
         description="8 HGX H100 nodes (64 GPUs), NVLink inside a node, 400 Gb/s NDR InfiniBand per GPU across",
     ),
+    "h100-sxm-512": Hardware(
+        name="h100-sxm-512",
+        device=H100_SXM,
+        n_nodes=64,
+        devices_per_node=8,
+        intra_link=NVLINK4,
+        inter_link=IB_NDR_400,
+        efficiency=dict(_DEFAULT_EFF),
+        description="64 HGX H100 nodes (512 GPUs), NVLink inside a node, 400 Gb/s NDR InfiniBand per GPU across",
+    ),
     "cpu": Hardware(
         name="cpu",
         device=CPU_DEVICE,
