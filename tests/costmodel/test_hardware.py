@@ -11,7 +11,7 @@ from costmodel.presets import PRESETS, preset, preset_names
 
 
 def test_preset_names():
-    assert set(preset_names()) == {"h100-sxm-8", "h200-sxm-8", "h100-sxm-64", "cpu"}
+    assert set(preset_names()) == {"h100-sxm-8", "h200-sxm-8", "h100-sxm-64", "h100-sxm-512", "cpu"}
     assert preset("cpu") is PRESETS["cpu"]
 
 
