@@ -6,12 +6,14 @@ imports no other Tapestry package. Entry points:
 * :class:`Archive` - the driver's and tools' interface (see its contract docstring);
 * :func:`make_engine` - engines with the SQLite locking discipline and read-only modes;
 * :func:`run_readonly_query` / :func:`format_rows` - ``tapestry sql``;
+* :mod:`storage.records` - validation of stored records (results, front changes, measurements);
+* :mod:`storage.parquet` - Parquet export of a front;
 * :mod:`storage.errors` - every error raised here is a ``StorageError``;
 * :mod:`storage.migrate` - Alembic schema migrations, run when an archive is opened.
 """
 
 from storage import errors
-from storage.archive import OBJECTIVE_COLUMNS, Archive
+from storage.archive import Archive
 from storage.engine import make_engine
 from storage.errors import (
     ArchiveUnavailable,
@@ -26,6 +28,7 @@ from storage.errors import (
     SchemaError,
     StorageError,
 )
+from storage.records import OBJECTIVE_COLUMNS
 from storage.session import session_scope
 from storage.sql import format_rows, run_readonly_query
 

@@ -5,13 +5,10 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import re
 import shlex
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -33,8 +30,6 @@ from storage.errors import (
 from storage.migrate import check_at_head, upgrade
 from storage.models import (
     CAMPAIGN_STATUSES,
-    MEASUREMENT_BACKENDS,
-    MEASUREMENT_KINDS,
     Campaign,
     Candidate,
     Checkpoint,
@@ -43,6 +38,18 @@ from storage.models import (
     Measurement,
     utcnow,
 )
+from storage.parquet import write_front_parquet
+from storage.records import (
+    OBJECTIVE_COLUMNS,
+    FrontChange,
+    PreparedResults,
+    as_float,
+    as_int,
+    dumps_json,
+    prepare_front,
+    prepare_measurement,
+    prepare_results,
+)
 from storage.session import session_scope
 
 if TYPE_CHECKING:
@@ -50,29 +57,6 @@ if TYPE_CHECKING:
 
 __all__ = ["OBJECTIVE_COLUMNS", "Archive"]
 
-#: Objective keys of a result's ``objectives`` dict, one column each in ``evaluations``.
-OBJECTIVE_COLUMNS = ("makespan", "energy", "peak_memory", "devices", "bytes_moved")
-
-_RESULT_REQUIRED = frozenset({"digest", "graph_json", "objectives", "feasible", "seq"})
-_RESULT_OPTIONAL = frozenset(
-    {"parent_digest", "rewrite", "lower_bound", "gap", "worker", "eval_seconds", "evaluated_at"}
-)
-_MEASUREMENT_REQUIRED = frozenset(
-    {"plan_digest", "kind", "backend", "device_name", "measured_seconds"}
-)
-_MEASUREMENT_OPTIONAL = frozenset(
-    {
-        "campaign",
-        "op",
-        "shard",
-        "predicted_seconds",
-        "verified",
-        "max_rel_error",
-        "details",
-        "measured_at",
-    }
-)
-_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 # Keeps IN (...) lists well below SQLite's and PostgreSQL's bound-parameter limits.
 _IN_CHUNK = 500
 
@@ -215,13 +199,13 @@ class Archive:
         objective_list = [str(o) for o in objectives]
         if not objective_list:
             raise InvalidRecord(f"campaign {name!r}: objectives must name at least one objective")
-        point = [_float(v, f"campaign {name!r}: reference_point") for v in reference_point]
+        point = [as_float(v, f"campaign {name!r}: reference_point") for v in reference_point]
         if len(point) != len(objective_list) or not all(math.isfinite(v) for v in point):
             raise InvalidRecord(
                 f"campaign {name!r}: reference_point must hold one finite value per objective "
                 f"({len(objective_list)}: {', '.join(objective_list)}), got {list(reference_point)}"
             )
-        config_json = _dumps(dict(config), f"campaign {name!r}: config", allow_nan=False)
+        config_json = dumps_json(dict(config), f"campaign {name!r}: config", allow_nan=False)
         now = utcnow()
         with self._write(f"creating campaign {name!r}") as s:
             if s.scalar(select(Campaign.id).where(Campaign.name == name)) is not None:
@@ -281,7 +265,7 @@ class Archive:
 
         Raises ``CampaignNotFound``, ``InvalidRecord`` if the values are not JSON data.
         """
-        _dumps(dict(counters), f"counters of campaign {name!r}")
+        dumps_json(dict(counters), f"counters of campaign {name!r}")
         return self._modify_counters(name, lambda current: {**current, **counters})
 
     def increment_counters(self, name: str, deltas: Mapping[str, float]) -> dict[str, Any]:
@@ -321,7 +305,7 @@ class Archive:
 
         Raises ``CampaignNotFound``, ``InvalidRecord`` (naming the item and field).
         """
-        prepared = _prepare_results(campaign, batch)
+        prepared = prepare_results(campaign, batch)
         if not prepared.evaluations:
             return 0
         with self._write(f"add_results for campaign {campaign!r}") as s:
@@ -338,7 +322,7 @@ class Archive:
         Raises ``CampaignNotFound``, ``CandidateNotFound``, ``InvalidRecord`` (a digest in both
         lists).
         """
-        change = _prepare_front(campaign, entered, left, seq)
+        change = prepare_front(campaign, entered, left, seq)
         with self._write(f"update_front for campaign {campaign!r}") as s:
             # Lock the campaign row: concurrent front updates must not both add a member
             # (PostgreSQL; SQLite's BEGIN IMMEDIATE already serializes them).
@@ -364,8 +348,8 @@ class Archive:
 
         Raises ``CampaignNotFound``, ``CandidateNotFound``, ``InvalidRecord``.
         """
-        prepared = _prepare_results(campaign, results)
-        change: _FrontChange | None = None
+        prepared = prepare_results(campaign, results)
+        change: FrontChange | None = None
         if entered or left:
             if front_seq is None:
                 if not prepared.evaluations:
@@ -374,9 +358,9 @@ class Archive:
                         "when no results are given"
                     )
                 front_seq = max(int(e["seq"]) for _, e in prepared.evaluations)
-            change = _prepare_front(campaign, entered, left, front_seq)
+            change = prepare_front(campaign, entered, left, front_seq)
         if counters is not None:
-            _dumps(dict(counters), f"counters of campaign {campaign!r}")
+            dumps_json(dict(counters), f"counters of campaign {campaign!r}")
         with self._write(f"record_merge for campaign {campaign!r}") as s:
             row = self._campaign(s, campaign, lock=True)
             cid = int(row.id)
@@ -385,7 +369,7 @@ class Archive:
                 self._store_front(s, cid, campaign, change)
             if counters is not None:
                 merged = {**json.loads(row.counters_json), **counters}
-                row.counters_json = _dumps(merged, f"counters of campaign {campaign!r}")
+                row.counters_json = dumps_json(merged, f"counters of campaign {campaign!r}")
                 row.updated_at = utcnow()
             return inserted
 
@@ -574,53 +558,10 @@ class Archive:
 
         Raises ``CampaignNotFound``; ``StorageError`` if the file cannot be written.
         """
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         info = self.get_campaign(campaign)
-        front = self.current_front(campaign)
-        schema = pa.schema(
-            [
-                ("campaign", pa.string()),
-                ("digest", pa.string()),
-                ("rewrite", pa.string()),
-                ("parent_digest", pa.string()),
-                ("makespan", pa.float64()),
-                ("energy", pa.float64()),
-                ("peak_memory", pa.float64()),
-                ("devices", pa.int64()),
-                ("bytes_moved", pa.float64()),
-                ("feasible", pa.bool_()),
-                ("lower_bound", pa.float64()),
-                ("gap", pa.float64()),
-                ("entered_seq", pa.int64()),
-                ("entered_at", pa.timestamp("us", tz="UTC")),
-            ],
-            metadata={
-                "tapestry.campaign": campaign,
-                "tapestry.objectives": json.dumps(info["objectives"]),
-                "tapestry.reference_point": json.dumps(info["reference_point"]),
-            },
+        return write_front_parquet(
+            path, campaign, info["objectives"], info["reference_point"], self.current_front(campaign)
         )
-        columns: dict[str, list[Any]] = {name: [] for name in schema.names}
-        for row in front:
-            columns["campaign"].append(campaign)
-            for key in ("digest", "rewrite", "parent_digest", "feasible", "lower_bound", "gap"):
-                columns[key].append(row[key])
-            for key in OBJECTIVE_COLUMNS:
-                columns[key].append(row["objectives"][key])
-            columns["entered_seq"].append(row["entered_seq"])
-            columns["entered_at"].append(row["entered_at"])
-        table = pa.Table.from_pydict(columns, schema=schema)
-        target = Path(path)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, target)
-        except OSError as exc:
-            raise StorageError(
-                f"cannot write the front of {campaign!r} to {target}: {exc}"
-            ) from exc
-        return int(table.num_rows)
 
     # ------------------------------------------------------------------ measurements
 
@@ -638,7 +579,7 @@ class Archive:
         rows: list[tuple[str | None, dict[str, Any]]] = []
         now = utcnow()
         for index, record in enumerate(records):
-            rows.append(_prepare_measurement(record, f"measurement {index}", now))
+            rows.append(prepare_measurement(record, f"measurement {index}", now))
         if not rows:
             return 0
         with self._write("add_measurements") as s:
@@ -709,8 +650,8 @@ class Archive:
         ``state`` must be JSON data (archive digests, populations, RNG states such as numpy
         ``bit_generator.state`` dicts, counters). Raises ``CampaignNotFound``, ``InvalidRecord``.
         """
-        state_json = _dumps(dict(state), f"checkpoint state of campaign {campaign!r}")
-        seq = _int(seq, "checkpoint seq")
+        state_json = dumps_json(dict(state), f"checkpoint state of campaign {campaign!r}")
+        seq = as_int(seq, "checkpoint seq")
         with self._write(f"saving a checkpoint of campaign {campaign!r}") as s:
             cid = self._campaign_id(s, campaign)
             s.add(Checkpoint(campaign_id=cid, seq=seq, created_at=utcnow(), state_json=state_json))
@@ -813,7 +754,7 @@ class Archive:
             ids.update({d: int(i) for d, i in s.execute(stmt)})
         return ids
 
-    def _store_results(self, s: Session, cid: int, prepared: _PreparedResults) -> int:
+    def _store_results(self, s: Session, cid: int, prepared: PreparedResults) -> int:
         ids = self._candidate_ids(s, cid, list(prepared.candidates))
         fresh = [
             {**row, "campaign_id": cid} for d, row in prepared.candidates.items() if d not in ids
@@ -840,7 +781,7 @@ class Archive:
         )
         return inserted
 
-    def _store_front(self, s: Session, cid: int, campaign: str, change: _FrontChange) -> None:
+    def _store_front(self, s: Session, cid: int, campaign: str, change: FrontChange) -> None:
         now = utcnow()
         digests = change.entered + change.left
         ids = self._candidate_ids(s, cid, digests)
@@ -888,7 +829,7 @@ class Archive:
             # Row lock on PostgreSQL; on SQLite BEGIN IMMEDIATE already serializes writers.
             row = self._campaign(s, name, lock=True)
             merged = change(json.loads(row.counters_json))
-            row.counters_json = _dumps(merged, f"counters of campaign {name!r}")
+            row.counters_json = dumps_json(merged, f"counters of campaign {name!r}")
             row.updated_at = utcnow()
             return dict(merged)
 
@@ -914,207 +855,6 @@ def _chunks(values: Sequence[Any], size: int = _IN_CHUNK) -> Iterator[Sequence[A
     for start in range(0, len(values), size):
         yield values[start : start + size]
 
-
-def _dumps(value: Any, what: str, *, allow_nan: bool = True) -> str:
-    try:
-        return json.dumps(value, allow_nan=allow_nan, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidRecord(
-            f"{what} must be plain JSON data (dict, list, str, numbers): {exc}"
-        ) from exc
-
-
-def _float(value: Any, what: str) -> float:
-    if isinstance(value, bool):
-        raise InvalidRecord(f"{what} must be a number, got {value!r}")
-    try:
-        return float(value)
-    except (TypeError, ValueError) as exc:
-        raise InvalidRecord(f"{what} must be a number, got {value!r}") from exc
-
-
-def _objective(value: Any, what: str) -> float:
-    number = _float(value, what)
-    if math.isnan(number):
-        raise InvalidRecord(f"{what} is NaN; objectives must be numbers (inf is allowed)")
-    return number
-
-
-def _optional_float(value: Any, what: str) -> float | None:
-    if value is None:
-        return None
-    number = _float(value, what)
-    return None if math.isnan(number) else number  # NaN = unknown
-
-
-def _int(value: Any, what: str) -> int:
-    if isinstance(value, bool):
-        raise InvalidRecord(f"{what} must be an integer, got {value!r}")
-    try:
-        number = int(value)
-    except (TypeError, ValueError) as exc:
-        raise InvalidRecord(f"{what} must be an integer, got {value!r}") from exc
-    if number != value:
-        raise InvalidRecord(f"{what} must be an integer, got {value!r}")
-    return number
-
-
-def _digest(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not _DIGEST_RE.fullmatch(value):
-        raise InvalidRecord(
-            f"{what} must be a SHA-256 digest (64 lowercase hex digits), got {value!r}"
-        )
-    return value
-
-
-def _timestamp(value: Any, what: str, default: datetime) -> datetime:
-    if value is None:
-        return default
-    if not isinstance(value, datetime):
-        raise InvalidRecord(f"{what} must be a datetime, got {value!r}")
-    return value
-
-
-def _check_keys(
-    item: Mapping[str, Any], required: frozenset[str], optional: frozenset[str], where: str
-) -> None:
-    if not isinstance(item, Mapping):
-        raise InvalidRecord(f"{where} must be a dict, got {type(item).__name__}")
-    missing = sorted(required - item.keys())
-    unknown = sorted(set(item.keys()) - required - optional)
-    if missing or unknown:
-        parts = []
-        if missing:
-            parts.append(f"missing {', '.join(missing)}")
-        if unknown:
-            parts.append(f"unknown {', '.join(map(str, unknown))}")
-        raise InvalidRecord(
-            f"{where}: {'; '.join(parts)}. Expected keys: {', '.join(sorted(required))}, "
-            f"optional: {', '.join(sorted(optional))}"
-        )
-
-
-@dataclass(frozen=True)
-class _PreparedResults:
-    """A validated add_results batch: new-candidate rows by digest, evaluation rows in order."""
-
-    candidates: dict[str, dict[str, Any]]
-    evaluations: list[tuple[str, dict[str, Any]]]
-
-
-@dataclass(frozen=True)
-class _FrontChange:
-    entered: list[str]
-    left: list[str]
-    seq: int
-
-
-def _prepare_results(campaign: str, batch: Iterable[Mapping[str, Any]]) -> _PreparedResults:
-    # Validate and compress before the transaction, so the write lock is held briefly.
-    candidates: dict[str, dict[str, Any]] = {}
-    evaluations: list[tuple[str, dict[str, Any]]] = []
-    now = utcnow()
-    for index, item in enumerate(batch):
-        where = f"add_results item {index} of campaign {campaign!r}"
-        digest, candidate, evaluation = _prepare_result(item, where, now)
-        candidates.setdefault(digest, candidate)
-        evaluations.append((digest, evaluation))
-    return _PreparedResults(candidates, evaluations)
-
-
-def _prepare_front(
-    campaign: str, entered: Sequence[str], left: Sequence[str], seq: int
-) -> _FrontChange:
-    entered_list, left_list = list(dict.fromkeys(entered)), list(dict.fromkeys(left))
-    both = set(entered_list) & set(left_list)
-    if both:
-        raise InvalidRecord(
-            f"update_front for campaign {campaign!r}: digests both enter and leave the front: "
-            f"{', '.join(sorted(both)[:3])}"
-        )
-    return _FrontChange(entered_list, left_list, _int(seq, "update_front seq"))
-
-
-def _prepare_result(
-    item: Mapping[str, Any], where: str, now: datetime
-) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    _check_keys(item, _RESULT_REQUIRED, _RESULT_OPTIONAL, where)
-    digest = _digest(item["digest"], f"{where}: digest")
-    parent = item.get("parent_digest")
-    if parent is not None:
-        _digest(parent, f"{where}: parent_digest")
-    graph_json = item["graph_json"]
-    if not isinstance(graph_json, str):
-        raise InvalidRecord(f"{where}: graph_json must be the graph's JSON text (str)")
-    rewrite = item.get("rewrite")
-    objectives = item["objectives"]
-    if not isinstance(objectives, Mapping) or set(objectives) != set(OBJECTIVE_COLUMNS):
-        got = sorted(objectives) if isinstance(objectives, Mapping) else objectives
-        raise InvalidRecord(
-            f"{where}: objectives must be a dict with exactly {', '.join(OBJECTIVE_COLUMNS)}; "
-            f"got {got!r}"
-        )
-    candidate = {
-        "digest": digest,
-        "graph_zlib": zlib.compress(graph_json.encode("utf-8"), 6),
-        "parent_digest": parent,
-        "rewrite": None if rewrite is None else str(rewrite),
-        "created_at": now,
-    }
-    evaluation: dict[str, Any] = {
-        key: _objective(objectives[key], f"{where}: objectives.{key}")
-        for key in OBJECTIVE_COLUMNS
-        if key != "devices"
-    }
-    evaluation["devices"] = _int(objectives["devices"], f"{where}: objectives.devices")
-    worker = item.get("worker")
-    evaluation.update(
-        feasible=bool(item["feasible"]),
-        lower_bound=_optional_float(item.get("lower_bound"), f"{where}: lower_bound"),
-        gap=_optional_float(item.get("gap"), f"{where}: gap"),
-        worker=None if worker is None else str(worker),
-        eval_seconds=_optional_float(item.get("eval_seconds"), f"{where}: eval_seconds"),
-        evaluated_at=_timestamp(item.get("evaluated_at"), f"{where}: evaluated_at", now),
-        seq=_int(item["seq"], f"{where}: seq"),
-    )
-    return digest, candidate, evaluation
-
-
-def _prepare_measurement(
-    record: Mapping[str, Any], where: str, now: datetime
-) -> tuple[str | None, dict[str, Any]]:
-    _check_keys(record, _MEASUREMENT_REQUIRED, _MEASUREMENT_OPTIONAL, where)
-    kind, backend = record["kind"], record["backend"]
-    if kind not in MEASUREMENT_KINDS:
-        raise InvalidRecord(f"{where}: kind {kind!r} is not one of {', '.join(MEASUREMENT_KINDS)}")
-    if backend not in MEASUREMENT_BACKENDS:
-        raise InvalidRecord(
-            f"{where}: backend {backend!r} is not one of {', '.join(MEASUREMENT_BACKENDS)}"
-        )
-    plan_digest = record["plan_digest"]
-    if not isinstance(plan_digest, str) or not 0 < len(plan_digest) <= 64:
-        raise InvalidRecord(f"{where}: plan_digest must be a digest string, got {plan_digest!r}")
-    campaign = record.get("campaign")
-    shard = record.get("shard")
-    verified = record.get("verified")
-    op = record.get("op")
-    row = {
-        "plan_digest": plan_digest,
-        "kind": kind,
-        "backend": backend,
-        "device_name": str(record["device_name"]),
-        "op": None if op is None else str(op),
-        "shard": None if shard is None else _int(shard, f"{where}: shard"),
-        "measured_seconds": _objective(record["measured_seconds"], f"{where}: measured_seconds"),
-        "predicted_seconds": _optional_float(
-            record.get("predicted_seconds"), f"{where}: predicted_seconds"
-        ),
-        "verified": None if verified is None else bool(verified),
-        "max_rel_error": _optional_float(record.get("max_rel_error"), f"{where}: max_rel_error"),
-        "details_json": _dumps(dict(record.get("details") or {}), f"{where}: details"),
-        "measured_at": _timestamp(record.get("measured_at"), f"{where}: measured_at", now),
-    }
-    return (None if campaign is None else str(campaign)), row
 
 
 def _campaign_dict(row: Campaign) -> dict[str, Any]:
