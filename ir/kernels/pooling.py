@@ -1,0 +1,73 @@
+"""2-D pooling over NCHW: ``maxpool2d`` and ``avgpool2d`` (window, stride, zero padding).
+
+Index dims ``(n, c, oh, ow)``; the input projection for ``oh`` is ``[oh·stride - pad,
+oh·stride - pad + kh)`` as in ``ir.kernels.conv``: shards of neighbouring rows overlap by the
+halo. Padding reads zeros (the executor pads), which is right for ``avgpool2d`` counting the
+padding (ONNX ``count_include_pad=1``) and wrong for a max, so ``maxpool2d`` takes no padding.
+Global average pooling is ``avgpool2d`` with the whole plane as its window.
+"""
+
+from __future__ import annotations
+
+from ir.kernels.base import Kernel, Signature, SignatureError, TensorSpec, unit_row
+from ir.zspace import Projection, identity_projection
+
+
+class Pool2d(Kernel):
+    inputs = ("x",)
+    kernel_class = "elementwise"
+    params_defaults = {"window": [2, 2], "stride": [2, 2], "padding": 0}
+    allow_padding = True
+
+    def base_signature(self, ins, params):
+        x = ins["x"].shape
+        k, st, pad = params["window"], params["stride"], params["padding"]
+        ok = (isinstance(k, (list, tuple)) and len(k) == 2 and isinstance(st, (list, tuple)) and len(st) == 2
+              and all(isinstance(v, int) and v >= 1 for v in (*k, *st)) and isinstance(pad, int) and pad >= 0)
+        if len(x) != 4 or not ok:
+            raise SignatureError(f"{self.name} needs x[N, C, H, W], window [kh, kw] and stride [sh, sw] >= 1 and "
+                                 f"padding >= 0; got x{list(x)}, window={k!r}, stride={st!r}, padding={pad!r}")
+        if pad and not self.allow_padding:
+            raise SignatureError(f"{self.name} takes no padding (padding cells read zeros, not -inf)")
+        oh = (x[2] + 2 * pad - k[0]) // st[0] + 1
+        ow = (x[3] + 2 * pad - k[1]) // st[1] + 1
+        if oh < 1 or ow < 1:
+            raise SignatureError(f"{self.name} output would be empty for x{list(x)} and window {list(k)}")
+        rows = (unit_row(4, 0), unit_row(4, 1), tuple(st[0] * int(c == 2) for c in range(4)),
+                tuple(st[1] * int(c == 3) for c in range(4)))
+        out = (x[0], x[1], oh, ow)
+        return Signature(("n", "c", "oh", "ow"), out, {"x": Projection(rows, (0, 0, -pad, -pad), (1, 1, k[0], k[1]))},
+                         identity_projection(4), TensorSpec(out, ins["x"].dtype), float(k[0] * k[1]))
+
+    def windows(self, x, params):
+        (kh, kw), (sh, sw) = params["window"], params["stride"]
+        oh = (x.shape[2] - kh) // sh + 1
+        ow = (x.shape[3] - kw) // sw + 1
+        for i in range(kh):
+            for j in range(kw):
+                yield x[:, :, i: i + sh * (oh - 1) + 1: sh, j: j + sw * (ow - 1) + 1: sw]
+
+
+class MaxPool2d(Pool2d):
+    name = "maxpool2d"
+    allow_padding = False
+
+    def compute(self, xp, blocks, params):
+        y = None
+        for win in self.windows(blocks["x"], params):
+            y = win if y is None else xp.maximum(y, win)
+        return y
+
+
+class AvgPool2d(Pool2d):
+    name = "avgpool2d"
+
+    def compute(self, xp, blocks, params):
+        y = None
+        for win in self.windows(blocks["x"], params):
+            y = win if y is None else y + win
+        kh, kw = params["window"]
+        return y * (1.0 / (kh * kw))
+
+
+KERNELS = (MaxPool2d, AvgPool2d)

@@ -1,0 +1,109 @@
+"""Selection kernels for imported programs: where, concat and slice.
+
+- ``where(c, a, b)``: ``a`` where ``c != 0`` else ``b``, numpy broadcasting of all three (the
+  condition is a float mask: the IR has no boolean dtype). Elementwise.
+- ``concat(a, b, axis)``: index dims are the output's dims without ``axis``; both inputs and the
+  output are read and written whole along ``axis`` (hidden in the projection shapes), so a concat
+  never splits along its axis and each shard writes one contiguous box. Concats of more than two
+  tensors are chains of two-input concats.
+- ``slice(x, axis, start, stop, step)``: index space = output shape; the input projection along
+  ``axis`` is ``step·i + start`` (affine), so any shard reads exactly the cells it needs.
+"""
+
+from __future__ import annotations
+
+from ir.kernels.base import ELEMENTWISE, Kernel, Signature, SignatureError, TensorSpec, broadcast_shape, \
+    unit_row, zero_row
+from ir.kernels.elementwise import broadcast_projection, elementwise_dims
+from ir.zspace import Projection, identity_projection
+
+
+class Where(Kernel):
+    name = "where"
+    inputs = ("c", "a", "b")
+    properties = frozenset({ELEMENTWISE})
+    kernel_class = "elementwise"
+
+    def base_signature(self, ins, params):
+        out = broadcast_shape([ins["c"].shape, ins["a"].shape, ins["b"].shape])
+        return Signature(elementwise_dims(len(out)), out,
+                         {p: broadcast_projection(ins[p].shape, out) for p in self.inputs},
+                         identity_projection(len(out)), TensorSpec(out, ins["a"].dtype), 1.0)
+
+    def compute(self, xp, blocks, params):
+        return xp.where(blocks["c"] != 0, blocks["a"], blocks["b"])
+
+
+def _axis(params, rank: int, kernel: str) -> int:
+    a = params["axis"]
+    if not isinstance(a, int) or isinstance(a, bool) or not -rank <= a < rank:
+        raise SignatureError(f"{kernel} axis {a!r} is out of range for rank {rank}")
+    return a % rank
+
+
+def _whole_along(shape: tuple[int, ...], axis: int) -> Projection:
+    """Identity on every dim but ``axis``, which is read whole (index dims skip ``axis``)."""
+    n = len(shape) - 1
+    rows, s = [], []
+    for k, ext in enumerate(shape):
+        if k == axis:
+            rows.append(zero_row(n))
+            s.append(ext)
+        else:
+            rows.append(unit_row(n, k if k < axis else k - 1))
+            s.append(1)
+    return Projection(tuple(rows), (0,) * len(shape), tuple(s))
+
+
+class Concat(Kernel):
+    name = "concat"
+    inputs = ("a", "b")
+    kernel_class = "elementwise"
+    params_defaults = {"axis": 0}
+
+    def base_signature(self, ins, params):
+        a, b = ins["a"].shape, ins["b"].shape
+        if len(a) != len(b):
+            raise SignatureError(f"concat needs inputs of one rank, got {list(a)} and {list(b)}")
+        ax = _axis(params, len(a), "concat")
+        if a[:ax] + a[ax + 1:] != b[:ax] + b[ax + 1:]:
+            raise SignatureError(f"concat along axis {ax} needs equal other dims, got {list(a)} and {list(b)}")
+        out = a[:ax] + (a[ax] + b[ax],) + a[ax + 1:]
+        dims = tuple(f"d{k}" for k in range(len(out)) if k != ax)
+        return Signature(dims, out[:ax] + out[ax + 1:], {"a": _whole_along(a, ax), "b": _whole_along(b, ax)},
+                         _whole_along(out, ax), TensorSpec(out, ins["a"].dtype), 0.0)
+
+    def compute(self, xp, blocks, params):
+        return xp.concatenate([blocks["a"], blocks["b"]], axis=params["axis"])
+
+
+class Slice(Kernel):
+    name = "slice"
+    inputs = ("x",)
+    kernel_class = "elementwise"
+    params_defaults = {"axis": 0, "start": 0, "stop": None, "step": 1}
+
+    def base_signature(self, ins, params):
+        shape = ins["x"].shape
+        ax = _axis(params, len(shape), "slice")
+        start, stop, step = params["start"], params["stop"], params["step"]
+        stop = shape[ax] if stop is None else stop
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop, step)) or step < 1 \
+                or not 0 <= start < stop <= shape[ax]:
+            raise SignatureError(f"slice needs integers 0 <= start < stop <= {shape[ax]} and step >= 1 along axis "
+                                 f"{ax}, got start={start!r}, stop={params['stop']!r}, step={step!r}")
+        n = len(shape)
+        out = shape[:ax] + ((stop - start + step - 1) // step,) + shape[ax + 1:]
+        rows = tuple(tuple(step * int(c == k) if k == ax else int(c == k) for c in range(n)) for k in range(n))
+        b = tuple(start if k == ax else 0 for k in range(n))
+        return Signature(elementwise_dims(n), out, {"x": Projection(rows, b, (1,) * n)}, identity_projection(n),
+                         TensorSpec(out, ins["x"].dtype), 0.0)
+
+    def compute(self, xp, blocks, params):
+        x = blocks["x"]
+        idx = [slice(None)] * x.ndim
+        idx[params["axis"] % x.ndim] = slice(None, None, params["step"])
+        return x[tuple(idx)]
+
+
+KERNELS = (Where, Concat, Slice)
