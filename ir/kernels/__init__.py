@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ir.kernels import contraction, conv, elementwise, fused, layout, reduce, rowwise
+from ir.kernels import (contraction, conv, elementwise, embedding, fused, layout, loss, optim, position, reduce,
+                        rowwise)
+from ir.kernels import batchnorm, mathfn, pooling, select, shape  # kernels that imported programs use
 from ir.kernels.base import (DTYPES, ELEMENTWISE, FLOAT_DTYPES, INDEX_DTYPE, ITEMSIZE, MONOIDS, Kernel, Reduction,
                              Signature, SignatureError,
                              TensorSpec)
 
 REGISTRY: dict[str, Kernel] = {
     cls.name: cls()
-    for family in (elementwise, contraction, rowwise, reduce, layout, conv, fused)
+    for family in (elementwise, contraction, rowwise, reduce, layout, conv, fused, embedding, position, loss, optim,
+                   mathfn, select, shape, pooling, batchnorm)
     for cls in family.KERNELS
 }
 

@@ -6,9 +6,10 @@ leading dims) gets zero rows: every index point along that dim reads the same ce
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
-from ir.kernels.base import (ELEMENTWISE, Kernel, Signature, SignatureError, TensorSpec, broadcast_shape,
+from ir.kernels.base import (ELEMENTWISE, FLOAT_DTYPES, Kernel, Signature, SignatureError, TensorSpec, broadcast_shape,
                              gelu, identity_rows, unit_row, zero_row)
 from ir.zspace import Projection, identity_projection
 
@@ -70,6 +71,50 @@ class Tanh(Unary):
         return xp.tanh(blocks["x"])
 
 
+class Silu(Unary):
+    """``x · sigmoid(x)`` (SiLU / swish; Elfwing et al. 2018), the gate of SwiGLU."""
+
+    name = "silu"
+    flops = 5.0
+
+    def compute(self, xp, blocks, params):
+        x = blocks["x"]
+        return x / (1.0 + xp.exp(-x))
+
+
+class Scale(Unary):
+    """``alpha · x``: negation and constant factors of the backward."""
+
+    name = "scale"
+    params_defaults = {"alpha": 1.0}
+
+    def compute(self, xp, blocks, params):
+        return blocks["x"] * params["alpha"]
+
+
+class Cast(Unary):
+    """``x`` converted to ``params["dtype"]`` (mixed precision: fp32 master weights -> bf16 copies)."""
+
+    name = "cast"
+    flops = 0.0
+    params_defaults = {"dtype": "float32"}
+
+    def base_signature(self, ins, params):
+        if params["dtype"] not in FLOAT_DTYPES:
+            raise SignatureError(f"cast dtype {params['dtype']!r} must be one of {list(FLOAT_DTYPES)}")
+        sig = super().base_signature(ins, params)
+        return Signature(sig.dims, sig.extents, sig.inputs, sig.output,
+                         TensorSpec(sig.out_spec.shape, params["dtype"]), sig.flops_per_point)
+
+    def compute(self, xp, blocks, params):
+        return blocks["x"].astype(exec_dtype(xp, params["dtype"]))
+
+
+def exec_dtype(xp: Any, dtype: str) -> Any:
+    # bfloat16 executes as float32 (NumPy and CuPy have no bfloat16), as in ``executor.backend``.
+    return xp.float32 if dtype == "bfloat16" else getattr(xp, dtype)
+
+
 class Binary(Kernel):
     inputs = ("a", "b")
     properties = frozenset({ELEMENTWISE})
@@ -111,6 +156,62 @@ class Div(Binary):
         return blocks["a"] / blocks["b"]
 
 
-KERNELS = (Relu, Gelu, Exp, Tanh, Add, Sub, Mul, Div)
+class GradBinary(Kernel):
+    """``dx = dy · f'(x)`` for a unary ``f``: ports ``dy`` and ``x`` (or the forward output)."""
+
+    inputs = ("dy", "x")
+    properties = frozenset({ELEMENTWISE})
+    kernel_class = "elementwise"
+    flops = 4.0
+
+    def base_signature(self, ins, params):
+        dy, x = ins["dy"], ins["x"]
+        if dy.shape != x.shape:
+            raise SignatureError(f"{self.name} needs dy and x of one shape, got {dy.shape} and {x.shape}")
+        n = len(x.shape)
+        return Signature(elementwise_dims(n), x.shape, {"dy": identity_projection(n), "x": identity_projection(n)},
+                         identity_projection(n), dy, self.flops)
+
+
+class ReluGrad(GradBinary):
+    name = "relu_grad"
+
+    def compute(self, xp, blocks, params):
+        return blocks["dy"] * (blocks["x"] > 0)
+
+
+class GeluGrad(GradBinary):
+    """Derivative of the tanh-approximated GELU of ``ir.kernels.base.gelu``."""
+
+    name = "gelu_grad"
+
+    def compute(self, xp, blocks, params):
+        x = blocks["x"]
+        c = math.sqrt(2.0 / math.pi)
+        t = xp.tanh(c * (x + 0.044715 * x * x * x))
+        d = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x)
+        return blocks["dy"] * d
+
+
+class SiluGrad(GradBinary):
+    name = "silu_grad"
+
+    def compute(self, xp, blocks, params):
+        x = blocks["x"]
+        sg = 1.0 / (1.0 + xp.exp(-x))
+        return blocks["dy"] * sg * (1.0 + x * (1.0 - sg))
+
+
+class TanhGrad(GradBinary):
+    """Reads the forward *output* ``y = tanh(x)`` on port ``x``: ``dx = dy · (1 - y²)``."""
+
+    name = "tanh_grad"
+
+    def compute(self, xp, blocks, params):
+        y = blocks["x"]
+        return blocks["dy"] * (1.0 - y * y)
+
+
+KERNELS = (Relu, Gelu, Exp, Tanh, Silu, Scale, Cast, Add, Sub, Mul, Div, ReluGrad, GeluGrad, SiluGrad, TanhGrad)
 
 __all__ = ["KERNELS", "broadcast_projection", "elementwise_dims", "SignatureError", "identity_rows"]

@@ -1,4 +1,4 @@
-"""Row-wise kernels over the last dimension: softmax and layernorm.
+"""Row-wise kernels over the last dimension: softmax, layernorm, rmsnorm and their backward.
 
 The last dimension is read whole by every index point (it hides in the projection shape), so
 it cannot be split: the index space is the leading dims only.
@@ -52,15 +52,119 @@ class LayerNorm(Kernel):
         for port in ("gamma", "beta"):
             if ins[port].shape != (n,):
                 raise SignatureError(f"layernorm {port} must have shape ({n},), got {ins[port].shape}")
-        lead = len(x.shape) - 1
-        vec = Projection((zero_row(lead),), (0,), (n,))
+        vec = _vector(x.shape)
         return _row_signature(x, 8.0, {"gamma": vec, "beta": vec})
 
     def compute(self, xp, blocks, params):
-        x = blocks["x"]
+        return normalized(xp, blocks["x"], "layer", params["eps"]) * blocks["gamma"] + blocks["beta"]
+
+
+class RMSNorm(Kernel):
+    """``x / sqrt(mean(x²) + eps) · gamma`` over the last dimension (Zhang & Sennrich 2019)."""
+
+    name = "rmsnorm"
+    inputs = ("x", "gamma")
+    kernel_class = "rowwise"
+    params_defaults = {"eps": 1e-6}
+
+    def base_signature(self, ins, params):
+        x = ins["x"]
+        n = x.shape[-1]
+        if ins["gamma"].shape != (n,):
+            raise SignatureError(f"rmsnorm gamma must have shape ({n},), got {ins['gamma'].shape}")
+        return _row_signature(x, 4.0, {"gamma": _vector(x.shape)})
+
+    def compute(self, xp, blocks, params):
+        return normalized(xp, blocks["x"], "rms", params["eps"]) * blocks["gamma"]
+
+
+def _vector(shape: tuple[int, ...]) -> Projection:
+    """Every row reads the whole per-feature vector (gamma, beta)."""
+    return Projection((zero_row(len(shape) - 1),), (0,), (shape[-1],))
+
+
+def normalized(xp, x, kind: str, eps: float):
+    """``x̂``: (x - mean)/std for layernorm, x/rms for rmsnorm, over the last axis."""
+    if kind == "rms":
+        return x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
+    mu = xp.mean(x, axis=-1, keepdims=True)
+    return (x - mu) / xp.sqrt(xp.mean((x - mu) ** 2, axis=-1, keepdims=True) + eps)
+
+
+class Normalize(Kernel):
+    """``x̂`` of layernorm (``kind="layer"``) or rmsnorm (``kind="rms"``): what the gamma gradient reads."""
+
+    name = "normalize"
+    inputs = ("x",)
+    kernel_class = "rowwise"
+    params_defaults = {"kind": "layer", "eps": 1e-5}
+
+    def base_signature(self, ins, params):
+        if params["kind"] not in ("layer", "rms"):
+            raise SignatureError(f"normalize kind {params['kind']!r} must be 'layer' or 'rms'")
+        return _row_signature(ins["x"], 5.0, {})
+
+    def compute(self, xp, blocks, params):
+        return normalized(xp, blocks["x"], params["kind"], params["eps"])
+
+
+class RowGrad(Kernel):
+    """Backward of a row-wise kernel: every port reads whole rows of a tensor shaped like ``dy``."""
+
+    kernel_class = "rowwise"
+    flops = 8.0
+
+    def base_signature(self, ins, params):
+        dy = ins["dy"]
+        extra = {}
+        for port in self.inputs[1:]:
+            spec = ins[port]
+            if port == "gamma":
+                if spec.shape != dy.shape[-1:]:
+                    raise SignatureError(f"{self.name} gamma must have shape ({dy.shape[-1]},), got {spec.shape}")
+                extra[port] = _vector(dy.shape)
+            elif spec.shape != dy.shape:
+                raise SignatureError(f"{self.name} needs {port} shaped like dy {dy.shape}, got {spec.shape}")
+            else:
+                extra[port] = row_projection(dy.shape)
+        sig = _row_signature(dy, self.flops, extra)
+        return Signature(sig.dims, sig.extents, {"dy": sig.inputs["x"], **extra}, sig.output, sig.out_spec,
+                         sig.flops_per_point)
+
+
+class SoftmaxGrad(RowGrad):
+    """``dx = y · (dy - Σ dy·y)`` with ``y`` the softmax output."""
+
+    name = "softmax_grad"
+    inputs = ("dy", "y")
+
+    def compute(self, xp, blocks, params):
+        dy, y = blocks["dy"], blocks["y"]
+        return y * (dy - xp.sum(dy * y, axis=-1, keepdims=True))
+
+
+class NormGrad(RowGrad):
+    """``dx`` of layernorm / rmsnorm from ``dy``, the forward input ``x`` and ``gamma``.
+
+    With ``g = dy·gamma`` and ``r = 1/std`` (or ``1/rms``): layernorm
+    ``dx = r·(g - mean(g) - x̂·mean(g·x̂))``, rmsnorm ``dx = r·(g - x̂·mean(g·x̂))``.
+    """
+
+    name = "norm_grad"
+    inputs = ("dy", "x", "gamma")
+    params_defaults = {"kind": "layer", "eps": 1e-5}
+
+    def compute(self, xp, blocks, params):
+        x, g = blocks["x"], blocks["dy"] * blocks["gamma"]
+        eps = params["eps"]
+        if params["kind"] == "rms":
+            r = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
+            xh = x * r
+            return r * (g - xh * xp.mean(g * xh, axis=-1, keepdims=True))
         mu = xp.mean(x, axis=-1, keepdims=True)
-        var = xp.mean((x - mu) ** 2, axis=-1, keepdims=True)
-        return (x - mu) / xp.sqrt(var + params["eps"]) * blocks["gamma"] + blocks["beta"]
+        r = 1.0 / xp.sqrt(xp.mean((x - mu) ** 2, axis=-1, keepdims=True) + eps)
+        xh = (x - mu) * r
+        return r * (g - xp.mean(g, axis=-1, keepdims=True) - xh * xp.mean(g * xh, axis=-1, keepdims=True))
 
 
-KERNELS = (Softmax, LayerNorm)
+KERNELS = (Softmax, LayerNorm, RMSNorm, Normalize, SoftmaxGrad, NormGrad)

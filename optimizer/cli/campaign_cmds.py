@@ -20,8 +20,8 @@ def run_cmd(
     quiet: Annotated[bool, typer.Option(help="no progress display")] = False,
 ) -> None:
     """Start a campaign and search until its budget is spent (Ctrl-C pauses; resume continues)."""
-    from optimizer.campaign import run_campaign
-    from optimizer.config import load_config
+    from optimizer.campaign.lifecycle import run_campaign
+    from optimizer.campaign.config import load_config
 
     res = run_campaign(load_config(config), db, scheduler, workers, quiet)
     _report(res)
@@ -44,7 +44,7 @@ def resume_cmd(
     quiet: Annotated[bool, typer.Option(help="no progress display")] = False,
 ) -> None:
     """Continue a campaign where it stopped, with the same random streams."""
-    from optimizer.campaign import resume_campaign
+    from optimizer.campaign.lifecycle import resume_campaign
 
     _report(resume_campaign(campaign, db, config, evaluations, wall_time, scheduler, workers, quiet))
 
@@ -57,8 +57,8 @@ def status_cmd(
     """Progress, front, hypervolume and best gap of a campaign (or a list of all campaigns)."""
     from rich.table import Table
 
-    from optimizer.campaign import campaign_status
-    from optimizer.progress import fmt_bytes, fmt_seconds
+    from optimizer.campaign.lifecycle import campaign_status
+    from optimizer.campaign.progress import fmt_bytes, fmt_seconds
 
     st = campaign_status(db, campaign)
     if json_out:
@@ -101,7 +101,7 @@ def export_cmd(
     db: Annotated[Optional[str], typer.Option(help=DB_HELP)] = None,
 ) -> None:
     """Write the front's plans (JSON + SVG), front.parquet, pareto.png and summary.md."""
-    from optimizer.export import export_campaign
+    from optimizer.campaign.export import export_campaign
 
     res = export_campaign(campaign, out, db)
     console.print(f"exported {res['plans']} plans to {res['out']}")
@@ -114,7 +114,7 @@ def sql_cmd(
     limit: Annotated[Optional[int], typer.Option(help="at most this many rows")] = None,
 ) -> None:
     """Query the archive read-only (writes are refused and change nothing)."""
-    from optimizer.campaign import resolve_url
+    from optimizer.campaign.lifecycle import resolve_url
     from optimizer.cli.errors import UserError
     from storage import format_rows, run_readonly_query
 

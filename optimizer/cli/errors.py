@@ -20,8 +20,8 @@ USER_ERRORS = (
     "executor.backend.BackendError",
     "costmodel.hardware.HardwareError",
     "storage.errors.StorageError",
-    "optimizer.config.ConfigError",
-    "optimizer.cluster.ClusterError",
+    "optimizer.campaign.config.ConfigError",
+    "optimizer.campaign.cluster.ClusterError",
 )
 
 

@@ -46,9 +46,9 @@ def calibrate_cmd(
 
     Times a spread of kernels and shard sizes (median of --repeats), fits the efficiency factors and launch overheads per kernel class, prints measured vs model before and after, and writes --out as the preset plus overrides; campaigns use it as 'hardware: FILE.yaml'.
     """
-    from costmodel.hardware import load_hardware, save_hardware
+    from costmodel.hardware_io import load_hardware, save_hardware
     from costmodel.presets import PRESETS
-    from optimizer.calibration import run_calibration
+    from optimizer.realrun.calibration import run_calibration
 
     if not hardware:
         raise UserError("calibrate needs --hardware: a preset (e.g. cpu for --backend numpy, h100-sxm-8 for cupy) "
@@ -116,7 +116,7 @@ def execute_cmd(
     Plan device i runs on worker i mod n; between workers move exactly the boxes of the cost model's transfers. Exit status 0 on PASS, 1 on FAIL.
     """
     from executor.device_run import IncompleteCommunication
-    from optimizer.grid import GridError, grid_client, run_plan_on_grid
+    from optimizer.realrun.grid import GridError, grid_client, run_plan_on_grid
 
     if workers is not None and workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")

@@ -20,6 +20,7 @@ import scipy.special
 from ir.kernels import REGISTRY, SignatureError, TensorSpec, get_kernel
 from ir.kernels.base import Signature
 from ir.zspace import ZRange
+from tests.ir.kernel_cases_training import training_cases
 
 # -- independent references ----------------------------------------------------------------------
 
@@ -55,6 +56,7 @@ class Case:
     positive: tuple[str, ...] = ()  # ports fed strictly positive values (divisors)
     pads: bool = False  # input boxes may reach past the tensor (conv halos)
     extra: dict = field(default_factory=dict)
+    ints: dict[str, int] = field(default_factory=dict)  # int32 index ports: values in [0, high)
 
 
 def _fused_linear_relu():
@@ -119,12 +121,13 @@ CASES = [
          lambda i: conv2d_naive(i["x"], i["w"], 1, 2), pads=True),
     _fused_linear_relu(),
     _fused_softmax_mul_add(),
+    *training_cases(Case),
 ]
 IDS = [c.id for c in CASES]
 
 
 def specs(case: Case, dtype: str = "float32") -> dict[str, TensorSpec]:
-    return {p: TensorSpec(s, dtype) for p, s in case.shapes.items()}
+    return {p: TensorSpec(s, "int32" if p in case.ints else dtype) for p, s in case.shapes.items()}
 
 
 def data(case: Case, seed: int = 0) -> dict[str, np.ndarray]:
@@ -132,12 +135,14 @@ def data(case: Case, seed: int = 0) -> dict[str, np.ndarray]:
     out = {p: rng.standard_normal(s) for p, s in case.shapes.items()}
     for p in case.positive:
         out[p] = np.abs(out[p]) + 0.5
+    for p, high in case.ints.items():
+        out[p] = rng.integers(0, high, size=case.shapes[p]).astype(np.int32)
     return out
 
 
 def read(arr: np.ndarray, box: ZRange) -> np.ndarray:
     """``arr[box]`` with zeros outside the array (written independently of the executor)."""
-    out = np.zeros(box.shape)
+    out = np.zeros(box.shape, dtype=arr.dtype)
     inside = box.intersect(ZRange.of_shape(arr.shape))
     if not inside.is_empty:
         src = tuple(slice(a, b) for a, b in zip(inside.start, inside.end))
@@ -220,8 +225,9 @@ SPLITS = _split_cases()
 
 
 def test_split_cases_cover_every_reducing_kernel():
-    assert {c.values[0].kernel for c in SPLITS} == {"matmul", "bmm", "einsum", "linear", "conv2d", "reduce_sum",
-                                                    "reduce_max"}
+    assert {c.values[0].kernel for c in SPLITS} == {
+        "matmul", "bmm", "einsum", "linear", "conv2d", "reduce_sum", "reduce_max", "reduce_mean", "reduce_to",
+        "embedding_grad", "conv2d_input_grad", "conv2d_weight_grad", "mse_loss", "cross_entropy"}
 
 
 @pytest.mark.parametrize("case,red,monoid,parts", SPLITS)
@@ -331,6 +337,16 @@ def test_half_dtypes_accepted_and_kept(dtype):
     assert sig.out_spec.dtype == dtype
     sm = get_kernel("softmax").signature({"x": TensorSpec((2, 3), dtype)}, {})
     assert sm.out_spec.dtype == dtype
+
+
+def test_index_ports_take_int32_only():
+    table, ids = TensorSpec((5, 3), "float32"), TensorSpec((4,), "int32")
+    assert get_kernel("embedding").signature({"table": table, "ids": ids}, {}).out_spec == TensorSpec((4, 3),
+                                                                                                      "float32")
+    with pytest.raises(SignatureError, match="input 'ids' has dtype 'float32'; allowed: \\['int32'\\]"):
+        get_kernel("embedding").signature({"table": table, "ids": TensorSpec((4,), "float32")}, {})
+    with pytest.raises(SignatureError, match="input 'table' has dtype 'int32'"):
+        get_kernel("embedding").signature({"table": TensorSpec((5, 3), "int32"), "ids": ids}, {})
 
 
 @pytest.mark.parametrize("dtype", ["float64", "int32", "int8"])

@@ -3,7 +3,7 @@
 A fraction ``sampling.rate`` of plans entering the front (at most ``max_per_minute``) is sent to
 a Dask task that runs the plan device-aware on the sampling backend, verifies it against the
 unsharded program and times its shards, transfers and the whole plan (records as in
-``optimizer.measurement``; the rank correlation uses the plan records). CuPy tasks ask for
+``optimizer.realrun.measurement``; the rank correlation uses the plan records). CuPy tasks ask for
 ``resources={"GPU": 1}`` (workers started with ``--resources GPU=1``); NumPy tasks run anywhere,
 so sampling works without GPUs through the same path.
 
@@ -24,22 +24,14 @@ import numpy as np
 log = logging.getLogger("tapestry.sampling")
 
 
-def serial_prediction(g: Any, hw: Any) -> float:
-    """Model seconds to run every shard of ``g`` one after another on one device of ``hw``."""
-    from costmodel.lowering import Lowerer
-
-    low = Lowerer(hw.replace(n_nodes=1, devices_per_node=max(hw.devices_per_node, 1 + max(g.devices)))).lower(g)
-    return float(low.dur[: int(low.op_offsets[-1])].sum())  # the compute nodes: one per shard
-
-
 def measure_task(spec: dict) -> list[dict]:
-    """Run one plan device-aware on this worker (``optimizer.measurement.measure_plan``: one buffer
+    """Run one plan device-aware on this worker (``optimizer.realrun.measurement.measure_plan``: one buffer
     set per plan device, only the lowering's transfer boxes moved), check it against the unsharded
     program and time it; plain records out: one per shard, per transfer and one for the plan."""
     from costmodel.hardware import Hardware
     from ir.serialize import from_json
-    from optimizer.measurement import measure_plan
-    from optimizer.worker import worker_name
+    from optimizer.realrun.measurement import measure_plan
+    from optimizer.search.worker import worker_name
 
     g = from_json(json.loads(spec["graph_json"]), validate=False)
     records = measure_plan(g, Hardware.from_dict(spec["hardware"]), spec["backend"], repeats=spec.get("repeats", 3))
@@ -109,7 +101,7 @@ def make_sampler(cfg: Any, archive: Any, client: Any, hw: Any, base: Any) -> Sam
     s = cfg.sampling
     if s.rate <= 0:
         return None
-    from costmodel.hardware import load_hardware
+    from costmodel.hardware_io import load_hardware
 
     hw_s = load_hardware(s.hardware or ("cpu" if s.backend == "numpy" else cfg.hardware))
     return Sampler(cfg.name, s.rate, s.backend, s.max_per_minute, s.repeats, hw_s.to_dict(), archive, client,

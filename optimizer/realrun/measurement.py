@@ -8,7 +8,7 @@ whole plan, each with the model's prediction on ``hw``:
 - ``shard``: the lowering's duration of that shard (roofline with the efficiency factors and
   launch overhead of its kernel class);
 - ``transfer``: the lowering's duration of that transfer (link latency + bytes / bandwidth);
-- ``plan``: the serial prediction (``optimizer.sampling.serial_prediction``: every shard one
+- ``plan``: the serial prediction (``costmodel.evaluate.serial_prediction``: every shard one
   after another on one device, which is how one machine executes it); ``details`` adds the
   simulated makespan and the serial time including transfers.
 
@@ -34,14 +34,14 @@ def measure_plan(g: Any, hw: Any, backend: str = "numpy", repeats: int = 3, warm
                  campaign: str | None = None, device_map: Any = None) -> list[dict[str, Any]]:
     """Measurement records (kinds ``plan``, ``shard``, ``transfer``) of plan ``g``; see the module
     docstring. ``hw``: a Hardware, preset name or YAML path (the model the predictions use)."""
-    from costmodel.hardware import load_hardware
+    from costmodel.hardware_io import load_hardware
     from costmodel.lowering import Lowerer
     from costmodel.transfers import transfer_plan
     from executor.device_run import device_name, run_on_devices
     from executor.run import execute, outputs, random_inputs
     from executor.verify import TOLERANCE, rel_error
     from ir.rewrites import unshard
-    from optimizer.sampling import serial_prediction
+    from costmodel.evaluate import serial_prediction
 
     hw = load_hardware(hw)
     hwp = _plan_hardware(g, hw)

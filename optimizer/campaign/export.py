@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.progress import fmt_bytes, fmt_seconds
+from optimizer.campaign.progress import fmt_bytes, fmt_seconds
 
 
 def _plot(path: Path, objectives: list[str], front: list[dict], base: dict[str, dict]) -> None:
@@ -27,7 +27,7 @@ def _plot(path: Path, objectives: list[str], front: list[dict], base: dict[str, 
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
     fx = [r["objectives"][x_name] for r in front]
     fy = [r["objectives"][y_name] for r in front]
-    from optimizer.pareto import nondominated_mask
+    from optimizer.search.pareto import nondominated_mask
 
     if fx:
         # The front may be non-dominated only in more than these two objectives: draw the step
@@ -57,9 +57,9 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
     from costmodel.hardware import Hardware
     from ir.dot import RenderError, render_svg, to_dot
     from ir.serialize import loads
-    from optimizer.baselines import baselines
-    from optimizer.campaign import resolve_url
-    from optimizer.sampling import rank_correlation
+    from optimizer.search.baselines import baselines
+    from optimizer.campaign.lifecycle import resolve_url
+    from optimizer.realrun.sampling import rank_correlation
     from storage import Archive
 
     url = resolve_url("tapestry.db", db)

@@ -1,4 +1,4 @@
-"""Campaign lifecycle: run, resume, status. (Export lives in ``optimizer.export``.)
+"""Campaign lifecycle: run, resume, status. (Export lives in ``optimizer.campaign.export``.)
 
 ``run`` creates the campaign row (config, its hash, the fixed hypervolume reference point),
 evaluates the baselines as the first population, then hands over to the ``Farm``. ``resume``
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.config import CampaignConfig, ConfigError, parse_config
+from optimizer.campaign.config import CampaignConfig, ConfigError, parse_config
 
 log = logging.getLogger("tapestry.campaign")
 
@@ -37,21 +37,21 @@ def base_program(cfg: CampaignConfig) -> tuple[Any, Any]:
 
 
 def make_strategy(cfg: CampaignConfig, ctx: Any) -> Any:
-    from optimizer.strategies.islands import IslandStrategy, RandomSearch
+    from optimizer.search.strategies.islands import IslandStrategy, RandomSearch
 
     s = cfg.search.strategy
     if s == "native":
         return IslandStrategy(ctx)
     if s == "random":
         return RandomSearch(ctx)
-    from optimizer.strategies.optuna_search import OptunaStrategy
+    from optimizer.search.strategies.optuna_search import OptunaStrategy
 
     return OptunaStrategy(ctx, "tpe" if s == "optuna-tpe" else "nsga2")
 
 
 def _context(cfg: CampaignConfig, hw: Any, base: Any, url: str) -> Any:
     from ir.serialize import dumps
-    from optimizer.strategies.base import SearchContext
+    from optimizer.search.strategies.base import SearchContext
 
     return SearchContext(campaign=cfg.name, hardware=hw.to_dict(), objectives=list(cfg.objectives),
                          constraints=cfg.constraints.model_dump(), search=cfg.search.model_dump(),
@@ -62,8 +62,8 @@ def _context(cfg: CampaignConfig, hw: Any, base: Any, url: str) -> Any:
 def initial_records(cfg: CampaignConfig, hw: Any, base: Any, plan: Any) -> list[dict]:
     """Evaluated baselines (and the user's plan): the first population."""
     from costmodel.evaluate import Evaluator
-    from optimizer.baselines import baselines
-    from optimizer.worker import record
+    from optimizer.search.baselines import baselines
+    from optimizer.search.worker import record
 
     ev = Evaluator(hw)
     graphs = dict(baselines(base, hw.n_devices)) if cfg.search.seed_baselines else {"single-device": base}
@@ -77,7 +77,7 @@ def initial_records(cfg: CampaignConfig, hw: Any, base: Any, plan: Any) -> list[
 
 
 def _budget(cfg: CampaignConfig) -> Any:
-    from optimizer.farm import Budget
+    from optimizer.campaign.farm import Budget
 
     b = cfg.budget
     return Budget(b.evaluations, b.wall_time, b.stall_evaluations)
@@ -86,8 +86,8 @@ def _budget(cfg: CampaignConfig) -> Any:
 def run_campaign(cfg: CampaignConfig, db: str | None = None, scheduler: str | None = None,
                  workers: int | None = None, quiet: bool = False) -> dict[str, Any]:
     """Start a new campaign and run it to its budget (or a signal)."""
-    from costmodel.hardware import load_hardware
-    from optimizer.pareto import reference_point
+    from costmodel.hardware_io import load_hardware
+    from optimizer.search.pareto import reference_point
     from storage import Archive
 
     url = resolve_url(cfg.storage.url, db)
@@ -107,10 +107,10 @@ def run_campaign(cfg: CampaignConfig, db: str | None = None, scheduler: str | No
 def _drive(cfg: CampaignConfig, archive: Any, url: str, hw: Any, base: Any, seed_records: list[dict] | None,
            ref: np.ndarray, resume: dict | None, scheduler: str | None, workers: int | None,
            quiet: bool) -> dict[str, Any]:
-    from optimizer.cluster import dask_client
-    from optimizer.farm import Farm
-    from optimizer.progress import Progress
-    from optimizer.sampling import make_sampler
+    from optimizer.campaign.cluster import dask_client
+    from optimizer.campaign.farm import Farm
+    from optimizer.campaign.progress import Progress
+    from optimizer.realrun.sampling import make_sampler
 
     ctx = _context(cfg, hw, base, url)
     strategy = make_strategy(cfg, ctx)
@@ -179,8 +179,8 @@ def resume_campaign(name: str, db: str | None = None, config_path: str | None = 
                     evaluations: int | None = None, wall_time: float | None = None,
                     scheduler: str | None = None, workers: int | None = None, quiet: bool = False) -> dict[str, Any]:
     """Continue a campaign where it stopped (crash, Ctrl-C, or a spent budget now enlarged)."""
-    from costmodel.hardware import load_hardware
-    from optimizer.config import load_config
+    from costmodel.hardware_io import load_hardware
+    from optimizer.campaign.config import load_config
     from storage import Archive
 
     url = resolve_url("tapestry.db", db)
@@ -218,7 +218,7 @@ def resume_campaign(name: str, db: str | None = None, config_path: str | None = 
 
 def campaign_status(db: str | None, name: str | None) -> dict[str, Any]:
     """Plain-data status: all campaigns, or one campaign's progress and front."""
-    from optimizer.pareto import hypervolume
+    from optimizer.search.pareto import hypervolume
     from storage import Archive
 
     url = resolve_url("tapestry.db", db)
@@ -231,7 +231,7 @@ def campaign_status(db: str | None, name: str | None) -> dict[str, Any]:
         F = np.array([[r["objectives"][n] for n in objectives] for r in front], dtype=float)
         hv = hypervolume(F, np.array(row["reference_point"])) if len(F) else 0.0
         gaps = [r["gap"] for r in front if r.get("gap") is not None]
-        from optimizer.sampling import rank_correlation
+        from optimizer.realrun.sampling import rank_correlation
 
         return {"campaign": row, "front": front, "hypervolume": hv, "best_gap": min(gaps) if gaps else None,
                 "budget": row["config"]["config"]["budget"], "sampling": rank_correlation(archive.measurements(name))}

@@ -246,7 +246,7 @@ def grid_client(scheduler: str | None, workers: int | None, backend: str = "nump
                 n_devices: int = 1) -> Iterator[Any]:
     """A client for running a plan: local workers default to one per plan device (at most the
     CPU count and 8), each advertising a GPU when the backend is CuPy."""
-    from optimizer.cluster import dask_client
+    from optimizer.campaign.cluster import dask_client
 
     n = workers or max(1, min(n_devices, os.cpu_count() or 1, 8))
     with dask_client(scheduler, n, 1, {"GPU": 1} if backend == "cupy" else None) as client:

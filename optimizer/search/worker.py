@@ -103,7 +103,7 @@ def search_task(spec: dict) -> dict:
     ``mode``: ``"evolve"`` (parents chosen from the task's front) or ``"random"`` (random
     walks of plain random rewrites restarting from the first parent: the baseline).
     """
-    from optimizer.mutation import OPERATORS, AdaptiveWeights, MutationContext
+    from optimizer.search.mutation import OPERATORS, AdaptiveWeights, MutationContext
 
     t0 = time.perf_counter()
     ev_fn = evaluator_for(spec["hardware"])
@@ -162,7 +162,7 @@ def search_task(spec: dict) -> dict:
             continue
         out.append(record(g, e, parent.digest if isinstance(parent, Graph) else None, move, dt))
     if len(out) > spec.get("returns", 16):
-        from optimizer.pareto import crowding_distance
+        from optimizer.search.pareto import crowding_distance
 
         F = np.array([[r["objectives"][n] for n in names] for r in out])
         keep = np.argsort(-crowding_distance(F), kind="stable")[: spec["returns"]]
@@ -174,7 +174,7 @@ def search_task(spec: dict) -> dict:
 def evaluate_task(spec: dict) -> dict:
     """Evaluate given plans (the Optuna strategy's trials), each optionally refined by
     ``spec["refine_steps"]`` local mutations; returns one best record per plan."""
-    from optimizer.mutation import OPERATORS, DEFAULT_OPERATOR_WEIGHTS, AdaptiveWeights, MutationContext
+    from optimizer.search.mutation import OPERATORS, DEFAULT_OPERATOR_WEIGHTS, AdaptiveWeights, MutationContext
 
     t0 = time.perf_counter()
     ev_fn = evaluator_for(spec["hardware"])

@@ -13,10 +13,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from optimizer.mutation import DEFAULT_OPERATOR_WEIGHTS, AdaptiveWeights
-from optimizer.pareto import rank_and_crowding, select_nsga2
-from optimizer.strategies.base import SearchContext, Strategy
-from optimizer.worker import search_task
+from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, AdaptiveWeights
+from optimizer.search.pareto import rank_and_crowding, select_nsga2
+from optimizer.search.strategies.base import SearchContext, Strategy
+from optimizer.search.worker import search_task
 
 
 def _member(r: dict, names: list[str]) -> dict:

@@ -179,7 +179,7 @@ class CalibrationResult:
 
 def calibrate_records(records: list[dict[str, Any]], hw: Any) -> CalibrationResult:
     from costmodel.calibrate import calibrate
-    from costmodel.hardware import load_hardware
+    from costmodel.hardware_io import load_hardware
 
     base = load_hardware(hw)
     out = calibrate(records, base, report=True)

@@ -20,8 +20,8 @@ import numpy as np
 from ir.graph import Graph
 from ir.rewrites import RewriteError, retile, split_reduction
 from ir.serialize import dumps, loads
-from optimizer.strategies.base import SearchContext, Strategy
-from optimizer.worker import evaluate_task
+from optimizer.search.strategies.base import SearchContext, Strategy
+from optimizer.search.worker import evaluate_task
 
 TRIALS_PER_TASK = 4
 

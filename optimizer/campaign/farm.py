@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from optimizer.pareto import EpsilonBoxArchive, hypervolume
-from optimizer.progress import Progress
-from optimizer.strategies.base import Strategy
+from optimizer.search.pareto import EpsilonBoxArchive, hypervolume
+from optimizer.campaign.progress import Progress
+from optimizer.search.strategies.base import Strategy
 
 log = logging.getLogger("tapestry.farm")
 MAX_RETRIES = 3
@@ -104,7 +104,7 @@ class Farm:
             st = checkpoint["state"]
             self.rng.bit_generator.state = st["rng"]
             self.strategy.load_json(st["strategy"], fetch_graph)
-            from optimizer.worker import evaluate_task, search_task
+            from optimizer.search.worker import evaluate_task, search_task
 
             fns = {"search_task": search_task, "evaluate_task": evaluate_task}
             self._pending = [(fns[t["fn"]], t["spec"], t["meta"], 0) for t in st.get("in_flight", [])]

@@ -66,7 +66,7 @@ class SearchConfig(Strict):
     @field_validator("mutation_weights")
     @classmethod
     def _known_ops(cls, v: dict[str, float]) -> dict[str, float]:
-        from optimizer.mutation import OPERATORS
+        from optimizer.search.mutation import OPERATORS
 
         for k, w in v.items():
             if k not in OPERATORS:
@@ -181,7 +181,8 @@ def load_config(path: str | Path) -> CampaignConfig:
 
 def check_references(cfg: CampaignConfig, source: str = "config") -> None:
     """Names that pydantic cannot check: the workload, its parameters, the hardware."""
-    from costmodel.hardware import HardwareError, load_hardware
+    from costmodel.hardware import HardwareError
+    from costmodel.hardware_io import load_hardware
     from ir.workloads import WORKLOADS, workload_params
 
     wl = cfg.workload

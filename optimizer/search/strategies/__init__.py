@@ -1,0 +1,1 @@
+"""Search strategies (driver side): the native island evolution, random search, Optuna."""
