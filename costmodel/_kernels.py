@@ -447,8 +447,14 @@ def resident_kernel(lo, hi, dev, n_dev, itemsize):
 
 
 @njit(cache=True, nogil=True)
-def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, res, n_dev):
+def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, res, n_dev, g_state, op_inplace):
     """Flat simulator arrays from the per-op and per-group pieces (see ``Lowerer._assemble``).
+
+    ``g_state[g]`` = 1 marks the group of a loop-carried state ``P`` read from its home (the
+    shards of ``P.next``'s producer): its transfers have no producer edge (the state is there
+    before the step starts) and its local edges are dropped (a local read of the state is free).
+    ``op_inplace[i]`` = 1 marks the producer of a ``P.next``: it writes into ``P``'s resident
+    buffer, so its compute nodes allocate nothing.
 
     Returns ``kind``, ``i32`` = rows (dev, dst), ``f64`` = rows (dur, alloc, lat), ``succ_ptr``,
     ``succ_idx``, ``resident``, ``ints`` = (op offsets [k+1], transfer_op [T], transfer_src_op [T])
@@ -464,11 +470,12 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
     T = 0
     Q = 0
     for g in range(G):
-        L += g_counts[g, 0]
         T += g_counts[g, 1]
         Q += g_counts[g, 2]
+        if g_state[g] == 0:
+            L += g_counts[g, 0] + g_counts[g, 1]  # local edges and producer -> transfer edges
     n = nc + T
-    m = L + T + Q
+    m = L + Q
     kind = np.zeros(n, np.int8)
     i32 = np.empty((2, n), np.int32)  # rows: dev, dst
     f64 = np.empty((3, n), np.float64)  # rows: dur, alloc, lat
@@ -494,6 +501,10 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
         alloc[i] = op_f[i, 2]
         flops[i] = op_f[i, 3]
         nbytes[i] = op_f[i, 4]
+    for i in range(k):
+        if op_inplace[i] != 0:
+            for x in range(off[i], off[i + 1]):
+                alloc[x] = 0.0
     src = np.empty(m, np.int64)
     tgt = np.empty(m, np.int64)
     e = 0
@@ -505,10 +516,12 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
         qg = g_counts[g, 2]
         p_off = off[g_prod[g]]
         r0 = g_rptr[g]
-        for x in range(lg):
-            src[e] = p_off + g_ints[row + x, 0]
-            tgt[e] = off[g_rop[r0 + g_ints[row + x, 1]]] + g_ints[row + x, 2]
-            e += 1
+        state = g_state[g] != 0
+        if not state:
+            for x in range(lg):
+                src[e] = p_off + g_ints[row + x, 0]
+                tgt[e] = off[g_rop[r0 + g_ints[row + x, 1]]] + g_ints[row + x, 2]
+                e += 1
         row += lg
         for x in range(tg):
             node = nc + t_base + x
@@ -521,9 +534,10 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
             t_epb[t_base + x] = g_flts[t_base + x, 2]
             t_op[t_base + x] = g_rop[r0 + g_ints[row + x, 2]]
             t_src_op[t_base + x] = g_prod[g]
-            src[e] = p_off + g_ints[row + x, 0]
-            tgt[e] = node
-            e += 1
+            if not state:
+                src[e] = p_off + g_ints[row + x, 0]
+                tgt[e] = node
+                e += 1
         row += tg
         for x in range(qg):
             src[e] = nc + t_base + g_ints[row + x, 0]

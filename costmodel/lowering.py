@@ -19,6 +19,18 @@ What a plan becomes
 - **Graph inputs and weights** are resident where their readers need them before the run: per
   device, the union of the boxes read there counts as resident memory (replication costs memory,
   not time). Outputs stay where they are produced.
+- **Loop-carried state** (``Graph.carried``: a parameter or state ``P`` whose next value
+  ``P.next`` the step produces) is different: ``P`` lives where the shards of ``P.next``'s
+  producer write it (its *home*, box by box: the update op's sharding is the state's layout), and
+  that home counts as resident memory on its device for the whole step. ``P.next``'s producer
+  writes into that buffer (its compute nodes allocate nothing: the next state replaces the state,
+  it is not counted twice). A reader of ``P`` is treated like a reader of a produced tensor whose
+  producer shards are the home boxes: on the home device the read is free; elsewhere one transfer
+  per (home shard, destination device) carries the union of what that device reads from it
+  (FSDP's all-gather), with no predecessor (the state is there when the step starts), received
+  into a buffer that lives until its last reader ends. These *state transfers* follow the
+  transfers of produced tensors, state by state in the order of ``P.next``'s producer. Home boxes
+  of one state never overlap: every cell of ``P.next`` has exactly one producer shard.
 
 Incremental lowering
 --------------------
@@ -255,6 +267,9 @@ class _Structure:
     order: tuple[str, ...]                     # topological order
     groups: list[tuple[int, str, tuple[tuple[int, str], ...]]]  # producer, tensor, readers (op, port)
     sources: list[tuple[str, tuple[tuple[int, str], ...]]]      # tensor, readers
+    source_home: list[int]                     # per source: -1, or the producer of its P.next (state home)
+    g_state: np.ndarray                        # int8 per group: 1 = reads of a loop-carried state
+    op_inplace: np.ndarray                     # int8 per op: 1 = produces some P.next (writes P's buffer)
     op_groups: list[tuple[int, ...]]
     op_sources: list[tuple[int, ...]]
     g_prod: np.ndarray
@@ -347,7 +362,9 @@ class Lowerer:
             kclass = kernel_class_of(o)
             dtype = g.tensors[o.output].dtype
             ins = o.input_map
-            src_port = np.array([g.tensors[ins[p]].role in SOURCE_ROLES for p in pk.ports], np.bool_)
+            carried = g.carried
+            src_port = np.array([g.tensors[ins[p]].role in SOURCE_ROLES and ins[p] not in carried for p in pk.ports],
+                                np.bool_)
         sh = o.shards
         if sh.lo.shape[1] != pk.n_dims:
             raise ValueError(f"op {o.name!r}: shards have rank {sh.lo.shape[1]}, its index space has "
@@ -364,11 +381,12 @@ class Lowerer:
 
     def _group_piece(self, g: Graph, st: _Structure, gi: int, ops: list[Op], pieces: list[OpPiece]) -> GroupPiece:
         prod, tensor, readers = st.groups[gi]
+        tag = "sgrp" if st.g_state[gi] else "grp"  # state reads: the producer's boxes are the home
         if len(readers) == 1:
             r, port = readers[0]
-            key = ("grp", id(ops[prod]), id(ops[r]), port)
+            key = (tag, id(ops[prod]), id(ops[r]), port)
         else:
-            key = ("grp", id(ops[prod])) + tuple((id(ops[r]), port) for r, port in readers)
+            key = (tag, id(ops[prod])) + tuple((id(ops[r]), port) for r, port in readers)
         cache = self._cache
         hit = cache.get(key)
         if hit is not None:
@@ -397,6 +415,23 @@ class Lowerer:
 
     def _source_piece(self, g: Graph, st: _Structure, si: int, ops: list[Op], pieces: list[OpPiece]) -> np.ndarray:
         tensor, readers = st.sources[si]
+        home = st.source_home[si]
+        if home >= 0:  # a loop-carried state: resident where its next value's producer writes it
+            key = ("home", id(ops[home]), tensor)
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit[0]
+
+            def at_home():
+                pp = pieces[home]
+                shape = np.array(g.tensors[tensor].shape, np.int64)
+                lo = np.clip(pp.out_lo, 0, shape)
+                hi = np.clip(pp.out_hi, lo, shape)
+                res = K.resident_kernel(lo, hi, pp.dev, self.hw.n_devices, float(ITEMSIZE[g.tensors[tensor].dtype]))
+                return res, ops[home]
+
+            return self._cached(key, at_home)[0]
         if len(readers) == 1:  # one reader: its piece has it
             r, port = readers[0]
             return pieces[r].res[pieces[r].pack.port_index[port]]
@@ -437,34 +472,57 @@ class Lowerer:
             for port, t in o.inputs:
                 readers.setdefault(t, []).append((i, port))
         producers = g.producers
-        groups, sources = [], []
+        carried = g.carried
+        state_of = {nxt: p for p, nxt in carried.items()}  # P.next -> P
+        groups, sources, source_home, g_state = [], [], [], []
         op_groups: list[list[int]] = [[] for _ in ops]
         op_sources: list[list[int]] = [[] for _ in ops]
+        op_inplace = np.zeros(len(ops), np.int8)
+
+        def add_group(i: int, t: str, rd: list[tuple[int, str]], state: int) -> None:
+            gi = len(groups)
+            groups.append((i, t, tuple(rd)))
+            g_state.append(state)
+            op_groups[i].append(gi)
+            for r, _ in rd:
+                if gi not in op_groups[r]:
+                    op_groups[r].append(gi)
+
         for i, o in enumerate(ops):  # produced tensors in producer order
             rd = readers.get(o.output)
             if rd:
-                gi = len(groups)
-                groups.append((i, o.output, tuple(rd)))
-                op_groups[i].append(gi)
-                for r, _ in rd:
-                    if gi not in op_groups[r]:
-                        op_groups[r].append(gi)
-        for t, rd in readers.items():  # sources in first-reader order
-            if t in producers:
+                add_group(i, o.output, rd, 0)
+        homes = []
+        for i, o in enumerate(ops):  # loop-carried state, in the order of its next value's producer
+            p = state_of.get(o.output)
+            if p is not None:
+                op_inplace[i] = 1
+                homes.append((p, i))
+                if readers.get(p):
+                    add_group(i, p, readers[p], 1)
+        for t, rd in readers.items():  # ordinary sources in first-reader order
+            if t in producers or t in carried:
                 continue
             if g.tensors[t].role not in SOURCE_ROLES:
                 continue
             si = len(sources)
             sources.append((t, tuple(rd)))
+            source_home.append(-1)
             for r, _ in rd:
                 if si not in op_sources[r]:
                     op_sources[r].append(si)
+        for p, i in homes:  # then the homes of the states
+            si = len(sources)
+            sources.append((p, ()))
+            source_home.append(i)
+            op_sources[i].append(si)
         rptr = np.zeros(len(groups) + 1, np.int64)
         rop: list[int] = []
         for gi, (_p, _t, rd) in enumerate(groups):
             rop.extend(r for r, _ in rd)
             rptr[gi + 1] = len(rop)
-        return _Structure(tuple(g.ops), order, groups, sources, [tuple(x) for x in op_groups],
+        return _Structure(tuple(g.ops), order, groups, sources, source_home, np.array(g_state, np.int8), op_inplace,
+                          [tuple(x) for x in op_groups],
                           [tuple(x) for x in op_sources], np.array([p for p, _, _ in groups], np.int64),
                           [float(ITEMSIZE[g.tensors[t].dtype]) for _, t, _ in groups], rptr,
                           np.array(rop, np.int64), program)
@@ -583,7 +641,8 @@ class Lowerer:
             g_ints, g_flts = np.zeros((0, 3), np.int64), np.zeros((0, 4))
         res = np.concatenate(source_pieces) if source_pieces else np.zeros(0)
         kind, i32, f64, ptr, idx, resident, ints, flts = K.assemble(
-            op_sizes, op_f, st.g_prod, st.g_rptr, st.g_rop, g_counts, g_ints, g_flts, res, n_dev)
+            op_sizes, op_f, st.g_prod, st.g_rptr, st.g_rop, g_counts, g_ints, g_flts, res, n_dev, st.g_state,
+            st.op_inplace)
         return Lowered(kind, i32, f64, ptr, idx, resident, ints, flts, n_dev, st.order, st.program)
 
 

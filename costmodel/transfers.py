@@ -2,7 +2,7 @@
 
 ``transfer_plan(g, hw_or_n_devices)`` gives what the cost model's lowering
 (``costmodel.lowering``) charges for, box by box, so that the device-aware executor
-(``executor.device_run``) and the Dask grid runner (``optimizer.grid``) move exactly that data:
+(``executor.device_run``) and the Dask grid runner (``optimizer.realrun.grid``) move exactly that data:
 
 - **transfers**: for every produced tensor (producers in topological order), the producer's output
   boxes are intersected with the input boxes of *every* reader shard (all consumer ops and
@@ -15,7 +15,14 @@
   checks both on random plans).
 - **residency**: graph inputs and parameters are resident before the run where their readers
   need them: per (tensor, device), the disjoint union of the boxes read there (the lowering's
-  resident memory).
+  resident memory). A loop-carried state ``P`` (``Graph.carried``) is resident at its *home*
+  instead: per device, the boxes the shards of ``P.next``'s producer write there.
+- **state_transfers**: the reads of a loop-carried state away from its home (FSDP's
+  all-gather), dicts ``{tensor, producer, shard, src, dst, boxes, bytes}`` where ``producer`` and
+  ``shard`` name the home shard (a shard of ``P.next``'s producer) and ``tensor`` is ``P``. They
+  happen before the step's first op (the state is at home when the step starts; no op produces
+  it), states in the order of their next value's producer, then by (home shard, destination).
+  The lowering's transfer nodes are ``transfers + state_transfers``, in that order.
 
 Everything is plain data (``TransferPlan.to_json``): ``executor`` never imports ``costmodel``.
 Boxes are ``(lo, hi)`` tuples of ints, half-open per dimension.
@@ -42,15 +49,23 @@ Box = tuple[tuple[int, ...], tuple[int, ...]]
 class TransferPlan:
     """``transfers``: dicts ``{tensor, producer, shard, src, dst, boxes, bytes}`` (``producer`` is
     the producing op, ``shard`` its shard index, ``src``/``dst`` plan devices); ``residency``:
-    dicts ``{tensor, device, boxes, bytes}``. ``n_devices``: the fleet size it was made for."""
+    dicts ``{tensor, device, boxes, bytes}``; ``state_transfers``: like ``transfers``, for the
+    reads of loop-carried state away from its home (before the first op). ``n_devices``: the fleet
+    size it was made for."""
 
     n_devices: int
     transfers: list[dict[str, Any]] = field(default_factory=list)
     residency: list[dict[str, Any]] = field(default_factory=list)
+    state_transfers: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def transfer_bytes(self) -> float:
+        """Bytes of the transfers of produced tensors (``state_bytes``: those of state reads)."""
         return float(sum(t["bytes"] for t in self.transfers))
+
+    @property
+    def state_bytes(self) -> float:
+        return float(sum(t["bytes"] for t in self.state_transfers))
 
     def resident_bytes(self) -> np.ndarray:
         """float64[n_devices]: bytes of graph inputs resident on each device."""
@@ -65,7 +80,8 @@ class TransferPlan:
 
         return {"n_devices": self.n_devices,
                 "transfers": [{**t, "boxes": boxes(t["boxes"])} for t in self.transfers],
-                "residency": [{**r, "boxes": boxes(r["boxes"])} for r in self.residency]}
+                "residency": [{**r, "boxes": boxes(r["boxes"])} for r in self.residency],
+                "state_transfers": [{**t, "boxes": boxes(t["boxes"])} for t in self.state_transfers]}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "TransferPlan":
@@ -73,7 +89,8 @@ class TransferPlan:
             return [(tuple(int(x) for x in lo), tuple(int(x) for x in hi)) for lo, hi in bs]
 
         return cls(int(d["n_devices"]), [{**t, "boxes": boxes(t["boxes"])} for t in d["transfers"]],
-                   [{**r, "boxes": boxes(r["boxes"])} for r in d["residency"]])
+                   [{**r, "boxes": boxes(r["boxes"])} for r in d["residency"]],
+                   [{**t, "boxes": boxes(t["boxes"])} for t in d.get("state_transfers", ())])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,12 +196,12 @@ def transfer_plan(g: Graph, hw_or_n_devices: Hardware | int | None = None) -> Tr
         for port, t in g.ops[name].inputs:
             readers.setdefault(t, []).append((name, port))
     tp = TransferPlan(n_dev)
-    for name in order:  # produced tensors, producers in topological order
+    carried = g.carried
+    state_of = {nxt: p for p, nxt in carried.items()}
+
+    def moves(name: str, t: str, rd: list[tuple[str, str]], out: list[dict[str, Any]]) -> None:
+        """What the readers ``rd`` of ``t`` need from the output boxes of op ``name``'s shards."""
         o = g.ops[name]
-        t = o.output
-        rd = readers.get(t)
-        if not rd:
-            continue
         sig = g.signature(o)
         p_lo, p_hi = project_boxes(sig.output, o.shards.lo, o.shards.hi)
         p_dev = o.shards.device
@@ -203,10 +220,19 @@ def transfer_plan(g: Graph, hw_or_n_devices: Hardware | int | None = None) -> Tr
                 sel = hit & (c_dev == d)
                 parts = disjoint_union(ilo[sel], ihi[sel])
                 vol = sum(box_volume(a, b) for a, b in parts)
-                tp.transfers.append({"tensor": t, "producer": name, "shard": int(pi), "src": int(p_dev[pi]),
-                                     "dst": int(d), "boxes": parts, "bytes": float(vol * itemsize)})
+                out.append({"tensor": t, "producer": name, "shard": int(pi), "src": int(p_dev[pi]),
+                            "dst": int(d), "boxes": parts, "bytes": float(vol * itemsize)})
+
+    for name in order:  # produced tensors, producers in topological order
+        rd = readers.get(g.ops[name].output)
+        if rd:
+            moves(name, g.ops[name].output, rd, tp.transfers)
+    for name in order:  # loop-carried state read away from its home
+        p = state_of.get(g.ops[name].output)
+        if p is not None and readers.get(p):
+            moves(name, p, readers[p], tp.state_transfers)
     for t, rd in readers.items():  # graph inputs, in first-reader order
-        if t in g.producers or g.tensors[t].role not in SOURCE_ROLES:
+        if t in g.producers or t in carried or g.tensors[t].role not in SOURCE_ROLES:
             continue
         boxes = [reader_boxes(g, r, port) for r, port in rd]
         lo = np.concatenate([b[0] for b in boxes])
@@ -218,4 +244,19 @@ def transfer_plan(g: Graph, hw_or_n_devices: Hardware | int | None = None) -> Tr
             if parts:
                 vol = sum(box_volume(a, b) for a, b in parts)
                 tp.residency.append({"tensor": t, "device": int(d), "boxes": parts, "bytes": float(vol * itemsize)})
+    for name in order:  # homes of the loop-carried states
+        p = state_of.get(g.ops[name].output)
+        if p is None:
+            continue
+        o = g.ops[name]
+        lo, hi = project_boxes(g.signature(o).output, o.shards.lo, o.shards.hi)
+        shape = np.array(g.tensors[p].shape, np.int64)
+        lo = np.clip(lo, 0, shape)
+        hi = np.clip(hi, lo, shape)
+        itemsize = ITEMSIZE[g.tensors[p].dtype]
+        for d in sorted(set(o.shards.device.tolist())):
+            parts = disjoint_union(lo[o.shards.device == d], hi[o.shards.device == d])
+            if parts:
+                vol = sum(box_volume(a, b) for a, b in parts)
+                tp.residency.append({"tensor": p, "device": int(d), "boxes": parts, "bytes": float(vol * itemsize)})
     return tp
