@@ -62,6 +62,38 @@ from ir.kernels import ITEMSIZE, get_kernel
 from ir.kernels.base import Signature
 
 
+#: Largest index-space volume and tensor size in bytes the lowering accepts: box volumes are int64
+#: and byte counts float64, exact below 2**53; a larger plan would silently wrap around (a 1e11-wide
+#: MLP gave a negative peak memory), so it is refused instead.
+SIZE_LIMIT = 2**53
+
+
+class PlanSizeError(ValueError):
+    """A plan whose tensors or index spaces are too large to count exactly (see ``SIZE_LIMIT``)."""
+
+
+def check_sizes(g: Graph) -> None:
+    """Raise :class:`PlanSizeError` naming the first tensor or op whose size (Python integers,
+    no overflow) reaches ``SIZE_LIMIT``: bytes for tensors, index points for ops."""
+    for n, t in g.tensors.items():
+        cells = 1
+        for e in t.shape:
+            cells *= int(e)
+        if cells * ITEMSIZE[t.dtype] >= SIZE_LIMIT:
+            raise PlanSizeError(
+                f"tensor {n!r} of shape {list(t.shape)} ({t.dtype}) holds {cells * ITEMSIZE[t.dtype]:.3e} bytes, "
+                f"beyond what the cost model counts exactly (2**53 = {SIZE_LIMIT:.3e}); use smaller sizes "
+                "(workload parameters such as widths, batch, seq, d_model)")
+    for o in g.ops.values():
+        pts = 1
+        for e in g.signature(o).extents:
+            pts *= int(e)
+        if pts >= SIZE_LIMIT:
+            raise PlanSizeError(
+                f"op {o.name!r} has {pts:.3e} index points, beyond what the cost model counts exactly "
+                f"(2**53 = {SIZE_LIMIT:.3e}); use smaller sizes (workload parameters such as widths, batch, seq)")
+
+
 class Lowered:
     """The simulator's input arrays plus what the objectives and breakdowns need.
 
@@ -465,6 +497,7 @@ class Lowerer:
         return st
 
     def _new_structure(self, g: Graph, program: int) -> _Structure:
+        check_sizes(g)
         order = g.topo_order
         ops = [g.ops[n] for n in order]
         readers: dict[str, list[tuple[int, str]]] = {}
