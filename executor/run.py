@@ -75,14 +75,18 @@ def read_box(xp: Any, arr: Any, lo: np.ndarray, hi: np.ndarray) -> Any:
     return xp.pad(block, pad)
 
 
-def run_op(xp: Any, g: Graph, name: str, env: dict[str, Any]) -> None:
-    """Execute every shard of op ``name``, reading and writing tensors in ``env``."""
+def run_op(xp: Any, g: Graph, name: str, env: dict[str, Any], precision: str | None = None) -> None:
+    """Execute every shard of op ``name``, reading and writing tensors in ``env``.
+
+    ``precision`` (e.g. ``"float64"``) overrides the storage dtype of floating tensors: gradient
+    checks against finite differences need more than float32."""
     o = g.ops[name]
     sig = g.signature(o)
     k = get_kernel(o.kernel)
     params = o.params if o.kernel == "fused" else k.check_params(o.params)
     out_t = g.tensors[o.output]
-    out = xp.zeros(out_t.shape, dtype=exec_dtype(xp, out_t.dtype))
+    dtype = precision if precision and out_t.dtype != INDEX_DTYPE else out_t.dtype
+    out = xp.zeros(out_t.shape, dtype=exec_dtype(xp, dtype))
     sh = o.shards
     in_boxes = {port: project_boxes(sig.inputs[port], sh.lo, sh.hi) for port in sig.inputs}
     out_lo, out_hi = project_boxes(sig.output, sh.lo, sh.hi)
@@ -99,13 +103,13 @@ def run_op(xp: Any, g: Graph, name: str, env: dict[str, Any]) -> None:
 
 
 def execute(g: Graph, inputs: Mapping[str, Any] | None = None, backend: str = "numpy",
-            seed: int = 0) -> dict[str, Any]:
-    """Run ``g`` and return every tensor (inputs included) as backend arrays."""
+            seed: int = 0, precision: str | None = None) -> dict[str, Any]:
+    """Run ``g`` and return every tensor (inputs included) as backend arrays (``precision``: see ``run_op``)."""
     xp = get_backend(backend)
     src = random_inputs(g, seed) if inputs is None else inputs
     env: dict[str, Any] = {n: xp.asarray(a) for n, a in src.items()}
     for name in g.topo_order:
-        run_op(xp, g, name, env)
+        run_op(xp, g, name, env, precision)
     return env
 
 

@@ -42,14 +42,40 @@ class GraphBuilder:
         """A loop-carried non-parameter source (optimizer moments); see ``ir.graph``."""
         return self._add_tensor(Tensor(name, tuple(shape), dtype or self.dtype, "state"))
 
-    def op(self, kernel: str, name: str, inputs: dict[str, str], **params: Any) -> str:
-        """Add an op reading ``inputs`` (port → tensor); returns its output tensor's name."""
+    @classmethod
+    def from_graph(cls, g: Graph, dtype: str = "float32") -> GraphBuilder:
+        """A builder holding ``g``'s tensors and ops (outputs demoted to intermediates), to extend it."""
+        b = cls(dtype)
+        for n, t in g.tensors.items():
+            b._tensors[n] = Tensor(t.name, t.shape, t.dtype, "intermediate") if t.role == "output" else t
+        b._ops.update(g.ops)
+        return b
+
+    def tensor(self, name: str) -> Tensor:
+        return self._tensors[name]
+
+    def rename_output(self, tensor: str, new: str, copy: bool = False) -> str:
+        """Give produced tensor ``tensor`` the name ``new``; a copy (``scale`` by 1) where ops read it
+        (or ``copy`` is set: another name must keep it)."""
+        if copy or any(t == tensor for o in self._ops.values() for _, t in o.inputs) or tensor not in {
+                o.output for o in self._ops.values()}:
+            return self.op("scale", new, {"x": tensor}, out=new, alpha=1.0)
+        t = self._tensors.pop(tensor)
+        self._add_tensor(Tensor(new, t.shape, t.dtype, t.role))
+        for n, o in self._ops.items():
+            if o.output == tensor:
+                self._ops[n] = o.replace(output=new)
+        return new
+
+    def op(self, kernel: str, name: str, inputs: dict[str, str], out: str | None = None, **params: Any) -> str:
+        """Add an op reading ``inputs`` (port → tensor); returns its output tensor's name
+        (``out``, default ``<name>.out``)."""
         if name in self._ops:
             raise ValueError(f"operation {name!r} already exists")
         k = get_kernel(kernel)
         specs = {p: self._tensors[t].spec for p, t in inputs.items()}
         sig = k.signature(specs, params)
-        out = self._add_tensor(Tensor(f"{name}.out", sig.out_spec.shape, sig.out_spec.dtype, "intermediate"))
+        out = self._add_tensor(Tensor(out or f"{name}.out", sig.out_spec.shape, sig.out_spec.dtype, "intermediate"))
         ports = tuple((p, inputs[p]) for p in k.inputs)
         self._ops[name] = Op(name, kernel, ports, out, dict(params), Shards.whole(sig.extents))
         return out

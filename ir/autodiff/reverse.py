@@ -1,0 +1,63 @@
+"""The reverse walk: gradients of a scalar loss with respect to chosen source tensors.
+
+``backward(b, g, seeds, wrt)`` walks ``g``'s ops once in reverse topological order. A tensor
+read by several ops (fan-out) gets the *sum* of their contributions (a chain of ``add`` ops,
+``<tensor>.gsum<k>``) before its producer's rule runs. Only tensors that depend on a ``wrt``
+source get gradients; ops on no such path emit nothing. Forward activations that a rule reads
+are ordinary tensors of the graph, alive until their last backward reader (the cost model sees
+their real lifetimes).
+"""
+
+from __future__ import annotations
+
+from ir.autodiff.errors import AutodiffError
+from ir.autodiff.rules import RULES, VJP
+from ir.builder import GraphBuilder
+from ir.graph import Graph
+from ir.kernels import INDEX_DTYPE
+
+
+def depends_on(g: Graph, sources: set[str]) -> set[str]:
+    """Tensors whose value depends on any of ``sources`` (the sources included)."""
+    live = set(sources)
+    for name in g.topo_order:
+        o = g.ops[name]
+        if any(t in live for _, t in o.inputs):
+            live.add(o.output)
+    return live
+
+
+def backward(b: GraphBuilder, g: Graph, seeds: dict[str, str], wrt: list[str]) -> dict[str, str]:
+    """Emit the backward of ``g`` into ``b``; returns ``{source: gradient tensor}`` for ``wrt``.
+
+    ``seeds`` maps forward tensors to their given gradients (the loss gradient). A ``wrt`` source
+    the loss does not depend on is left out of the result. Each gradient is named ``<source>.grad``.
+    """
+    live = depends_on(g, set(wrt))
+    contrib: dict[str, list[str]] = {t: [v] for t, v in seeds.items()}
+
+    def total(t: str) -> str:
+        parts = contrib[t]
+        acc = parts[0]
+        for k, p in enumerate(parts[1:], start=1):
+            acc = b.op("add", f"{t}.gsum{k}", {"a": acc, "b": p})
+        contrib[t] = [acc]
+        return acc
+
+    for name in reversed(g.topo_order):
+        o = g.ops[name]
+        if o.output not in contrib or o.output not in live:
+            continue
+        need = frozenset(p for p, t in o.inputs if t in live and b.tensor(t).dtype != INDEX_DTYPE)
+        if not need:
+            continue
+        fn = RULES.get(o.kernel)
+        if fn is None:
+            raise AutodiffError(f"op {name!r}: kernel {o.kernel!r} has no vector-Jacobian rule; differentiable "
+                                f"kernels are {sorted(RULES)} (unfuse and merge split reductions first)")
+        grads = fn(VJP(b, o, need), total(o.output))
+        for port, gname in grads.items():
+            contrib.setdefault(o.input_map[port], []).append(gname)
+    totals = {p: total(p) for p in wrt if p in contrib}
+    shared = {g for g in totals.values() if list(totals.values()).count(g) > 1}
+    return {p: b.rename_output(g, f"{p}.grad", copy=g in shared) for p, g in totals.items()}

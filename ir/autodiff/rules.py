@@ -1,0 +1,260 @@
+"""Vector-Jacobian products: one rule per kernel, each emitting ordinary block ops.
+
+A rule receives the context of one forward op (``VJP``: its tensors, a way to emit ops into the
+growing graph) and the name of the gradient of the op's output, and returns, for each input port
+whose tensor needs a gradient, the name of that gradient tensor. Rules never see shards: they
+emit logical ops (one whole shard each); plans shard them later like any op.
+
+Weight gradients are contractions or ``reduce_to`` over the batch and sequence, declared as
+hidden ``sum`` reductions with the batch first, so data-parallel gradient synchronisation is
+``split_reduction`` + ``accumulate`` on those ops (reduce-scatter or all-reduce by placement).
+Broadcast inputs get ``reduce_to`` their shape (the adjoint of broadcasting).
+
+The table (``RULES``) is the one place that says which kernels are differentiable (tinygrad's
+``pm_gradient`` pattern); a kernel missing from it makes ``backward`` refuse with its name.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from ir.autodiff.errors import AutodiffError
+from ir.builder import GraphBuilder
+from ir.graph import Op, Tensor
+
+
+class VJP:
+    """One forward op's view for its rule: tensors by port, and ``emit`` for backward ops."""
+
+    def __init__(self, b: GraphBuilder, op: Op, need: frozenset[str]) -> None:
+        self.b, self.op, self.need = b, op, need
+        self.params = dict(op.params)
+        self._n: dict[str, int] = {}
+
+    def t(self, port: str) -> Tensor:
+        """The forward tensor on input ``port`` (``"y"``: the output)."""
+        return self.b.tensor(self.op.output if port == "y" else self.op.input_map[port])
+
+    def name(self, port: str) -> str:
+        return self.op.output if port == "y" else self.op.input_map[port]
+
+    def emit(self, kernel: str, inputs: dict[str, str], tag: str, **params) -> str:
+        """Add backward op ``<op>.d<tag>`` (``.2``, ``.3``, ... when a rule emits several for one tag)."""
+        k = self._n[tag] = self._n.get(tag, 0) + 1
+        name = f"{self.op.name}.d{tag}" if k == 1 else f"{self.op.name}.d{tag}.{k}"
+        return self.b.op(kernel, name, inputs, **params)
+
+    def sum_to(self, g: str, port: str) -> str:
+        """``g`` summed down to the shape of the input on ``port`` (identity when shapes agree)."""
+        shape = self.t(port).shape
+        if self.b.tensor(g).shape == shape:
+            return g
+        return self.emit("reduce_to", {"x": g}, port, shape=list(shape))
+
+
+Rule = Callable[[VJP, str], dict[str, str]]
+RULES: dict[str, Rule] = {}
+
+
+def rule(*kernels: str) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        for k in kernels:
+            RULES[k] = fn
+        return fn
+    return register
+
+
+# -- contractions ---------------------------------------------------------------------------------
+
+def _einsum_grads(c: VJP, dy: str, la: str, lb: str, lo: str, alpha: float, ports=("a", "b")) -> dict[str, str]:
+    out = {}
+    pa, pb = ports
+    for port, mine, other, other_port in ((pa, la, lb, pb), (pb, lb, la, pa)):
+        if port not in c.need:
+            continue
+        lost = set(mine) - set(lo) - set(other)
+        if lost:
+            raise AutodiffError(f"op {c.op.name!r}: einsum {la},{lb}->{lo} sums letters {sorted(lost)} of one "
+                                f"operand alone; its gradient would need a broadcast, which has no VJP here")
+        eq = f"{lo},{other}->{mine}" if port == pa else f"{other},{lo}->{mine}"
+        ins = {"a": dy, "b": c.name(other_port)} if port == pa else {"a": c.name(other_port), "b": dy}
+        out[port] = c.emit("einsum", ins, port, equation=eq, alpha=alpha)
+    return out
+
+
+@rule("einsum")
+def _einsum(c: VJP, dy: str) -> dict[str, str]:
+    m = re.fullmatch(r"([a-z]+),([a-z]+)->([a-z]+)", c.params["equation"].replace(" ", ""))
+    la, lb, lo = m.groups()
+    return _einsum_grads(c, dy, la, lb, lo, c.params.get("alpha", 1.0))
+
+
+@rule("matmul")
+def _matmul(c: VJP, dy: str) -> dict[str, str]:
+    return _einsum_grads(c, dy, "mk", "kn", "mn", c.params.get("alpha", 1.0))
+
+
+@rule("bmm")
+def _bmm(c: VJP, dy: str) -> dict[str, str]:
+    batch = "abcdefgh"[: len(c.t("a").shape) - 2]
+    return _einsum_grads(c, dy, batch + "mk", batch + "kn", batch + "mn", c.params.get("alpha", 1.0))
+
+
+@rule("linear")
+def _linear(c: VJP, dy: str) -> dict[str, str]:
+    batch = "nmpqrs"[: len(c.t("x").shape) - 1]
+    out = _einsum_grads(c, dy, batch + "f", "fo", batch + "o", 1.0, ports=("x", "W"))
+    if "b" in c.need:
+        out["b"] = c.sum_to(dy, "b")
+    return out
+
+
+# -- elementwise ----------------------------------------------------------------------------------
+
+@rule("add")
+def _add(c: VJP, dy: str) -> dict[str, str]:
+    return {p: c.sum_to(dy, p) for p in ("a", "b") if p in c.need}
+
+
+@rule("sub")
+def _sub(c: VJP, dy: str) -> dict[str, str]:
+    out = {}
+    if "a" in c.need:
+        out["a"] = c.sum_to(dy, "a")
+    if "b" in c.need:
+        out["b"] = c.emit("scale", {"x": c.sum_to(dy, "b")}, "b", alpha=-1.0)
+    return out
+
+
+@rule("mul")
+def _mul(c: VJP, dy: str) -> dict[str, str]:
+    out = {}
+    for port, other in (("a", "b"), ("b", "a")):
+        if port in c.need:
+            out[port] = c.sum_to(c.emit("mul", {"a": dy, "b": c.name(other)}, port), port)
+    return out
+
+
+@rule("div")
+def _div(c: VJP, dy: str) -> dict[str, str]:
+    out = {}
+    if "a" in c.need:
+        out["a"] = c.sum_to(c.emit("div", {"a": dy, "b": c.name("b")}, "a"), "a")
+    if "b" in c.need:  # d(a/b)/db = -y/b
+        t = c.emit("div", {"a": c.emit("mul", {"a": dy, "b": c.name("y")}, "b"), "b": c.name("b")}, "b")
+        out["b"] = c.emit("scale", {"x": c.sum_to(t, "b")}, "b", alpha=-1.0)
+    return out
+
+
+def _unary(grad_kernel: str, reads: str):
+    def fn(c: VJP, dy: str) -> dict[str, str]:
+        return {"x": c.emit(grad_kernel, {"dy": dy, "x": c.name(reads)}, "x")}
+    return fn
+
+
+RULES["relu"] = _unary("relu_grad", "x")
+RULES["gelu"] = _unary("gelu_grad", "x")
+RULES["silu"] = _unary("silu_grad", "x")
+RULES["tanh"] = _unary("tanh_grad", "y")  # reads the forward output: 1 - y²
+
+
+@rule("exp")
+def _exp(c: VJP, dy: str) -> dict[str, str]:
+    return {"x": c.emit("mul", {"a": dy, "b": c.name("y")}, "x")}
+
+
+@rule("scale")
+def _scale(c: VJP, dy: str) -> dict[str, str]:
+    return {"x": c.emit("scale", {"x": dy}, "x", alpha=c.params.get("alpha", 1.0))}
+
+
+@rule("cast")
+def _cast(c: VJP, dy: str) -> dict[str, str]:
+    return {"x": c.emit("cast", {"x": dy}, "x", dtype=c.t("x").dtype)}
+
+
+@rule("causal_mask")
+def _causal_mask(c: VJP, dy: str) -> dict[str, str]:
+    return {"x": c.emit("causal_mask", {"x": dy}, "x", offset=c.params.get("offset", 0), fill=0.0)}
+
+
+@rule("rope")
+def _rope(c: VJP, dy: str) -> dict[str, str]:
+    return {"x": c.emit("rope", {"x": dy}, "x", base=c.params.get("base", 10000.0),
+                        inverse=not c.params.get("inverse", False))}
+
+
+# -- row-wise -------------------------------------------------------------------------------------
+
+@rule("softmax")
+def _softmax(c: VJP, dy: str) -> dict[str, str]:
+    return {"x": c.emit("softmax_grad", {"dy": dy, "y": c.name("y")}, "x")}
+
+
+def _norm(kind: str, default_eps: float):
+    def fn(c: VJP, dy: str) -> dict[str, str]:
+        eps = c.params.get("eps", default_eps)
+        out = {}
+        if "x" in c.need:
+            out["x"] = c.emit("norm_grad", {"dy": dy, "x": c.name("x"), "gamma": c.name("gamma")}, "x",
+                              kind=kind, eps=eps)
+        if "gamma" in c.need:
+            xhat = c.emit("normalize", {"x": c.name("x")}, "gamma", kind=kind, eps=eps)
+            out["gamma"] = c.sum_to(c.emit("mul", {"a": dy, "b": xhat}, "gamma"), "gamma")
+        if "beta" in c.need:
+            out["beta"] = c.sum_to(dy, "beta")
+        return out
+    return fn
+
+
+RULES["layernorm"] = _norm("layer", 1e-5)
+RULES["rmsnorm"] = _norm("rms", 1e-6)
+
+
+# -- layout and reductions ------------------------------------------------------------------------
+
+@rule("permute", "transpose")
+def _permute(c: VJP, dy: str) -> dict[str, str]:
+    n = len(c.t("x").shape)
+    perm = c.params.get("perm")
+    perm = list(range(n))[::-1] if perm is None else list(perm)
+    inverse = [perm.index(i) for i in range(n)]
+    return {"x": c.emit("permute", {"x": dy}, "x", perm=inverse)}
+
+
+@rule("reduce_sum", "reduce_mean")
+def _reduce(c: VJP, dy: str) -> dict[str, str]:
+    shape = c.t("x").shape
+    d = c.params.get("dim", -1) % len(shape)
+    g = c.emit("expand", {"x": dy}, "x", dim=d, size=shape[d])
+    if c.op.kernel == "reduce_mean":
+        g = c.emit("scale", {"x": g}, "x", alpha=1.0 / shape[d])
+    return {"x": g}
+
+
+@rule("expand")
+def _expand(c: VJP, dy: str) -> dict[str, str]:
+    return {"x": c.emit("reduce_sum", {"x": dy}, "x", dim=c.params.get("dim", 0))}
+
+
+@rule("embedding")
+def _embedding(c: VJP, dy: str) -> dict[str, str]:
+    return {"table": c.emit("embedding_grad", {"ids": c.name("ids"), "dy": dy}, "table",
+                            vocab=c.t("table").shape[0])}
+
+
+@rule("conv2d")
+def _conv2d(c: VJP, dy: str) -> dict[str, str]:
+    st, pad = c.params.get("stride", 1), c.params.get("padding", 0)
+    w = c.t("w").shape
+    out = {}
+    if "x" in c.need:
+        if st != 1:
+            raise AutodiffError(f"op {c.op.name!r}: the input gradient of a strided conv2d (stride {st}) is not "
+                                "expressible as box reads; only stride-1 convolutions train through their input")
+        out["x"] = c.emit("conv2d_input_grad", {"dy": dy, "w": c.name("w")}, "x", padding=pad)
+    if "w" in c.need:
+        out["w"] = c.emit("conv2d_weight_grad", {"x": c.name("x"), "dy": dy}, "w", stride=st, padding=pad,
+                          window=[w[2], w[3]])
+    return out

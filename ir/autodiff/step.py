@@ -1,0 +1,114 @@
+"""``training_step``: forward + loss + backward + optimizer update as one graph.
+
+Given a forward program (unsharded or not: it is taken back to its logical form first), the step
+
+1. optionally keeps fp32 *master weights*: every low-precision parameter ``P`` becomes an fp32
+   parameter, and an op ``P.cast`` writes the ``P.lowp`` copy that the forward reads (mixed
+   precision as in Micikevicius et al. 2018, "Mixed Precision Training");
+2. appends the loss (``loss``: ``mse`` against an input ``target`` shaped like the output, or
+   ``cross_entropy`` over the last dim against int32 ``labels``) and its gradient (``loss.grad``);
+3. appends the backward (``ir.autodiff.reverse``);
+4. appends the optimizer's update ops (``ir.autodiff.optimizers``), which write ``P.next`` for
+   every parameter ``P`` and ``S.next`` for every optimizer state ``S`` (``P.m``, ``P.v`` for
+   AdamW; ``P.momentum`` for SGD with momentum).
+
+The step's outputs are ``loss`` and every ``.next`` tensor; parameters and states are
+loop-carried (``Graph.carried``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ir.autodiff.errors import AutodiffError
+from ir.autodiff.optimizers import OPTIMIZERS, append_updates
+from ir.autodiff.reverse import backward
+from ir.builder import GraphBuilder
+from ir.graph import Graph, Op, Tensor
+from ir.kernels import INDEX_DTYPE
+from ir.rewrites import unshard
+from ir.validate import check
+
+LOSSES = ("mse", "cross_entropy")
+LOW_PRECISION = ("bfloat16", "float16")
+
+
+def _master_weights(g: Graph) -> Graph:
+    """fp32 parameters with ``P.cast`` ops writing the low-precision copies the forward reads."""
+    low = [n for n, t in g.tensors.items() if t.role == "parameter" and t.dtype in LOW_PRECISION]
+    if not low:
+        return g
+    tensors = dict(g.tensors)
+    ops: dict[str, Op] = {}
+    for p in low:
+        t = g.tensors[p]
+        tensors[p] = Tensor(p, t.shape, "float32", "parameter")
+        tensors[f"{p}.lowp"] = Tensor(f"{p}.lowp", t.shape, t.dtype, "intermediate")
+        ops[f"{p}.cast"] = Op(f"{p}.cast", "cast", (("x", p),), f"{p}.lowp", {"dtype": t.dtype},
+                              g.ops[next(iter(g.ops))].shards.__class__.whole(t.shape))
+    rename = {p: f"{p}.lowp" for p in low}
+    for n, o in g.ops.items():
+        ops[n] = o.replace(inputs=tuple((port, rename.get(x, x)) for port, x in o.inputs))
+    return Graph(tensors, ops)
+
+
+def _output(g: Graph, output: str | None) -> str:
+    outs = [n for n, t in g.tensors.items() if t.role == "output"]
+    if output is not None:
+        if output not in g.tensors or output not in g.producers:
+            raise AutodiffError(f"output {output!r} is not a produced tensor of the program; outputs are {outs}")
+        return output
+    if len(outs) != 1:
+        raise AutodiffError(f"the program has {len(outs)} outputs {outs}; name the one the loss reads with output=")
+    return outs[0]
+
+
+def training_step(g: Graph, loss: str = "mse", optimizer: str = "sgd", output: str | None = None,
+                  master_weights: bool | None = None, optimizer_params: Mapping[str, Any] | None = None) -> Graph:
+    """One training step of forward program ``g`` as a single validated graph.
+
+    ``loss``: ``mse`` or ``cross_entropy``; ``optimizer``: ``sgd`` (``momentum`` > 0 adds a
+    momentum state) or ``adamw``; ``optimizer_params`` go to the update ops (``lr``,
+    ``weight_decay``, ``momentum``, ``beta1``, ``beta2``, ``eps``, ``step``). ``master_weights``
+    (default: on when any parameter is bf16/fp16) keeps fp32 parameters and optimizer state.
+    """
+    if loss not in LOSSES:
+        raise AutodiffError(f"loss {loss!r} is not one of {list(LOSSES)}")
+    if optimizer not in OPTIMIZERS:
+        raise AutodiffError(f"optimizer {optimizer!r} is not one of {sorted(OPTIMIZERS)}")
+    if g.carried:
+        raise AutodiffError("the program is already a training step (it writes next values of its state)")
+    g = unshard(g)
+    y = _output(g, output)
+    if master_weights is None:
+        master_weights = any(t.role == "parameter" and t.dtype in LOW_PRECISION for t in g.tensors.values())
+    if master_weights:
+        g = _master_weights(g)
+    params = [n for n, t in g.tensors.items() if t.role == "parameter"]
+    if not params:
+        raise AutodiffError("the program has no parameters to train")
+    b = GraphBuilder.from_graph(g)
+    yt = b.tensor(y)
+    if loss == "mse":
+        if "target" in g.tensors:
+            raise AutodiffError("the program already has a tensor named 'target' (the mse loss's input)")
+        target = b.input("target", yt.shape, yt.dtype)
+        b.op("mse_loss", "loss", {"y": y, "target": target}, out="loss")
+        count = 1
+        for e in yt.shape:
+            count *= e
+        seed = b.op("mse_loss_grad", "loss.grad", {"y": y, "target": target}, count=count)
+    else:
+        if len(yt.shape) < 2:
+            raise AutodiffError(f"cross_entropy needs logits [..., vocab]; output {y!r} has shape {list(yt.shape)}")
+        if "labels" in g.tensors:
+            raise AutodiffError("the program already has a tensor named 'labels' (the cross-entropy input)")
+        labels = b.input("labels", yt.shape[:-1], INDEX_DTYPE)
+        b.op("cross_entropy", "loss", {"logits": y, "labels": labels}, out="loss")
+        count = 1
+        for e in yt.shape[:-1]:
+            count *= e
+        seed = b.op("cross_entropy_grad", "loss.grad", {"logits": y, "labels": labels}, count=count)
+    grads = backward(b, g, {y: seed}, params)
+    nexts = append_updates(b, grads, optimizer, dict(optimizer_params or {}))
+    return check(b.build(outputs=["loss", *nexts]), "training step")
