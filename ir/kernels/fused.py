@@ -91,7 +91,9 @@ class Fused(Kernel):
             own = {port: blocks[stage_port(i, port)] for port in k.inputs if not (i and port == stages[i]["chain"])}
             if i:
                 own[stages[i]["chain"]] = y
-            y = k.compute(xp, own, ssig_params(k, stages[i]))
+            # Stage 0's index box is the fused op's box: kernels that need it (causal masks, attention) get it.
+            y = k.run(xp, own, ssig_params(k, stages[i]), box, ssig) if i == 0 else k.compute(
+                xp, own, ssig_params(k, stages[i]))
         return y
 
 

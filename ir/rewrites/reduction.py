@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ir.graph import Graph, Op, Shards, Tensor
+from ir.kernels import get_kernel
+from ir.kernels.attention import COMBINE_KERNEL, SOFTMAX_MONOID
 from ir.rewrites.errors import RewriteError
 from ir.rewrites.shard import get_op
 
@@ -46,15 +48,19 @@ def split_reduction(g: Graph, op: str, parts: int, reduction: str | None = None)
     if acc_name(op) in g.ops or partial_name(op) in g.tensors:
         raise RewriteError(f"{op}: names {acc_name(op)!r}/{partial_name(op)!r} are taken")
     out = g.tensors[o.output]
-    partial = Tensor(partial_name(op), (int(parts),) + out.shape, out.dtype, "intermediate")
+    params = {**o.params, "split": {"reduction": red.name, "parts": int(parts)}}
+    # The partial's shape comes from the kernel: ``(parts,) + out.shape`` for sum and max, one more
+    # channel (the log-sum-exp) for attention's softmax monoid.
+    part_spec = get_kernel(o.kernel).signature({p: g.tensors[t].spec for p, t in o.inputs}, params).out_spec
+    partial = Tensor(partial_name(op), part_spec.shape, out.dtype, "intermediate")
     sh = o.shards
     n = len(sh)
     lo = np.concatenate([np.zeros((n, 1), np.int64), sh.lo], axis=1)
     hi = np.concatenate([np.full((n, 1), parts, np.int64), sh.hi], axis=1)
-    new_op = o.replace(params={**o.params, "split": {"reduction": red.name, "parts": int(parts)}},
-                       output=partial.name, shards=Shards(lo, hi, sh.device))
-    acc = Op(acc_name(op), "accumulate", (("p", partial.name),), o.output, {"monoid": red.monoid},
-             Shards(sh.lo, sh.hi, sh.device))
+    new_op = o.replace(params=params, output=partial.name, shards=Shards(lo, hi, sh.device))
+    kernel, acc_params = ((COMBINE_KERNEL, {}) if red.monoid == SOFTMAX_MONOID
+                          else ("accumulate", {"monoid": red.monoid}))
+    acc = Op(acc_name(op), kernel, (("p", partial.name),), o.output, acc_params, Shards(sh.lo, sh.hi, sh.device))
     return g.with_ops({op: new_op}, insert_after={op: [acc]}, tensors={partial.name: partial})
 
 
@@ -64,7 +70,7 @@ def merge_reduction(g: Graph, op: str) -> Graph:
     if not o.params.get("split"):
         raise RewriteError(f"{op}: its reduction is not split")
     readers = g.consumers.get(o.output, [])
-    if len(readers) != 1 or g.ops[readers[0][0]].kernel != "accumulate":
+    if len(readers) != 1 or g.ops[readers[0][0]].kernel not in ("accumulate", COMBINE_KERNEL):
         raise RewriteError(f"{op}: its partials are not read by exactly one accumulate op")
     acc = g.ops[readers[0][0]]
     params = {k: v for k, v in o.params.items() if k != "split"}

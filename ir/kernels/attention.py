@@ -1,0 +1,235 @@
+"""Fused attention (the FlashAttention recurrence) and the combine of its split key reduction.
+
+``attention(q, k, v)``::
+
+    y[*L, s, :] = Σ_t softmax_t(scale · q[*L, s, :] · k[*Lk, t, :] + mask[s, t]) · v[*Lk, t, :]
+
+Shapes: ``q[*L, s, e]``, ``k[*Lk, t, e]``, ``v[*Lk, t, ev]`` with ``Lk`` a prefix of ``L``: the
+usual ``q[b, h, s, e]`` / ``k[b, h, t, e]``, or grouped-query attention written as
+``q[b, kvh, g, s, e]`` with ``k[b, kvh, t, e]`` (the extra dims of ``q`` broadcast over ``k``/``v``).
+Params: ``scale``; ``causal`` with ``offset``: query row ``i`` sees key ``j`` iff
+``j <= i + offset`` (absolute positions: the rows and key blocks a shard covers come from its
+index box, so ``run`` is overridden); ``origin``: the unfused ops a substitution replaced
+(``ir.rewrites.substitute_attention`` restores them), ``None`` for an attention written as such.
+
+Index space: the leading dims of ``q`` and its query rows (``b, h[, g], s``). The key dim ``t``
+hides in the projections of ``k`` and ``v`` and is the splittable reduction, with the softmax
+monoid: ``split_reduction`` gives a partial op writing ``p[kb, *L, s, ev + 1]`` (per key block,
+the block-normalised output and its log-sum-exp) and an ``attention_combine`` op that merges the
+partials. The pair (o_k / l_k, m_k + log l_k) carries exactly the (running max m, sum of exponents
+l, weighted sum o) triple of the online softmax: ``lse = log Σ_k exp(lse_k)`` and
+``y = Σ_k exp(lse_k − lse) · o_k`` is associative with identity (0, −inf), which is what
+FlashAttention-2's and ring attention's block combines compute (Dao 2023, §3.1; Liu et al. 2023).
+One extra channel instead of two, and no unnormalised sums to overflow in 16-bit storage.
+
+Cost (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with
+IO-Awareness", Alg. 1 and Thm 2). FLOPs per query row: ``2·t·e`` (scores) + ``2·t·ev`` (P·V) +
+``5·t`` (scale, max, exp, sum, divide: the same count as the unfused softmax kernel), times the
+fraction of keys a causal row sees (the whole index space's mean, so totals are exact; shards of
+early rows are charged a little more than they do, late rows a little less). Bytes: Thm 2 counts
+``Θ(N²·d²/M)`` HBM accesses for on-chip memory ``M``; once a head's K and V fit in the cache that
+serves the re-reads (``N·d ≤ M``: 1 MiB per head at N = 2048, d = 128 in bfloat16, against 50 MiB
+of L2 on an H100), this is ``Θ(N·d)``: each shard reads its q rows and its heads' k and v once and
+writes its output rows. That is what the projections below say, so the cost model's byte count
+(projected boxes) is the FlashAttention count, and no ``s × t`` tensor exists anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ir.kernels.base import (Kernel, Reduction, Signature, SignatureError, TensorSpec, split_signature, unit_row,
+                             zero_row)
+from ir.zspace import Projection, ZRange
+
+SOFTMAX_MONOID = "softmax"  # the (max, sum of exp, weighted sum) monoid of attention's key reduction
+COMBINE_KERNEL = "attention_combine"  # combines the partials of a split attention (see ``split_reduction``)
+KEY_BLOCK = 512  # keys per step of the online-softmax loop (B_c of Alg. 1): bounds the s × B_c scratch
+SOFTMAX_FLOPS = 5.0  # per score: as the ``softmax`` kernel counts them
+_LEAD_NAMES = {0: (), 1: ("b",), 2: ("b", "h"), 3: ("b", "h", "g")}
+
+
+def lead_dim_names(n: int) -> tuple[str, ...]:
+    return _LEAD_NAMES.get(n, tuple(f"d{i}" for i in range(n)))
+
+
+def visible_keys(s: int, t: int, causal: bool, offset: int) -> int:
+    """Number of (query, key) pairs the mask lets through: query i sees keys j <= i + offset."""
+    if not causal:
+        return s * t
+    rows = np.clip(np.arange(s, dtype=np.int64) + offset + 1, 0, t)
+    return int(rows.sum())
+
+
+def attention_shapes(ins: Mapping[str, TensorSpec]) -> tuple[tuple[int, ...], int, int, int, int, int]:
+    """``(L, len(Lk), s, e, t, ev)`` of attention inputs, or ``SignatureError`` naming the mismatch."""
+    q, k, v = ins["q"].shape, ins["k"].shape, ins["v"].shape
+    if len(q) < 2 or len(k) < 2 or len(v) != len(k) or len(k) > len(q):
+        raise SignatureError(f"attention needs q[*L, s, e], k[*Lk, t, e], v[*Lk, t, ev] with Lk a prefix of L; "
+                             f"got q{list(q)}, k{list(k)}, v{list(v)}")
+    lead, nk = q[:-2], len(k) - 2
+    if tuple(k[:-2]) != tuple(lead[:nk]) or tuple(v[:-2]) != tuple(lead[:nk]):
+        raise SignatureError(f"attention k{list(k)} and v{list(v)} must lead with q's leading dims {list(lead[:nk])}")
+    if k[-1] != q[-1]:
+        raise SignatureError(f"attention q and k must share the head dim e: q{list(q)}, k{list(k)}")
+    if v[-2] != k[-2]:
+        raise SignatureError(f"attention k and v must have the same key length t: k{list(k)}, v{list(v)}")
+    return tuple(lead), nk, q[-2], q[-1], k[-2], v[-1]
+
+
+class Attention(Kernel):
+    """``softmax(scale · q kᵀ [+ causal mask]) v`` without materialising the scores (see module doc)."""
+
+    name = "attention"
+    inputs = ("q", "k", "v")
+    kernel_class = "matmul"  # tensor-core bound like a GEMM (FlashAttention-2 reaches 50-73 % of peak)
+    params_defaults = {"scale": 1.0, "causal": False, "offset": 0, "origin": None}
+
+    def base_signature(self, ins, params):
+        lead, nk, s, e, t, ev = attention_shapes(ins)
+        if not isinstance(params["causal"], bool) or not isinstance(params["offset"], int):
+            raise SignatureError(f"attention causal must be true/false and offset an integer; got "
+                                 f"{params['causal']!r}, {params['offset']!r}")
+        if not isinstance(params["scale"], (int, float)) or isinstance(params["scale"], bool):
+            raise SignatureError(f"attention scale must be a number, got {params['scale']!r}")
+        n = len(lead) + 1  # index dims: *L, s
+        q_rows = [unit_row(n, c) for c in range(n)] + [zero_row(n)]
+        kv_rows = [unit_row(n, c) for c in range(nk)] + [zero_row(n), zero_row(n)]
+        inputs = {
+            "q": Projection(tuple(q_rows), (0,) * (n + 1), (1,) * n + (e,)),
+            "k": Projection(tuple(kv_rows), (0,) * (nk + 2), (1,) * nk + (t, e)),
+            "v": Projection(tuple(kv_rows), (0,) * (nk + 2), (1,) * nk + (t, ev)),
+        }
+        out = Projection(tuple(q_rows), (0,) * (n + 1), (1,) * n + (ev,))
+        seen = visible_keys(s, t, params["causal"], params["offset"]) / s
+        flops = seen * (2.0 * e + 2.0 * ev + SOFTMAX_FLOPS)
+        red = Reduction("t", t, SOFTMAX_MONOID, (("k", nk), ("v", nk)))
+        return Signature(lead_dim_names(len(lead)) + ("s",), lead + (s,), inputs, out,
+                         TensorSpec(lead + (s, ev), ins["q"].dtype), flops, (red,))
+
+    def signature(self, ins, params):
+        split = params.get("split")
+        sig = super().signature(ins, {k: v for k, v in params.items() if k != "split"})
+        if not split:
+            return sig
+        part = split_signature(sig, split)
+        # The partial carries one more channel: the block's log-sum-exp beside its normalised output.
+        o = part.output
+        out = Projection(o.A, o.b, o.s[:-1] + (o.s[-1] + 1,))
+        shape = part.out_spec.shape
+        return Signature(part.dims, part.extents, part.inputs, out,
+                         TensorSpec(shape[:-1] + (shape[-1] + 1,), part.out_spec.dtype),
+                         part.flops_per_point, (), part.in_specs, part.split_from)
+
+    def compute(self, xp, blocks, params):
+        if params["causal"]:
+            raise SignatureError("causal attention needs its index box (absolute query rows): call run()")
+        o, _ = flash_forward(xp, blocks["q"], blocks["k"], blocks["v"], params["scale"], False, 0, 0, 0)
+        return o.astype(blocks["q"].dtype)
+
+    def run(self, xp: Any, blocks: Mapping[str, Any], params: Mapping[str, Any], box: ZRange,
+            sig: Signature) -> Any:
+        q, k, v = blocks["q"], blocks["k"], blocks["v"]
+        q0 = box.start[-1]  # absolute position of the block's first query row
+        split = params.get("split")
+        if not split:
+            o, _ = flash_forward(xp, q, k, v, params["scale"], params["causal"], q0, 0, params["offset"])
+            return o.astype(q.dtype)
+        chunk = sig.split_from.extent // split["parts"]
+        parts = []
+        for j in range(box.start[0], box.end[0]):
+            local = slice((j - box.start[0]) * chunk, (j - box.start[0] + 1) * chunk)
+            kj, vj = k[..., local, :], v[..., local, :]
+            o, lse = flash_forward(xp, q, kj, vj, params["scale"], params["causal"], q0, j * chunk,
+                                   params["offset"])
+            parts.append(xp.concatenate([o, lse[..., None]], axis=-1).astype(q.dtype))
+        return xp.stack(parts, axis=0)
+
+
+def _broadcast_kv(x: Any, q_rank: int) -> Any:
+    """``k[*Lk, t, e]`` viewed as ``[*Lk, 1.., t, e]`` so it broadcasts over q's extra (group) dims."""
+    extra = q_rank - x.ndim
+    return x.reshape(x.shape[:-2] + (1,) * extra + x.shape[-2:]) if extra else x
+
+
+def flash_forward(xp: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, q0: int, k0: int, offset: int,
+                  block: int = KEY_BLOCK) -> tuple[Any, Any]:
+    """Online-softmax attention over key blocks (Dao et al. 2022, Alg. 1, lines 9-12).
+
+    ``q0``/``k0`` are the absolute positions of the first query row and key. Returns the
+    normalised output ``o[*L, s, ev]`` and the log-sum-exp ``lse[*L, s]`` of the scaled (masked)
+    scores, both in float32 or wider; rows that see no key give ``o = 0`` and ``lse = -inf``.
+    """
+    f32 = xp.promote_types(q.dtype, xp.float32)  # 16-bit inputs accumulate in float32, as on GPUs
+    qs = q.astype(f32) * f32.type(scale)
+    k, v = _broadcast_kv(k.astype(f32), q.ndim), _broadcast_kv(v.astype(f32), q.ndim)
+    s, t = q.shape[-2], k.shape[-2]
+    lead = tuple(q.shape[:-2])
+    m = xp.full(lead + (s,), -xp.inf, dtype=f32)
+    l = xp.zeros(lead + (s,), dtype=f32)  # noqa: E741  (the paper's name)
+    acc = xp.zeros(lead + (s, v.shape[-1]), dtype=f32)
+    rows = q0 + xp.arange(s)
+    for j in range(0, t, block):
+        kb, vb = k[..., j:j + block, :], v[..., j:j + block, :]
+        S = qs @ xp.swapaxes(kb, -1, -2)
+        if causal:
+            cols = k0 + j + xp.arange(kb.shape[-2])
+            visible = cols[None, :] <= rows[:, None] + offset
+            if not bool(visible.any()):
+                continue
+            S = xp.where(visible, S, -xp.inf)
+        m_new = xp.maximum(m, S.max(axis=-1))
+        m_safe = xp.where(xp.isfinite(m_new), m_new, f32.type(0))  # a row that saw nothing yet stays at -inf
+        P = xp.exp(S - m_safe[..., None])
+        corr = xp.exp(m - m_safe)
+        l = l * corr + P.sum(axis=-1)  # noqa: E741
+        acc = acc * corr[..., None] + P @ vb
+        m = m_new
+    seen = l > 0
+    l_safe = xp.where(seen, l, f32.type(1))
+    o = acc / l_safe[..., None]
+    lse = xp.where(seen, m + xp.log(l_safe), -xp.inf)
+    return o, lse
+
+
+def combine_partials(xp: Any, p: Any) -> Any:
+    """``y`` from partials ``p[kb, ..., ev + 1]`` = (block-normalised output, block log-sum-exp)."""
+    ct = xp.promote_types(p.dtype, xp.float32)
+    p32 = p.astype(ct)
+    o, lse = p32[..., :-1], p32[..., -1]
+    top = lse.max(axis=0)
+    top = xp.where(xp.isfinite(top), top, ct.type(0))
+    w = xp.exp(lse - top)  # blocks that saw no key weigh 0
+    den = w.sum(axis=0)
+    y = (w[..., None] * o).sum(axis=0) / xp.where(den > 0, den, ct.type(1))[..., None]
+    return y.astype(p.dtype)
+
+
+class AttentionCombine(Kernel):
+    """``y[*M, ev]`` from split-attention partials ``p[kb, *M, ev + 1]`` (the softmax monoid)."""
+
+    name = COMBINE_KERNEL
+    inputs = ("p",)
+    kernel_class = "elementwise"
+
+    def base_signature(self, ins, params):
+        shape = ins["p"].shape
+        if len(shape) < 3 or shape[-1] < 2:
+            raise SignatureError(f"{COMBINE_KERNEL} needs partials p[kb, ..., ev + 1] of rank >= 3 with a last dim "
+                                 f">= 2 (output channels plus the log-sum-exp), got {list(shape)}")
+        mid, ev, parts = shape[1:-1], shape[-1] - 1, shape[0]
+        n = len(mid)
+        rows = (zero_row(n),) + tuple(unit_row(n, c) for c in range(n)) + (zero_row(n),)
+        out_rows = tuple(unit_row(n, c) for c in range(n)) + (zero_row(n),)
+        return Signature(tuple(f"d{i}" for i in range(n)), mid,
+                         {"p": Projection(rows, (0,) * len(shape), (parts,) + (1,) * n + (ev + 1,))},
+                         Projection(out_rows, (0,) * (n + 1), (1,) * n + (ev,)),
+                         TensorSpec(mid + (ev,), ins["p"].dtype), 3.0 * parts * (ev + 1))
+
+    def compute(self, xp, blocks, params):
+        return combine_partials(xp, blocks["p"])
+
+
+KERNELS = (Attention, AttentionCombine)

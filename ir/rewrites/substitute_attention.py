@@ -1,0 +1,272 @@
+"""Substitution: the attention pattern becomes one ``attention`` op; ``unfuse_attention`` undoes it.
+
+``fuse_attention(g, "attn_qk")`` on the built-in transformer's form (``bmm`` with a permuted k)::
+
+    k_t:          k_t.out = permute(k_proj.out, perm=[0,1,3,2])        [b, h, e, t]
+    attn_qk:      attn_qk.out = bmm(q_proj.out, k_t.out, alpha=c)      [b, h, s, t]
+    attn_softmax: attn_softmax.out = softmax(attn_qk.out)               [b, h, s, t]
+    attn_av:      attn_av.out = bmm(attn_softmax.out, v_proj.out)      [b, h, s, e]
+ -> attn_qk+attn_av: attn_av.out = attention(q_proj.out, k_proj.out, v_proj.out, scale=c)
+
+and on the einsum form of the gpt/llama workloads (``einsum(q, k) → [scale] → [causal_mask] →
+softmax → einsum(·, v)``, grouped-query heads included: ``q[b, kvh, g, s, e]`` with
+``k[b, kvh, t, e]``). The scores, probabilities and the transposed k disappear; the attention
+op's ``origin`` param records the replaced ops (names, kernels, params, inputs, outputs) so
+``unfuse_attention`` restores them exactly (``unshard`` does, so a plan's logical program is the
+program the user wrote).
+
+The pattern, checked op by op (each refusal names the failing condition):
+- the scores op is an einsum/matmul/bmm (not fused, reduction not split) whose only contracted
+  letter is the head dim ``e``; its first operand is ``q[*L, s, e]`` and its output ``[*L, s, t]``;
+  its second operand is ``k[*Lk, t, e]`` (``Lk`` a prefix of ``L``) or a ``permute`` of it read by
+  nothing else;
+- then, each the only reader of the previous tensor: ``scale`` ops (factors multiply into the
+  attention's ``scale``), at most one ``causal_mask`` with ``fill`` -inf, and a ``softmax``;
+- the values op contracts exactly ``t``: ``probs[*L, s, t] · v[*Lk, t, ev] -> [*L, s, ev]``
+  with ``alpha`` 1;
+- no intermediate is a graph output; every replaced op is plain (unfused, unsplit).
+
+The attention op takes the values op's shards when they keep ``ev`` whole (its index dims are
+the first ones of the values op), else one shard on the values op's first device; ``unfuse``
+maps its shards back the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ir.graph import Graph, Op, Shards, Tensor
+from ir.kernels import SignatureError, get_kernel
+from ir.rewrites.errors import RewriteError
+from ir.rewrites.shard import get_op
+
+_BATCH = "abcdefgh"
+
+
+def contraction_letters(o: Op, g: Graph) -> tuple[str, str, str, float] | None:
+    """``(letters of a, letters of b, letters of the output, alpha)`` of a plain contraction op."""
+    if o.params.get("split"):
+        return None
+    if o.kernel == "einsum":
+        m = re.fullmatch(r"([a-z]+),([a-z]+)->([a-z]+)", str(o.params.get("equation", "")).replace(" ", ""))
+        return (m.group(1), m.group(2), m.group(3), float(o.params.get("alpha", 1.0))) if m else None
+    if o.kernel == "matmul":
+        return "mk", "kn", "mn", float(o.params.get("alpha", 1.0))
+    if o.kernel == "bmm":
+        r = len(g.tensors[o.input_map["a"]].shape)
+        bl = _BATCH[: r - 2]
+        return bl + "mk", bl + "kn", bl + "mn", float(o.params.get("alpha", 1.0))
+    return None
+
+
+@dataclass(frozen=True)
+class AttentionMatch:
+    """A matched attention pattern: the tensors the attention op reads, its params, the ops it replaces."""
+
+    q: str
+    k: str
+    v: str
+    scale: float
+    causal: bool
+    offset: int
+    ops: tuple[tuple[str, str], ...]  # (role, op name) in data-flow order
+    output: str
+
+
+def _sole_reader(g: Graph, t: str) -> tuple[str, str] | str:
+    """The one ``(op, port)`` reading intermediate ``t``, or why there is not exactly one."""
+    if g.tensors[t].role == "output":
+        return f"{t} is a graph output and must stay materialised"
+    readers = g.consumers.get(t, [])
+    if len(readers) != 1:
+        return f"{t} is read by {[r for r, _ in readers]}, not by one op"
+    return readers[0]
+
+
+def match_attention(g: Graph, op: str) -> AttentionMatch | str:
+    """The attention pattern whose scores op is ``op``, or the reason it does not match."""
+    o = g.ops.get(op)
+    if o is None:
+        return f"no operation {op!r}"
+    view = contraction_letters(o, g)
+    if view is None:
+        return f"{op} ({o.kernel}) is not a plain einsum/matmul/bmm"
+    la, lb, lo, alpha = view
+    contracted = set(la + lb) - set(lo)
+    if len(lo) < 2 or len(contracted) != 1:
+        return f"{op} must contract exactly one letter (the head dim) into scores [..., s, t]; it is {la},{lb}->{lo}"
+    (e,) = contracted
+    s_, t_ = lo[-2], lo[-1]
+    lead = lo[:-2]
+    if la != lead + s_ + e:
+        return f"{op}'s first operand must be q[*L, s, e] for scores [*L, s, t] = {lo}; its letters are {la}"
+    ops: list[tuple[str, str]] = []
+    k_tensor = o.input_map["b"]
+    k_letters = lb
+    if not _is_k_layout(k_letters, lead, t_, e):
+        prod = g.producers.get(k_tensor)
+        p = g.ops.get(prod) if prod else None
+        if p is None or p.kernel != "permute" or p.params.get("perm") is None:
+            return f"{op}'s second operand must be k[*Lk, t, e] or a permute of it; its letters are {lb}"
+        sole = _sole_reader(g, k_tensor)
+        if isinstance(sole, str):
+            return f"cannot absorb the permute {prod}: {sole}"
+        perm = list(p.params["perm"])
+        xl = [""] * len(perm)
+        for i, src in enumerate(perm):
+            xl[src] = lb[i]
+        k_letters = "".join(xl)
+        if not _is_k_layout(k_letters, lead, t_, e):
+            return f"{op}'s second operand is a permute of a tensor with letters {k_letters}, not k[*Lk, t, e]"
+        ops.append(("k_t", prod))
+        k_tensor = p.input_map["x"]
+    ops.append(("qk", op))
+    scale, causal, offset = alpha, False, 0
+    t = o.output
+    while True:
+        sole = _sole_reader(g, t)
+        if isinstance(sole, str):
+            return sole
+        name, _port = sole
+        c = g.ops[name]
+        if c.kernel == "scale" and not causal:
+            scale *= float(c.params.get("alpha", 1.0))
+            ops.append(("scale", name))
+        elif c.kernel == "causal_mask" and not causal:
+            if c.params.get("fill") is not None:
+                return f"{name} fills masked scores with {c.params['fill']}, not -inf"
+            causal, offset = True, int(c.params.get("offset", 0))
+            ops.append(("mask", name))
+        elif c.kernel == "softmax":
+            ops.append(("softmax", name))
+            t = c.output
+            break
+        else:
+            return f"{name} ({c.kernel}) between the scores and the softmax is not a scale or causal_mask"
+        t = c.output
+    sole = _sole_reader(g, t)
+    if isinstance(sole, str):
+        return sole
+    av_name, port = sole
+    av = g.ops[av_name]
+    view = contraction_letters(av, g)
+    if view is None:
+        return f"{av_name} ({av.kernel}) reading the probabilities is not a plain einsum/matmul/bmm"
+    pa, pb, po, av_alpha = view
+    lp, lv = (pa, pb) if port == "a" else (pb, pa)
+    if av_alpha != 1.0:
+        return f"{av_name} scales its output by {av_alpha}; the attention pattern needs alpha 1"
+    nk = len(k_letters) - 2
+    ev = [x for x in lv if x not in lp]
+    if (len(lp) != len(lo) or len(ev) != 1 or set(lp + lv) - set(po) != {lp[-1]}
+            or lv != lp[:nk] + lp[-1] + ev[0] or po != lp[:-1] + ev[0]):
+        return (f"{av_name} must contract only the key dim: probs[*L, s, t]·v[*Lk, t, ev] -> [*L, s, ev]; "
+                f"its letters are {pa},{pb}->{po}")
+    ops.append(("av", av_name))
+    m = AttentionMatch(o.input_map["a"], k_tensor, av.input_map["b" if port == "a" else "a"], scale, causal, offset,
+                       tuple(ops), av.output)
+    try:
+        get_kernel("attention").signature({"q": g.tensors[m.q].spec, "k": g.tensors[m.k].spec,
+                                           "v": g.tensors[m.v].spec}, _params(m, None))
+    except SignatureError as err:
+        return f"the matched tensors do not make an attention: {err}"
+    return m
+
+
+def _is_k_layout(letters: str, lead: str, t: str, e: str) -> bool:
+    nk = len(letters) - 2
+    return nk >= 0 and letters[-2:] == t + e and letters[:nk] == lead[:nk]
+
+
+def _params(m: AttentionMatch, origin: dict | None) -> dict:
+    return {"scale": m.scale, "causal": m.causal, "offset": m.offset, "origin": origin}
+
+
+def attention_name(m: AttentionMatch) -> str:
+    roles = dict(m.ops)
+    return f"{roles['qk']}+{roles['av']}"
+
+
+def fuse_attention(g: Graph, op: str) -> Graph:
+    """Replace the attention pattern whose scores op is ``op`` by one ``attention`` op."""
+    get_op(g, op)
+    m = match_attention(g, op)
+    if isinstance(m, str):
+        raise RewriteError(f"cannot fuse attention at {op}: {m}")
+    name = attention_name(m)
+    if name in g.ops:
+        raise RewriteError(f"cannot fuse attention at {op}: an operation named {name} exists")
+    records = []
+    for role, n in m.ops:
+        x = g.ops[n]
+        records.append({"role": role, "op": n, "kernel": x.kernel, "params": dict(x.params),
+                        "inputs": [[p, t] for p, t in x.inputs], "output": x.output})
+    av = g.ops[dict(m.ops)["av"]]
+    sh = av.shards
+    n_idx = sh.ndim - 1
+    ev = g.tensors[av.output].shape[-1]
+    if np.all(sh.lo[:, -1] == 0) and np.all(sh.hi[:, -1] == ev):
+        shards = Shards(sh.lo[:, :n_idx], sh.hi[:, :n_idx], sh.device)
+    else:
+        shards = Shards.whole(g.tensors[av.output].shape[:-1], int(sh.device[0]))
+    new = Op(name, "attention", (("q", m.q), ("k", m.k), ("v", m.v)), m.output, _params(m, {"ops": records}), shards)
+    drop = {n: None for _, n in m.ops}
+    drop[av.name] = new
+    return g.with_ops(drop, tensors={g.ops[n].output: None for _, n in m.ops if n != av.name})
+
+
+def unfuse_attention(g: Graph, op: str) -> Graph:
+    """Restore the ops a ``fuse_attention`` replaced (the attention op's ``origin``)."""
+    o = get_op(g, op)
+    if o.kernel != "attention":
+        raise RewriteError(f"{op} is not an attention op")
+    origin = o.params.get("origin")
+    if not origin:
+        raise RewriteError(f"{op} was written as attention (no origin to restore)")
+    if o.params.get("split"):
+        raise RewriteError(f"{op}: its key reduction is split (merge_reduction first)")
+    records = origin["ops"]
+    for r in records:
+        if r["op"] != op and r["op"] in g.ops:
+            raise RewriteError(f"cannot unfuse {op}: an operation named {r['op']} exists")
+        if r["role"] != "av" and r["output"] in g.tensors:
+            raise RewriteError(f"cannot unfuse {op}: a tensor named {r['output']} exists")
+    specs = {n: t.spec for n, t in g.tensors.items()}
+    sh = o.shards
+    new_tensors: dict[str, Tensor] = {}
+    new_ops: list[Op] = []
+    for r in records:
+        inputs = tuple((p, t) for p, t in r["inputs"])
+        sig = get_kernel(r["kernel"]).signature({p: specs[t] for p, t in inputs}, r["params"])
+        if r["role"] != "av":
+            specs[r["output"]] = sig.out_spec
+            new_tensors[r["output"]] = Tensor(r["output"], sig.out_spec.shape, sig.out_spec.dtype, "intermediate")
+        n = sh.ndim
+        if r["role"] == "k_t" or tuple(sig.extents[:n]) != tuple(g.signature(o).extents):
+            shards = Shards.whole(sig.extents, int(sh.device[0]))
+        else:
+            extra = np.array(sig.extents[n:], np.int64)
+            lo = np.concatenate([sh.lo, np.zeros((len(sh), extra.size), np.int64)], axis=1)
+            hi = np.concatenate([sh.hi, np.tile(extra, (len(sh), 1))], axis=1)
+            shards = Shards(lo, hi, sh.device)
+        new_ops.append(Op(r["op"], r["kernel"], inputs, r["output"], dict(r["params"]), shards))
+    first, rest = new_ops[0], new_ops[1:]
+    return g.with_ops({op: first}, insert_after={op: rest}, tensors=new_tensors)
+
+
+def attention_sites(g: Graph) -> list[str]:
+    """Scores ops where ``fuse_attention`` applies (the search's candidates)."""
+    out = []
+    for n, o in g.ops.items():
+        if o.kernel in ("einsum", "matmul", "bmm") and not isinstance(match_attention(g, n), str):
+            out.append(n)
+    return out
+
+
+def fused_attentions(g: Graph) -> list[str]:
+    """Attention ops that ``unfuse_attention`` can restore."""
+    return [n for n, o in g.ops.items() if o.kernel == "attention" and o.params.get("origin")
+            and not o.params.get("split")]
