@@ -1,0 +1,183 @@
+"""ONNX -> block graph: ``import_onnx(model, params) -> (Graph, {initializer name: values})``.
+
+How a model becomes a graph:
+
+1. **Load** a path, bytes or ``onnx.ModelProto``; anything else, or a file that is not an ONNX
+   model, is an :class:`ImportFailure`.
+2. **Bind dims.** Every graph input's symbolic dim (``batch``, ``seq``) takes its value from
+   ``params``; a dim without a value, or a value for a dim the model does not have, is an error
+   naming the dims and the ``--set name=N`` that fixes it.
+3. **Fold constants.** A node whose inputs are all constants (initializers, ``Constant`` nodes,
+   ``Shape`` of a tensor whose shape is now known) is evaluated once with ONNX's reference
+   implementation: the shape arithmetic of exports (``Shape -> Gather -> Unsqueeze -> Concat ->
+   Reshape``), position ids (``Range``), causal masks (``Trilu``) all become plain constants.
+4. **Map ops** one node at a time to kernels (``ir.importers.onnx_ops``). Inputs and outputs
+   keep their ONNX names; initializers read by an op become ``parameter`` tensors of the same
+   name, their values returned beside the graph (``program.npz``). Folded constants read by an op
+   become parameters named after the ONNX value that holds them.
+5. **Patterns** (``ir.importers.patterns``) turn the op sequences exports produce into the
+   kernels the search knows how to shard: ``matmul/einsum + add(bias)`` -> ``linear``, the Erf
+   GELU -> ``gelu_erf``, the RMSNorm sequence -> ``rmsnorm``, ``x · sigmoid(x)`` -> ``silu``; the
+   causal-mask ``Where``/``Add`` of a constant lower-triangular mask maps to ``causal_mask`` as the
+   node is converted.
+6. Every node that cannot be mapped is collected; if there is any, one error lists each op type
+   with its node names. Otherwise the graph is validated and returned.
+
+Reshape, Flatten, Squeeze and Unsqueeze become ``reshape`` ops whose projections are exact
+(``ir.kernels.shape``): a reshape that splits ``D`` into heads shards along the heads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from ir.graph import Graph
+from ir.importers.errors import ImportFailure
+from ir.importers.onnx_ops import HANDLERS, Context, Unsupported
+from ir.importers.patterns import apply_patterns
+from ir.importers.program import Program
+from ir.kernels import SignatureError
+
+# ONNX TensorProto element types the graph can hold (others: an error naming the input).
+_FLOATS = {1: "float32", 10: "float16", 16: "bfloat16"}
+_INTS = {6: "int32", 7: "int32"}  # int64 ids become int32 (token ids and labels fit)
+
+
+def load_model(model: Any) -> Any:
+    """An ``onnx.ModelProto`` from a path, bytes or a ModelProto."""
+    import onnx  # noqa: PLC0415  (optional dependency, imported when used)
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray)):
+        try:
+            return onnx.load_from_string(bytes(model))
+        except Exception as e:  # noqa: BLE001  (protobuf raises assorted decode errors)
+            raise ImportFailure(f"the bytes given are not an ONNX model ({type(e).__name__}: {e})") from None
+    path = Path(model)
+    if not path.is_file():
+        raise ImportFailure(f"ONNX file {str(path)!r} does not exist; give the path of a .onnx model")
+    try:
+        m = onnx.load(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise ImportFailure(f"{str(path)!r} is not an ONNX model: {type(e).__name__}: {str(e)[:200]}; "
+                            f"export one with torch.onnx.export or onnx.save") from None
+    if not m.graph.node and not m.graph.output:
+        raise ImportFailure(f"{str(path)!r} holds no ONNX graph (no nodes, no outputs); is it an ONNX model?")
+    return m
+
+
+def _bind_inputs(m: Any, params: Mapping[str, Any], inits: set[str]) -> list[tuple[str, tuple[int, ...], str]]:
+    symbolic: dict[str, list[str]] = {}
+    out, problems = [], []
+    for vi in m.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        elem = tt.elem_type
+        dtype = _FLOATS.get(elem) or _INTS.get(elem)
+        if dtype is None:
+            problems.append(f"input {vi.name!r} has ONNX element type {elem}, which the graph cannot hold "
+                            f"(float32, float16, bfloat16, int32, int64)")
+            continue
+        shape = []
+        for k, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                shape.append(int(d.dim_value))
+            elif d.HasField("dim_param") and d.dim_param:
+                symbolic.setdefault(d.dim_param, []).append(f"{vi.name}[{k}]")
+                v = params.get(d.dim_param)
+                shape.append(v)
+            else:
+                symbolic.setdefault(f"{vi.name}[{k}]", []).append(f"{vi.name}[{k}]")
+                shape.append(params.get(f"{vi.name}[{k}]"))
+        if not shape:
+            problems.append(f"input {vi.name!r} is a scalar; graph tensors have rank >= 1")
+        out.append((vi.name, shape, dtype))
+    unbound = sorted(n for n in symbolic if params.get(n) is None)
+    bad = sorted(n for n in symbolic if params.get(n) is not None and
+                 (not isinstance(params[n], int) or isinstance(params[n], bool) or params[n] < 1))
+    unknown = sorted(set(params) - set(symbolic))
+    if unbound:
+        where = "; ".join(f"{n} (at {', '.join(symbolic[n])})" for n in unbound)
+        problems.append(f"symbolic dims without a value: {where}; bind each with --set NAME=N "
+                        f"(in a campaign: workload.params)")
+    if bad:
+        problems.append(f"dims {bad} must be positive integers, got {[params[n] for n in bad]}")
+    if unknown:
+        problems.append(f"params {unknown} name no symbolic dim of the model; its symbolic dims are "
+                        f"{sorted(symbolic) or 'none'}")
+    if problems:
+        raise ImportFailure("cannot import the ONNX model: " + "; ".join(problems))
+    return [(n, tuple(int(d) for d in s), dt) for n, s, dt in out]
+
+
+def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
+                what: str = "imported ONNX model") -> tuple[Graph, dict[str, np.ndarray]]:
+    """Import an ONNX model; ``params`` binds its symbolic dims (``{"batch": 8, "seq": 128}``).
+
+    Returns the validated graph (every op on one shard of device 0) and the values of its
+    parameter tensors (initializers under their ONNX names, folded constants under theirs).
+    Raises :class:`ImportFailure` for a bad file, unbindable dims or unsupported ops.
+    """
+    from onnx import numpy_helper  # noqa: PLC0415
+
+    m = load_model(model)
+    params = dict(params or {})
+    inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    inputs = _bind_inputs(m, params, set(inits))
+    floats = [dt for _, _, dt in inputs if dt != "int32"]
+    dtype = floats[0] if floats else "float32"
+    opset = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 17)
+    prog = Program()
+    for name, shape, dt in inputs:
+        prog.source(name, shape, dt, "input")
+    ctx = Context(prog, dict(inits), dtype, opset)
+    unsupported: dict[str, list[str]] = {}
+    unknown: set[str] = set()
+    for i, node in enumerate(m.graph.node):
+        label = node.name or f"{node.op_type}_{i}"
+        ins = [x for x in node.input if x]
+        if any(x in unknown for x in ins):
+            unknown.update(node.output)
+            continue
+        try:
+            if node.op_type == "Constant" or (ins and all(ctx.is_const(x) for x in ins)
+                                              and node.op_type not in ("RandomNormalLike", "RandomUniformLike")):
+                ctx.fold(node)
+            elif node.op_type in ("Shape", "Size"):
+                ctx.fold(node)
+            else:
+                handler = HANDLERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+                if handler is None:
+                    raise Unsupported("")
+                handler(ctx, node, label)
+        except Unsupported as e:
+            key = node.op_type + (f" ({e})" if str(e) else "")
+            unsupported.setdefault(key, []).append(label)
+            unknown.update(node.output)
+        except SignatureError as e:
+            unsupported.setdefault(f"{node.op_type} (cannot map: {e})", []).append(label)
+            unknown.update(node.output)
+    if unsupported:
+        rows = "; ".join(f"{op}: {', '.join(names[:8])}{' …' if len(names) > 8 else ''}"
+                         for op, names in sorted(unsupported.items()))
+        raise ImportFailure(f"the ONNX model uses ops the importer does not support — {rows}. Supported op "
+                            f"types: {', '.join(sorted(HANDLERS))} (and any node on constants, which is folded)")
+    outputs = []
+    for vi in m.graph.output:
+        t = ctx.resolve(vi.name)
+        if t not in prog.tensors or prog.producer(t) is None:
+            raise ImportFailure(f"graph output {vi.name!r} is a constant or a graph input, not computed by the "
+                                f"model; the block graph has no operation to produce it")
+        if t != vi.name:
+            if vi.name in prog.tensors:
+                raise ImportFailure(f"graph output {vi.name!r} aliases {t!r} under a name already in use")
+            prog.rename(t, vi.name)
+            ctx.aliases = {k: (vi.name if v == t else v) for k, v in ctx.aliases.items()}
+        outputs.append(vi.name)
+    apply_patterns(prog, set(outputs))
+    return prog.build(outputs, what), dict(prog.values)

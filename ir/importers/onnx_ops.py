@@ -1,0 +1,637 @@
+"""One handler per ONNX op type: a node -> kernels of the block graph.
+
+A handler reads its inputs through the ``Context`` (``ctx.use(name)`` gives the graph tensor of
+an ONNX value, turning a constant into a parameter), emits ops, and records each ONNX output's
+graph tensor. It raises :class:`Unsupported` (with a reason) for attribute values it cannot map;
+the importer collects those and reports them all at once.
+
+Mapping choices (why):
+- Scalar constants in ``Mul``/``Div`` become ``scale`` (alpha), in ``Pow`` the exponent of ``pow``:
+  no one-cell parameter tensors for the search to shard or move.
+- ``MatMul`` with a 2-D right operand is ``matmul`` (2-D left) or ``einsum`` ``...f,fo->...o``; two
+  activations of one rank >= 3 are ``bmm``; ``Gemm`` is an ``einsum`` with its transposes in the
+  equation, so weights keep their ONNX names and layouts.
+- ``Conv`` is ``conv2d`` plus a broadcast ``add`` of the bias; ``BatchNormalization`` is
+  ``batchnorm2d``; ``MaxPool``/``AveragePool``/``GlobalAveragePool`` are the pooling kernels.
+- ``Gather`` of an initializer table by runtime ids is ``embedding``; by constant contiguous
+  indices it is ``slice`` (+ ``reshape`` for a scalar index).
+- ``Where(cond, x, fill)`` and ``Add(x, mask)`` with a constant lower-triangular causal pattern
+  and a fill at or below -1e30 are ``causal_mask``; other ``Where`` conditions are float masks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ir.importers.program import Program
+
+
+class Unsupported(Exception):
+    """This node (with these attributes) has no mapping; the message says what is missing."""
+
+
+_ONNX_FLOAT = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
+
+
+class Context:
+    def __init__(self, prog: Program, const: dict[str, np.ndarray], dtype: str, opset: int) -> None:
+        self.prog, self.const, self.dtype, self.opset = prog, const, dtype, opset
+        self.aliases: dict[str, str] = {}
+        self._params: dict[str, str] = {}
+
+    # -- values ---------------------------------------------------------------------------
+    def is_const(self, name: str) -> bool:
+        return name in self.const
+
+    def resolve(self, name: str) -> str:
+        while name in self.aliases:
+            name = self.aliases[name]
+        return name
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if name in self.const:
+            return tuple(self.const[name].shape)
+        return self.prog.tensors[self.resolve(name)].shape
+
+    def value(self, name: str) -> np.ndarray:
+        if name not in self.const:
+            raise Unsupported(f"input {name!r} must be a constant")
+        return self.const[name]
+
+    def use(self, name: str) -> str:
+        """The graph tensor holding ONNX value ``name`` (a constant becomes a parameter)."""
+        if name not in self.const:
+            t = self.resolve(name)
+            if t not in self.prog.tensors:
+                raise Unsupported(f"value {name!r} has no producer")
+            return t
+        if name in self._params:
+            return self._params[name]
+        v = np.asarray(self.const[name])
+        if v.dtype.kind in "iu":
+            v = v.astype(np.int32)
+            dt = "int32"
+        else:
+            dt = self.dtype
+            v = v.astype(np.float32 if dt == "bfloat16" else dt)
+        if v.ndim == 0:
+            v = v.reshape(1)
+        t = self.prog.tensor_name(name)
+        self.prog.source(t, v.shape, dt, "parameter", v)
+        self._params[name] = t
+        return t
+
+    def set(self, onnx_name: str, tensor: str) -> None:
+        """Record that ONNX value ``onnx_name`` is graph tensor ``tensor``."""
+        if onnx_name != tensor:
+            self.aliases[onnx_name] = tensor
+
+    def emit(self, kernel: str, inputs: dict[str, str], params: dict[str, Any] | None = None,
+             out: str | None = None, name: str | None = None) -> str:
+        t = self.prog.emit(kernel, inputs, params, out=out, name=name)
+        if out is not None:
+            self.set(out, t)
+        return t
+
+    # -- constant folding --------------------------------------------------------------
+    def fold(self, node: Any) -> None:
+        """Evaluate a node on constants (or ``Shape``/``Size`` of a known tensor) with ONNX's
+        reference implementation."""
+        from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
+
+        if node.op_type in ("Shape", "Size") and node.input[0] not in self.const:
+            shape = np.array(self.shape(node.input[0]), dtype=np.int64)
+            if node.op_type == "Size":
+                self.const[node.output[0]] = np.array(int(np.prod(shape)), dtype=np.int64)
+                return
+            start, end = attr(node, "start", 0), attr(node, "end", None)
+            self.const[node.output[0]] = shape[start:end]
+            return
+        feeds = {x: self.const[x] for x in node.input if x}
+        try:
+            outs = ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
+        except Exception as e:  # noqa: BLE001  (the reference raises assorted errors)
+            raise Unsupported(f"cannot evaluate on constants: {type(e).__name__}: {str(e)[:120]}") from None
+        for name, v in zip(node.output, outs):
+            if name:
+                self.const[name] = np.asarray(v)
+
+
+def attr(node: Any, name: str, default: Any = None) -> Any:
+    from onnx import helper  # noqa: PLC0415
+
+    for a in node.attribute:
+        if a.name == name:
+            v = helper.get_attribute_value(a)
+            return v.decode() if isinstance(v, bytes) else v
+    return default
+
+
+def _scalar(ctx: Context, name: str) -> float | None:
+    if ctx.is_const(name) and ctx.const[name].size == 1 and ctx.const[name].dtype.kind == "f":
+        return float(ctx.const[name].reshape(-1)[0])
+    return None
+
+
+def _axes(ctx: Context, node: Any, input_index: int) -> list[int] | None:
+    """Axes given as an attribute (older opsets) or as a constant input (newer ones)."""
+    a = attr(node, "axes", None)
+    if a is None and len(node.input) > input_index and node.input[input_index]:
+        a = ctx.value(node.input[input_index]).astype(np.int64).tolist()
+    return None if a is None else [int(x) for x in np.atleast_1d(a)]
+
+
+# ---------------------------------------------------------------------------------------------
+# handlers
+# ---------------------------------------------------------------------------------------------
+
+Handler = Callable[[Context, Any, str], None]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handles(*ops: str) -> Callable[[Handler], Handler]:
+    def reg(f: Handler) -> Handler:
+        for op in ops:
+            HANDLERS[op] = f
+        return f
+
+    return reg
+
+
+_UNARY = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp", "Sqrt": "sqrt",
+          "Reciprocal": "reciprocal", "Erf": "erf"}
+
+
+@handles(*_UNARY)
+def _unary(ctx, node, label):
+    ctx.emit(_UNARY[node.op_type], {"x": ctx.use(node.input[0])}, out=node.output[0], name=label)
+
+
+@handles("Neg")
+def _neg(ctx, node, label):
+    ctx.emit("scale", {"x": ctx.use(node.input[0])}, {"alpha": -1.0}, out=node.output[0], name=label)
+
+
+@handles("Gelu")
+def _gelu(ctx, node, label):
+    kernel = "gelu" if attr(node, "approximate", "none") == "tanh" else "gelu_erf"
+    ctx.emit(kernel, {"x": ctx.use(node.input[0])}, out=node.output[0], name=label)
+
+
+@handles("Identity", "Dropout")
+def _identity(ctx, node, label):
+    if len(node.output) > 1 and node.output[1]:
+        raise Unsupported("the dropout mask output is not supported (inference graphs only)")
+    ctx.set(node.output[0], ctx.use(node.input[0]))
+
+
+@handles("Cast")
+def _cast(ctx, node, label):
+    to = _ONNX_FLOAT.get(attr(node, "to"))
+    src = ctx.use(node.input[0])
+    if to is None or ctx.prog.spec(src).dtype == "int32":
+        raise Unsupported(f"Cast to ONNX type {attr(node, 'to')} of a computed tensor (only float -> float)")
+    if to == "float64":
+        to = ctx.dtype
+    if to == ctx.prog.spec(src).dtype:
+        ctx.set(node.output[0], src)
+    else:
+        ctx.emit("cast", {"x": src}, {"dtype": to}, out=node.output[0], name=label)
+
+
+@handles("Add", "Sub", "Mul", "Div")
+def _binary(ctx, node, label):
+    a, b = node.input[0], node.input[1]
+    op = node.op_type
+    sa, sb = _scalar(ctx, a), _scalar(ctx, b)
+    if op == "Add" and _causal_add(ctx, node, label):
+        return
+    if op == "Mul" and (sa is not None or sb is not None) and not (sa is not None and sb is not None):
+        x, c = (b, sa) if sa is not None else (a, sb)
+        ctx.emit("scale", {"x": ctx.use(x)}, {"alpha": c}, out=node.output[0], name=label)
+        return
+    if op == "Div" and sb is not None and sb != 0 and sa is None:
+        ctx.emit("scale", {"x": ctx.use(a)}, {"alpha": 1.0 / sb}, out=node.output[0], name=label)
+        return
+    if op == "Div" and sa == 1.0:
+        ctx.emit("reciprocal", {"x": ctx.use(b)}, out=node.output[0], name=label)
+        return
+    kernel = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}[op]
+    ctx.emit(kernel, {"a": ctx.use(a), "b": ctx.use(b)}, out=node.output[0], name=label)
+
+
+@handles("Pow")
+def _pow(ctx, node, label):
+    e = _scalar(ctx, node.input[1])
+    if e is None and ctx.is_const(node.input[1]) and ctx.const[node.input[1]].size == 1:
+        e = float(ctx.const[node.input[1]].reshape(-1)[0])
+    if e is None:
+        raise Unsupported("the exponent must be a constant scalar")
+    x = ctx.use(node.input[0])
+    if e == 0.5:
+        ctx.emit("sqrt", {"x": x}, out=node.output[0], name=label)
+    elif e == 1.0:
+        ctx.set(node.output[0], x)
+    else:
+        ctx.emit("pow", {"x": x}, {"exponent": e}, out=node.output[0], name=label)
+
+
+def _matmul_eq(ra: int, rb: int) -> str | None:
+    letters = "abcdefgh"
+    if rb == 2:
+        batch = letters[: ra - 2] if ra >= 2 else ""
+        return f"{batch}mk,kn->{batch}mn" if ra >= 2 else None
+    if ra == 2:
+        batch = letters[: rb - 2]
+        return f"mk,{batch}kn->{batch}mn"
+    return None
+
+
+@handles("MatMul")
+def _matmul(ctx, node, label):
+    a, b = ctx.use(node.input[0]), ctx.use(node.input[1])
+    sa, sb = ctx.prog.spec(a).shape, ctx.prog.spec(b).shape
+    if len(sa) == 2 and len(sb) == 2:
+        ctx.emit("matmul", {"a": a, "b": b}, out=node.output[0], name=label)
+    elif len(sa) == len(sb) and len(sa) >= 3 and sa[:-2] == sb[:-2]:
+        ctx.emit("bmm", {"a": a, "b": b}, out=node.output[0], name=label)
+    else:
+        eq = _matmul_eq(len(sa), len(sb))
+        if eq is None:
+            raise Unsupported(f"MatMul of shapes {list(sa)} and {list(sb)} (broadcast batch dims)")
+        ctx.emit("einsum", {"a": a, "b": b}, {"equation": eq}, out=node.output[0], name=label)
+
+
+@handles("Gemm")
+def _gemm(ctx, node, label):
+    alpha, beta = float(attr(node, "alpha", 1.0)), float(attr(node, "beta", 1.0))
+    ta, tb = attr(node, "transA", 0), attr(node, "transB", 0)
+    a, b = ctx.use(node.input[0]), ctx.use(node.input[1])
+    has_c = len(node.input) > 2 and node.input[2]
+    if not ta and not tb and alpha == 1.0 and has_c and beta == 1.0 and len(ctx.shape(node.input[2])) == 1 \
+            and ctx.shape(node.input[2])[0] == ctx.shape(node.input[1])[1]:
+        ctx.emit("linear", {"x": a, "W": b, "b": ctx.use(node.input[2])}, out=node.output[0], name=label)
+        return
+    eq = ("km" if ta else "mk") + "," + ("nk" if tb else "kn") + "->mn"
+    y = ctx.emit("einsum", {"a": a, "b": b}, {"equation": eq, "alpha": alpha},
+                 out=None if has_c else node.output[0], name=label)
+    if has_c:
+        c = ctx.use(node.input[2])
+        if beta != 1.0:
+            c = ctx.emit("scale", {"x": c}, {"alpha": beta}, name=f"{label}.beta")
+        ctx.emit("add", {"a": y, "b": c}, out=node.output[0], name=f"{label}.bias")
+
+
+@handles("Softmax")
+def _softmax(ctx, node, label):
+    x = ctx.use(node.input[0])
+    rank = len(ctx.prog.spec(x).shape)
+    axis = attr(node, "axis", -1 if ctx.opset >= 13 else 1)
+    if axis % rank != rank - 1:
+        raise Unsupported(f"Softmax over axis {axis} of a rank-{rank} tensor (only the last axis)")
+    ctx.emit("softmax", {"x": x}, out=node.output[0], name=label)
+
+
+@handles("LayerNormalization")
+def _layernorm(ctx, node, label):
+    x = ctx.use(node.input[0])
+    rank = len(ctx.prog.spec(x).shape)
+    if attr(node, "axis", -1) % rank != rank - 1:
+        raise Unsupported("LayerNormalization over more than the last axis")
+    if any(o for o in node.output[1:]):
+        raise Unsupported("the mean / inverse std-dev outputs (training only)")
+    n = ctx.prog.spec(x).shape[-1]
+    gamma = ctx.use(node.input[1])
+    if len(node.input) > 2 and node.input[2]:
+        beta = ctx.use(node.input[2])
+    else:
+        ctx.const[f"{label}.beta"] = np.zeros(n, np.float32)
+        beta = ctx.use(f"{label}.beta")
+    ctx.emit("layernorm", {"x": x, "gamma": gamma, "beta": beta}, {"eps": float(attr(node, "epsilon", 1e-5))},
+             out=node.output[0], name=label)
+
+
+@handles("ReduceMean", "ReduceSum", "ReduceMax")
+def _reduce(ctx, node, label):
+    x = ctx.use(node.input[0])
+    shape = ctx.prog.spec(x).shape
+    axes = _axes(ctx, node, 1)
+    if axes is None:
+        if attr(node, "noop_with_empty_axes", 0):
+            ctx.set(node.output[0], x)
+            return
+        axes = list(range(len(shape)))
+    axes = sorted({a % len(shape) for a in axes}, reverse=True)
+    keep = attr(node, "keepdims", 1)
+    kernel = {"ReduceMean": "reduce_mean", "ReduceSum": "reduce_sum", "ReduceMax": "reduce_max"}[node.op_type]
+    if len(axes) == len(shape):
+        raise Unsupported("a reduction over every axis (the result would be a scalar)")
+    y = x
+    for k, ax in enumerate(axes):
+        last = k == len(axes) - 1 and not keep
+        y = ctx.emit(kernel, {"x": y}, {"dim": ax}, out=node.output[0] if last else None,
+                     name=label if k == 0 else f"{label}.{k}")
+    if keep:
+        out_shape = [1 if i in axes else d for i, d in enumerate(shape)]
+        _reshape_to(ctx, y, out_shape, node.output[0], f"{label}.keepdims")
+
+
+def _reshape_to(ctx: Context, x: str, shape: list[int], out: str, label: str) -> None:
+    src = ctx.prog.spec(x).shape
+    if tuple(shape) == tuple(src):
+        ctx.set(out, x)
+        return
+    ctx.emit("reshape", {"x": x}, {"shape": [int(d) for d in shape], "from": list(src)}, out=out, name=label)
+
+
+@handles("Reshape")
+def _reshape(ctx, node, label):
+    x = ctx.use(node.input[0])
+    src = ctx.prog.spec(x).shape
+    want = ctx.value(node.input[1]).astype(np.int64).tolist()
+    allow_zero = attr(node, "allowzero", 0)
+    shape = [src[i] if (d == 0 and not allow_zero) else d for i, d in enumerate(want)]
+    if shape.count(-1) == 1:
+        rest = int(np.prod([d for d in shape if d != -1]))
+        shape[shape.index(-1)] = int(np.prod(src)) // max(rest, 1)
+    _reshape_to(ctx, x, shape, node.output[0], label)
+
+
+@handles("Flatten")
+def _flatten(ctx, node, label):
+    x = ctx.use(node.input[0])
+    src = ctx.prog.spec(x).shape
+    ax = attr(node, "axis", 1) % (len(src) + 1)
+    _reshape_to(ctx, x, [int(np.prod(src[:ax])), int(np.prod(src[ax:]))], node.output[0], label)
+
+
+@handles("Unsqueeze")
+def _unsqueeze(ctx, node, label):
+    x = ctx.use(node.input[0])
+    shape = list(ctx.prog.spec(x).shape)
+    axes = _axes(ctx, node, 1) or []
+    rank = len(shape) + len(axes)
+    for a in sorted(a % rank for a in axes):
+        shape.insert(a, 1)
+    _reshape_to(ctx, x, shape, node.output[0], label)
+
+
+@handles("Squeeze")
+def _squeeze(ctx, node, label):
+    x = ctx.use(node.input[0])
+    src = ctx.prog.spec(x).shape
+    axes = _axes(ctx, node, 1)
+    drop = {a % len(src) for a in axes} if axes is not None else {i for i, d in enumerate(src) if d == 1}
+    shape = [d for i, d in enumerate(src) if i not in drop]
+    if not shape:
+        raise Unsupported("squeezing to a scalar")
+    _reshape_to(ctx, x, shape, node.output[0], label)
+
+
+@handles("Transpose")
+def _transpose(ctx, node, label):
+    x = ctx.use(node.input[0])
+    rank = len(ctx.prog.spec(x).shape)
+    perm = attr(node, "perm", None)
+    perm = list(range(rank))[::-1] if perm is None else [int(p) for p in perm]
+    if perm == list(range(rank)):
+        ctx.set(node.output[0], x)
+        return
+    ctx.emit("permute", {"x": x}, {"perm": perm}, out=node.output[0], name=label)
+
+
+@handles("Gather")
+def _gather(ctx, node, label):
+    data, idx = node.input[0], node.input[1]
+    axis = attr(node, "axis", 0)
+    if ctx.is_const(data) and not ctx.is_const(idx) and axis == 0 and len(ctx.shape(data)) == 2:
+        table = ctx.use(data)
+        ids = ctx.use(idx)
+        if ctx.prog.spec(ids).dtype != "int32":
+            raise Unsupported("embedding ids must be integers")
+        ctx.emit("embedding", {"table": table, "ids": ids}, out=node.output[0], name=label)
+        return
+    if ctx.is_const(idx):
+        x = ctx.use(data)
+        shape = ctx.prog.spec(x).shape
+        ax = axis % len(shape)
+        i = ctx.value(idx).astype(np.int64)
+        flat = np.where(i < 0, i + shape[ax], i).reshape(-1)
+        if flat.size and np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size)):
+            y = ctx.emit("slice", {"x": x}, {"axis": ax, "start": int(flat[0]), "stop": int(flat[0] + flat.size)},
+                         name=label)
+            out_shape = list(shape[:ax]) + list(i.shape) + list(shape[ax + 1:])
+            if not out_shape:
+                raise Unsupported("gathering one cell (a scalar)")
+            _reshape_to(ctx, y, out_shape, node.output[0], f"{label}.reshape")
+            return
+    raise Unsupported("Gather other than an embedding lookup (initializer table, runtime ids, axis 0) or "
+                      "a contiguous constant index range")
+
+
+def _causal_offset(mask: np.ndarray) -> int | None:
+    """``k`` when a 0/1 mask over its last two dims is ``t <= s + k`` (broadcast over the rest)."""
+    if mask.ndim < 2:
+        return None
+    m = mask.reshape(-1, mask.shape[-2], mask.shape[-1]).astype(bool)
+    if not (m == m[0]).all():
+        return None
+    s, t = m.shape[1:]
+    for k in range(-s, t + 1):
+        if np.array_equal(m[0], np.tril(np.ones((s, t), bool), k)):
+            return k
+    return None
+
+
+def _causal_fill(ctx: Context, name: str) -> tuple[bool, Any]:
+    v = _scalar(ctx, name)
+    if v is None or not (v == -np.inf or v <= -1e30):
+        return False, None
+    return True, (None if v == -np.inf else v)
+
+
+def _causal_emit(ctx, x: str, offset: int, fill: Any, out: str, label: str) -> bool:
+    xs = ctx.prog.spec(x).shape
+    ctx.emit("causal_mask", {"x": x}, {"offset": offset, "fill": fill}, out=out, name=label)
+    return len(xs) >= 2
+
+
+@handles("Where")
+def _where(ctx, node, label):
+    c, a, b = node.input
+    if ctx.is_const(c) and not ctx.is_const(a):
+        k = _causal_offset(ctx.const[c])
+        ok, fill = _causal_fill(ctx, b)
+        if k is not None and ok and ctx.const[c].shape[-2:] == ctx.shape(a)[-2:]:
+            _causal_emit(ctx, ctx.use(a), k, fill, node.output[0], label)
+            return
+    cond = c
+    if ctx.is_const(c):
+        ctx.const[f"{c}.float"] = ctx.const[c].astype(np.float32)
+        cond = f"{c}.float"
+    elif ctx.prog.spec(ctx.use(c)).dtype == "int32":
+        raise Unsupported("a computed boolean condition (only constant masks)")
+    ctx.emit("where", {"c": ctx.use(cond), "a": ctx.use(a), "b": ctx.use(b)}, out=node.output[0], name=label)
+
+
+def _causal_add(ctx, node, label) -> bool:
+    """``Add(x, M)`` with ``M`` 0 on the causal triangle and <= -1e30 (or -inf) above it."""
+    for x, m in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+        if not ctx.is_const(m) or ctx.is_const(x):
+            continue
+        mv = ctx.const[m]
+        if mv.ndim < 2 or mv.dtype.kind != "f" or mv.shape[-2:] != ctx.shape(x)[-2:]:
+            continue
+        if len(mv.shape) > len(ctx.shape(x)) or np.prod(mv.shape[:-2]) != 1 and mv.shape[:-2] != ctx.shape(x)[:-2]:
+            continue
+        zero = mv == 0
+        k = _causal_offset(zero)
+        low = mv[~zero]
+        if k is None or low.size == 0 or not (np.all(low == low.reshape(-1)[0]) and low.reshape(-1)[0] <= -1e30):
+            continue
+        fill = float(low.reshape(-1)[0])
+        return _causal_emit(ctx, ctx.use(x), k, None if fill == -np.inf else fill, node.output[0], label)
+    return False
+
+
+@handles("Concat")
+def _concat(ctx, node, label):
+    ins = [x for x in node.input if x]
+    axis = attr(node, "axis", 0)
+    y = ctx.use(ins[0])
+    if len(ins) == 1:
+        ctx.set(node.output[0], y)
+        return
+    for k, x in enumerate(ins[1:], start=1):
+        last = k == len(ins) - 1
+        y = ctx.emit("concat", {"a": y, "b": ctx.use(x)}, {"axis": axis}, out=node.output[0] if last else None,
+                     name=label if k == 1 else f"{label}.{k}")
+
+
+def _slice_chain(ctx, x: str, cuts: list[tuple[int, int, int, int]], out: str, label: str) -> None:
+    """Slice ``x`` by ``(axis, start, stop, step)`` per axis (normalised, step >= 1)."""
+    shape = ctx.prog.spec(x).shape
+    cuts = [(a, s, e, st) for a, s, e, st in cuts if not (s == 0 and e == shape[a] and st == 1)]
+    if not cuts:
+        ctx.set(out, x)
+        return
+    for k, (a, s, e, st) in enumerate(cuts):
+        last = k == len(cuts) - 1
+        x = ctx.emit("slice", {"x": x}, {"axis": a, "start": s, "stop": e, "step": st}, out=out if last else None,
+                     name=label if k == 0 else f"{label}.{k}")
+
+
+@handles("Slice")
+def _slice(ctx, node, label):
+    x = ctx.use(node.input[0])
+    shape = ctx.prog.spec(x).shape
+    if ctx.opset < 10:
+        starts, ends = attr(node, "starts"), attr(node, "ends")
+        axes, steps = attr(node, "axes", list(range(len(starts)))), [1] * len(starts)
+    else:
+        starts = ctx.value(node.input[1]).tolist()
+        ends = ctx.value(node.input[2]).tolist()
+        axes = ctx.value(node.input[3]).tolist() if len(node.input) > 3 and node.input[3] else \
+            list(range(len(starts)))
+        steps = ctx.value(node.input[4]).tolist() if len(node.input) > 4 and node.input[4] else [1] * len(starts)
+    cuts = []
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a %= len(shape)
+        n = shape[a]
+        if st < 1:
+            raise Unsupported("negative or zero slice steps")
+        s = max(0, min(n, s + n if s < 0 else s))
+        e = max(0, min(n, e + n if e < 0 else e))
+        if e <= s:
+            raise Unsupported("an empty slice")
+        cuts.append((a, s, e, st))
+    _slice_chain(ctx, x, cuts, node.output[0], label)
+
+
+@handles("Split")
+def _split(ctx, node, label):
+    x = ctx.use(node.input[0])
+    shape = ctx.prog.spec(x).shape
+    axis = attr(node, "axis", 0) % len(shape)
+    sizes = attr(node, "split", None)
+    if sizes is None and len(node.input) > 1 and node.input[1]:
+        sizes = ctx.value(node.input[1]).tolist()
+    if sizes is None:
+        n = len(node.output)
+        step = -(-shape[axis] // n)
+        sizes = [min(step, shape[axis] - k * step) for k in range(n)]
+    start = 0
+    for k, (out, size) in enumerate(zip(node.output, sizes)):
+        if out:
+            _slice_chain(ctx, x, [(axis, start, start + int(size), 1)], out, f"{label}.{k}")
+        start += int(size)
+
+
+def _pads(node, rank2: bool = True) -> int:
+    pads = attr(node, "pads", None) or [0, 0, 0, 0]
+    if attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise Unsupported(f"auto_pad={attr(node, 'auto_pad')}")
+    if len(set(pads)) != 1:
+        raise Unsupported(f"unequal pads {list(pads)} (only one padding on every side)")
+    return int(pads[0])
+
+
+@handles("Conv")
+def _conv(ctx, node, label):
+    x, w = ctx.use(node.input[0]), ctx.use(node.input[1])
+    if len(ctx.prog.spec(x).shape) != 4:
+        raise Unsupported("only 2-D convolutions (NCHW)")
+    if attr(node, "group", 1) != 1 or set(attr(node, "dilations", None) or [1]) != {1}:
+        raise Unsupported("grouped or dilated convolutions")
+    strides = attr(node, "strides", None) or [1, 1]
+    if len(set(strides)) != 1:
+        raise Unsupported(f"unequal strides {list(strides)}")
+    has_b = len(node.input) > 2 and node.input[2]
+    y = ctx.emit("conv2d", {"x": x, "w": w}, {"stride": int(strides[0]), "padding": _pads(node)},
+                 out=None if has_b else node.output[0], name=label)
+    if has_b:
+        b = ctx.use(node.input[2])
+        co = ctx.prog.spec(b).shape[0]
+        b3 = ctx.emit("reshape", {"x": b}, {"shape": [co, 1, 1], "from": [co]}, name=f"{label}.bias_view")
+        ctx.emit("add", {"a": y, "b": b3}, out=node.output[0], name=f"{label}.bias")
+
+
+@handles("MaxPool", "AveragePool")
+def _pool(ctx, node, label):
+    x = ctx.use(node.input[0])
+    if len(ctx.prog.spec(x).shape) != 4:
+        raise Unsupported("only 2-D pooling (NCHW)")
+    if attr(node, "ceil_mode", 0) or set(attr(node, "dilations", None) or [1]) != {1} or \
+            (len(node.output) > 1 and node.output[1]):
+        raise Unsupported("ceil_mode, dilations or indices outputs")
+    k = [int(v) for v in attr(node, "kernel_shape")]
+    st = [int(v) for v in (attr(node, "strides", None) or [1, 1])]
+    pad = _pads(node)
+    if node.op_type == "AveragePool" and pad and not attr(node, "count_include_pad", 0):
+        raise Unsupported("padded AveragePool with count_include_pad=0")
+    kernel = "maxpool2d" if node.op_type == "MaxPool" else "avgpool2d"
+    if kernel == "maxpool2d" and pad:
+        raise Unsupported("padded MaxPool")
+    ctx.emit(kernel, {"x": x}, {"window": k, "stride": st, "padding": pad}, out=node.output[0], name=label)
+
+
+@handles("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(ctx, node, label):
+    x = ctx.use(node.input[0])
+    shape = ctx.prog.spec(x).shape
+    if len(shape) != 4:
+        raise Unsupported("only 2-D pooling (NCHW)")
+    kernel = "avgpool2d" if node.op_type == "GlobalAveragePool" else "maxpool2d"
+    ctx.emit(kernel, {"x": x}, {"window": [shape[2], shape[3]], "stride": [1, 1], "padding": 0},
+             out=node.output[0], name=label)
+
+
+@handles("BatchNormalization")
+def _batchnorm(ctx, node, label):
+    if attr(node, "training_mode", 0) or any(o for o in node.output[1:]):
+        raise Unsupported("training-mode batch norm (inference only)")
+    ports = ("x", "scale", "bias", "mean", "var")
+    ctx.emit("batchnorm2d", {p: ctx.use(n) for p, n in zip(ports, node.input)},
+             {"eps": float(attr(node, "epsilon", 1e-5))}, out=node.output[0], name=label)

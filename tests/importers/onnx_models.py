@@ -1,0 +1,209 @@
+"""Small ONNX models written with ``onnx.helper``, in the shapes real exporters emit.
+
+- ``mlp``: MatMul+Add, Relu, Gemm (transB), Tanh; batch is symbolic.
+- ``gpt2_block``: LayerNormalization, one fused QKV MatMul+Add, Split, heads by
+  Reshape (its target shape computed from Shape/Gather/Concat, as torch exports do)
+  and Transpose, scaled scores (Div by √dh), a Trilu causal mask applied with Where, Softmax,
+  output projection, residuals, and an MLP with the Erf GELU; batch and seq are symbolic.
+- ``llama_block``: the RMSNorm sequence (Pow, ReduceMean, Add eps, Sqrt, Reciprocal, Mul, Mul
+  gamma), bias-free projections, an additive -inf causal mask, SwiGLU (Sigmoid·x gate times up),
+  residuals; token ids through a Gather embedding.
+- ``convnet``: Conv with bias and padding, BatchNormalization, Relu, MaxPool, a second Conv,
+  GlobalAveragePool, Flatten, Gemm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+def _init(rng: np.random.Generator, name: str, shape, scale: float = 0.3, offset: float = 0.0):
+    return numpy_helper.from_array((offset + scale * rng.standard_normal(shape)).astype(np.float32), name)
+
+
+def _const(name: str, value) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name + "_v"))
+
+
+def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def mlp(d_in: int = 16, d_h: int = 32, d_out: int = 8, seed: int = 0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    inits = [_init(rng, "W1", (d_in, d_h)), _init(rng, "b1", (d_h,)), _init(rng, "W2t", (d_h, d_h)),
+             _init(rng, "b2", (d_h,)), _init(rng, "W3", (d_h, d_out)), _init(rng, "b3", (d_out,))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h1"], name="fc1"),
+        helper.make_node("Add", ["h1", "b1"], ["h1b"], name="fc1_bias"),
+        helper.make_node("Relu", ["h1b"], ["a1"], name="act1"),
+        helper.make_node("Gemm", ["a1", "W2t", "b2"], ["h2"], name="fc2", transB=1),
+        helper.make_node("Tanh", ["h2"], ["a2"], name="act2"),
+        helper.make_node("MatMul", ["a2", "W3"], ["h3"], name="fc3"),
+        helper.make_node("Add", ["h3", "b3"], ["y"], name="fc3_bias"),
+    ]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", d_in])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", d_out])], inits)
+
+
+def gpt2_block(d: int = 16, heads: int = 2, seed: int = 0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    dh = d // heads
+    inits = [_init(rng, "ln1.g", (d,), 0.1, 1.0), _init(rng, "ln1.b", (d,), 0.1),
+             _init(rng, "attn.c_attn.W", (d, 3 * d)), _init(rng, "attn.c_attn.b", (3 * d,), 0.1),
+             _init(rng, "attn.c_proj.W", (d, d)), _init(rng, "attn.c_proj.b", (d,), 0.1),
+             _init(rng, "ln2.g", (d,), 0.1, 1.0), _init(rng, "ln2.b", (d,), 0.1),
+             _init(rng, "mlp.c_fc.W", (d, 4 * d)), _init(rng, "mlp.c_fc.b", (4 * d,), 0.1),
+             _init(rng, "mlp.c_proj.W", (4 * d, d)), _init(rng, "mlp.c_proj.b", (d,), 0.1)]
+    n = helper.make_node
+    nodes = [
+        n("LayerNormalization", ["x", "ln1.g", "ln1.b"], ["ln1"], name="/h.0/ln_1/LayerNorm", epsilon=1e-5),
+        n("MatMul", ["ln1", "attn.c_attn.W"], ["qkv0"], name="/h.0/attn/c_attn/MatMul"),
+        n("Add", ["qkv0", "attn.c_attn.b"], ["qkv"], name="/h.0/attn/c_attn/Add"),
+        _const("split_sizes", np.array([d, d, d], np.int64)),
+        n("Split", ["qkv", "split_sizes"], ["q", "k", "v"], name="/h.0/attn/Split", axis=2),
+        # the heads shape from Shape/Gather/Concat, as torch.onnx.export writes it
+        n("Shape", ["x"], ["xs"], name="/h.0/attn/Shape"),
+        _const("i0", np.array(0, np.int64)), _const("i1", np.array(1, np.int64)),
+        n("Gather", ["xs", "i0"], ["B"], name="/h.0/attn/Gather_B", axis=0),
+        n("Gather", ["xs", "i1"], ["S"], name="/h.0/attn/Gather_S", axis=0),
+        _const("ax0", np.array([0], np.int64)),
+        n("Unsqueeze", ["B", "ax0"], ["B1"], name="/h.0/attn/Unsqueeze_B"),
+        n("Unsqueeze", ["S", "ax0"], ["S1"], name="/h.0/attn/Unsqueeze_S"),
+        _const("hd", np.array([heads, dh], np.int64)),
+        n("Concat", ["B1", "S1", "hd"], ["heads_shape"], name="/h.0/attn/Concat_shape", axis=0),
+        _const("merge_shape", np.array([0, 0, d], np.int64)),
+    ]
+    for t in ("q", "k", "v"):
+        nodes.append(n("Reshape", [t, "heads_shape"], [f"{t}4"], name=f"/h.0/attn/Reshape_{t}"))
+    nodes += [
+        n("Transpose", ["q4"], ["qh"], name="/h.0/attn/Transpose_q", perm=[0, 2, 1, 3]),
+        n("Transpose", ["k4"], ["kT"], name="/h.0/attn/Transpose_k", perm=[0, 2, 3, 1]),
+        n("Transpose", ["v4"], ["vh"], name="/h.0/attn/Transpose_v", perm=[0, 2, 1, 3]),
+        n("MatMul", ["qh", "kT"], ["sc"], name="/h.0/attn/MatMul_qk"),
+        _const("sqrt_dh", np.array(np.sqrt(dh), np.float32)),
+        n("Div", ["sc", "sqrt_dh"], ["scs"], name="/h.0/attn/Div"),
+        # causal mask: ones(S, S) -> Trilu -> Cast(bool), all constant after binding seq
+        _const("one", np.array([1.0], np.float32)),
+        n("Concat", ["S1", "S1"], ["SS"], name="/h.0/attn/Concat_SS", axis=0),
+        n("Expand", ["one", "SS"], ["ones"], name="/h.0/attn/Expand"),
+        n("Trilu", ["ones"], ["tril"], name="/h.0/attn/Trilu", upper=0),
+        n("Cast", ["tril"], ["mask"], name="/h.0/attn/Cast", to=TensorProto.BOOL),
+        _const("neg", np.array(np.finfo(np.float32).min, np.float32)),
+        n("Where", ["mask", "scs", "neg"], ["masked"], name="/h.0/attn/Where"),
+        n("Softmax", ["masked"], ["p"], name="/h.0/attn/Softmax", axis=-1),
+        n("MatMul", ["p", "vh"], ["ctx"], name="/h.0/attn/MatMul_pv"),
+        n("Transpose", ["ctx"], ["ctxT"], name="/h.0/attn/Transpose_ctx", perm=[0, 2, 1, 3]),
+        n("Reshape", ["ctxT", "merge_shape"], ["ctx3"], name="/h.0/attn/Reshape_merge"),
+        n("MatMul", ["ctx3", "attn.c_proj.W"], ["o0"], name="/h.0/attn/c_proj/MatMul"),
+        n("Add", ["o0", "attn.c_proj.b"], ["o"], name="/h.0/attn/c_proj/Add"),
+        n("Add", ["x", "o"], ["r1"], name="/h.0/Add_resid1"),
+        n("LayerNormalization", ["r1", "ln2.g", "ln2.b"], ["ln2"], name="/h.0/ln_2/LayerNorm", epsilon=1e-5),
+        n("MatMul", ["ln2", "mlp.c_fc.W"], ["f0"], name="/h.0/mlp/c_fc/MatMul"),
+        n("Add", ["f0", "mlp.c_fc.b"], ["f"], name="/h.0/mlp/c_fc/Add"),
+        _const("sqrt2", np.array(np.sqrt(2.0), np.float32)),
+        n("Div", ["f", "sqrt2"], ["fd"], name="/h.0/mlp/act/Div"),
+        n("Erf", ["fd"], ["fe"], name="/h.0/mlp/act/Erf"),
+        _const("c1", np.array(1.0, np.float32)),
+        n("Add", ["fe", "c1"], ["fa"], name="/h.0/mlp/act/Add"),
+        n("Mul", ["f", "fa"], ["fm"], name="/h.0/mlp/act/Mul"),
+        _const("half", np.array(0.5, np.float32)),
+        n("Mul", ["fm", "half"], ["g"], name="/h.0/mlp/act/Mul_1"),
+        n("MatMul", ["g", "mlp.c_proj.W"], ["m0"], name="/h.0/mlp/c_proj/MatMul"),
+        n("Add", ["m0", "mlp.c_proj.b"], ["m"], name="/h.0/mlp/c_proj/Add"),
+        n("Add", ["r1", "m"], ["y"], name="/h.0/Add_resid2"),
+    ]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", d])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", d])], inits)
+
+
+def llama_block(vocab: int = 32, d: int = 16, heads: int = 2, d_ff: int = 24, seq: int = 8,
+                seed: int = 0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    dh = d // heads
+    inits = [_init(rng, "embed_tokens", (vocab, d), 1.0), _init(rng, "input_layernorm.weight", (d,), 0.1, 1.0),
+             _init(rng, "q_proj", (d, d)), _init(rng, "k_proj", (d, d)), _init(rng, "v_proj", (d, d)),
+             _init(rng, "o_proj", (d, d)), _init(rng, "post_attention_layernorm.weight", (d,), 0.1, 1.0),
+             _init(rng, "gate_proj", (d, d_ff)), _init(rng, "up_proj", (d, d_ff)), _init(rng, "down_proj", (d_ff, d))]
+    mask = np.triu(np.full((seq, seq), -np.inf, np.float32), 1)[None, None]
+    inits.append(numpy_helper.from_array(mask, "causal_mask"))
+    n = helper.make_node
+
+    def rmsnorm(x, w, tag):
+        return [
+            _const(f"{tag}.two", np.array(2.0, np.float32)),
+            n("Pow", [x, f"{tag}.two"], [f"{tag}.sq"], name=f"{tag}/Pow"),
+            n("ReduceMean", [f"{tag}.sq"], [f"{tag}.ms"], name=f"{tag}/ReduceMean", axes=[-1], keepdims=1),
+            _const(f"{tag}.eps", np.array(1e-6, np.float32)),
+            n("Add", [f"{tag}.ms", f"{tag}.eps"], [f"{tag}.mse"], name=f"{tag}/Add"),
+            n("Sqrt", [f"{tag}.mse"], [f"{tag}.rms"], name=f"{tag}/Sqrt"),
+            n("Reciprocal", [f"{tag}.rms"], [f"{tag}.inv"], name=f"{tag}/Reciprocal"),
+            n("Mul", [x, f"{tag}.inv"], [f"{tag}.n"], name=f"{tag}/Mul"),
+            n("Mul", [w, f"{tag}.n"], [f"{tag}.out"], name=f"{tag}/Mul_1"),
+        ]
+
+    nodes = [n("Gather", ["embed_tokens", "input_ids"], ["h0"], name="/embed_tokens/Gather")]
+    nodes += rmsnorm("h0", "input_layernorm.weight", "/input_layernorm")
+    nodes += [_const("heads_shape", np.array([0, 0, heads, dh], np.int64)),
+              _const("merge_shape", np.array([0, 0, d], np.int64))]
+    for t in ("q", "k", "v"):
+        nodes += [n("MatMul", ["/input_layernorm.out", f"{t}_proj"], [t], name=f"/self_attn/{t}_proj/MatMul"),
+                  n("Reshape", [t, "heads_shape"], [f"{t}4"], name=f"/self_attn/Reshape_{t}"),
+                  n("Transpose", [f"{t}4"], [f"{t}h"], name=f"/self_attn/Transpose_{t}", perm=[0, 2, 1, 3])]
+    nodes += [
+        n("Transpose", ["kh"], ["kT"], name="/self_attn/Transpose_kT", perm=[0, 1, 3, 2]),
+        n("MatMul", ["qh", "kT"], ["sc"], name="/self_attn/MatMul_qk"),
+        _const("inv_sqrt_dh", np.array(1.0 / np.sqrt(dh), np.float32)),
+        n("Mul", ["sc", "inv_sqrt_dh"], ["scs"], name="/self_attn/Mul_scale"),
+        n("Add", ["scs", "causal_mask"], ["masked"], name="/self_attn/Add_mask"),
+        n("Softmax", ["masked"], ["p"], name="/self_attn/Softmax", axis=-1),
+        n("MatMul", ["p", "vh"], ["ctx"], name="/self_attn/MatMul_pv"),
+        n("Transpose", ["ctx"], ["ctxT"], name="/self_attn/Transpose_ctx", perm=[0, 2, 1, 3]),
+        n("Reshape", ["ctxT", "merge_shape"], ["ctx3"], name="/self_attn/Reshape_merge"),
+        n("MatMul", ["ctx3", "o_proj"], ["o"], name="/self_attn/o_proj/MatMul"),
+        n("Add", ["h0", "o"], ["r1"], name="/Add_resid1"),
+    ]
+    nodes += rmsnorm("r1", "post_attention_layernorm.weight", "/post_attention_layernorm")
+    nodes += [
+        n("MatMul", ["/post_attention_layernorm.out", "gate_proj"], ["gt"], name="/mlp/gate_proj/MatMul"),
+        n("Sigmoid", ["gt"], ["gs"], name="/mlp/act_fn/Sigmoid"),
+        n("Mul", ["gt", "gs"], ["ga"], name="/mlp/act_fn/Mul"),
+        n("MatMul", ["/post_attention_layernorm.out", "up_proj"], ["up"], name="/mlp/up_proj/MatMul"),
+        n("Mul", ["ga", "up"], ["gu"], name="/mlp/Mul"),
+        n("MatMul", ["gu", "down_proj"], ["dn"], name="/mlp/down_proj/MatMul"),
+        n("Add", ["r1", "dn"], ["hidden"], name="/Add_resid2"),
+    ]
+    return _model(nodes, [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", seq])],
+                  [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", seq, d])], inits)
+
+
+def convnet(c_in: int = 3, c: int = 8, size: int = 8, classes: int = 5, seed: int = 0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    inits = [_init(rng, "conv1.w", (c, c_in, 3, 3)), _init(rng, "conv1.b", (c,), 0.1),
+             _init(rng, "bn1.scale", (c,), 0.1, 1.0), _init(rng, "bn1.bias", (c,), 0.1),
+             _init(rng, "bn1.mean", (c,), 0.1), numpy_helper.from_array(
+                 rng.uniform(0.5, 1.5, c).astype(np.float32), "bn1.var"),
+             _init(rng, "conv2.w", (c, c, 3, 3)), _init(rng, "fc.W", (classes, c)), _init(rng, "fc.b", (classes,))]
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "conv1.w", "conv1.b"], ["c1"], name="conv1", pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+        n("BatchNormalization", ["c1", "bn1.scale", "bn1.bias", "bn1.mean", "bn1.var"], ["b1"], name="bn1",
+          epsilon=1e-5),
+        n("Relu", ["b1"], ["r1"], name="relu1"),
+        n("MaxPool", ["r1"], ["p1"], name="pool1", kernel_shape=[2, 2], strides=[2, 2]),
+        n("Conv", ["p1", "conv2.w"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        n("Relu", ["c2"], ["r2"], name="relu2"),
+        n("GlobalAveragePool", ["r2"], ["gap"], name="gap"),
+        n("Flatten", ["gap"], ["flat"], name="flatten", axis=1),
+        n("Gemm", ["flat", "fc.W", "fc.b"], ["logits"], name="fc", transB=1),
+    ]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", c_in, size, size])],
+                  [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])], inits)
