@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
@@ -37,10 +38,16 @@ def rel_error(a: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(a - ref))) / scale
 
 
-def verify(g: Graph, seed: int = 0, reference: Graph | None = None, backend: str = "numpy") -> VerifyReport:
-    """Compare ``g`` against ``reference`` (default: ``unshard(g)``) on seeded random inputs."""
+def verify(g: Graph, seed: int = 0, reference: Graph | None = None, backend: str = "numpy",
+           values: Mapping[str, np.ndarray] | None = None) -> VerifyReport:
+    """Compare ``g`` against ``reference`` (default: ``unshard(g)``) on seeded random inputs.
+
+    ``values``: arrays for named source tensors (an imported model's weights, ``program.npz``);
+    they replace the random draws of those tensors.
+    """
     ref_graph = unshard(g) if reference is None else reference
     inputs = random_inputs(ref_graph, seed)
+    inputs.update({n: np.asarray(v) for n, v in (values or {}).items() if n in inputs})
     plan = execute(g, inputs, backend)
     ref = execute(ref_graph, inputs, "numpy")
     per = {n: rel_error(to_numpy(plan[n]), to_numpy(ref[n])) for n in outputs(ref_graph)}
