@@ -1,7 +1,14 @@
-"""Built-in workloads: ``build(name, **params)`` for ``mlp``, ``transformer`` and ``convnet``.
+"""Built-in workloads: ``build(name, **params)`` for ``mlp``, ``transformer``, ``convnet``, and the
+model families ``gpt`` and ``llama`` (with named size presets).
 
-Operation names are deterministic (``fc1``, ``act1``, ``attn_qk``, ``conv1``, ...), so plans,
-configs and tests can refer to them.
+Every workload takes ``mode`` (``forward``, or ``train``: one training step from
+``ir.autodiff.training_step``) and, for training, ``optimizer`` (``sgd`` or ``adamw``). The loss
+is ``mse`` against a ``target`` for mlp/transformer/convnet and token cross-entropy against
+``labels`` for the language models.
+
+Operation names are deterministic (``fc1``, ``act1``, ``attn_qk``, ``conv1``, ``l3.attn_qk``, ...),
+so plans, configs and tests can refer to them; in gpt/llama every layer ``i`` prefixes its ops
+with ``l<i>.`` and its parameters with ``l<i>_``.
 """
 
 from __future__ import annotations
@@ -10,8 +17,10 @@ import inspect
 import math
 from typing import Any, Callable, Sequence
 
+from ir.autodiff import OPTIMIZERS, AutodiffError, training_step
 from ir.builder import GraphBuilder
 from ir.graph import Graph
+from ir.model_presets import PRESETS
 
 
 class WorkloadError(ValueError):
@@ -81,25 +90,146 @@ def convnet(batch: int = 2, channels: Sequence[int] | int = (3, 8, 8), size: int
     return b.build()
 
 
-WORKLOADS: dict[str, Callable[..., Graph]] = {"mlp": mlp, "transformer": transformer, "convnet": convnet}
+def _attention(b: GraphBuilder, h: str, pre: str, ppre: str, d_model: int, heads: int, kv_heads: int,
+               rope: bool) -> str:
+    """Causal self-attention with grouped-query heads written as einsums over ``[b, kvh, g, s, e]``
+    (``g = heads / kv_heads`` query heads share each key/value head; ``kv_heads == heads`` is
+    ordinary multi-head attention), so no reshape op is needed."""
+    dh = d_model // heads
+    grp = heads // kv_heads
+    q = b.einsum(h, b.parameter(f"{ppre}Wq", (d_model, kv_heads, grp, dh)), name=f"{pre}q_proj",
+                 equation="bsd,dkge->bkgse")
+    k = b.einsum(h, b.parameter(f"{ppre}Wk", (d_model, kv_heads, dh)), name=f"{pre}k_proj", equation="bsd,dke->bkse")
+    v = b.einsum(h, b.parameter(f"{ppre}Wv", (d_model, kv_heads, dh)), name=f"{pre}v_proj", equation="bsd,dke->bkse")
+    if rope:
+        q = b.rope(q, name=f"{pre}q_rope")
+        k = b.rope(k, name=f"{pre}k_rope")
+    s = b.einsum(q, k, name=f"{pre}attn_qk", equation="bkgse,bkte->bkgst", alpha=1.0 / math.sqrt(dh))
+    s = b.causal_mask(s, name=f"{pre}attn_mask")
+    p = b.softmax(s, name=f"{pre}attn_softmax")
+    ctx = b.einsum(p, v, name=f"{pre}attn_av", equation="bkgst,bkte->bkgse")
+    return b.einsum(ctx, b.parameter(f"{ppre}Wo", (kv_heads, grp, dh, d_model)), name=f"{pre}o_proj",
+                    equation="bkgse,kged->bsd")
+
+
+def _check_lm(layers: int, d_model: int, heads: int, kv_heads: int, d_ff: int, vocab: int, seq: int,
+              batch: int) -> None:
+    for k, v in dict(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads, d_ff=d_ff, vocab=vocab,
+                     seq=seq, batch=batch).items():
+        if not isinstance(v, int) or v < 1:
+            raise WorkloadError(f"{k} must be a positive integer, got {v!r}")
+    if d_model % heads:
+        raise WorkloadError(f"d_model {d_model} must be divisible by heads {heads}")
+    if heads % kv_heads:
+        raise WorkloadError(f"heads {heads} must be a multiple of kv_heads {kv_heads} (grouped-query attention)")
+
+
+def gpt(layers: int = 2, d_model: int = 32, heads: int = 4, kv_heads: int | None = None, d_ff: int | None = None,
+        vocab: int = 64, seq: int = 16, batch: int = 2, tied: bool = True, dtype: str = "float32") -> Graph:
+    """GPT-2-style decoder (Radford et al. 2019): token + learned position embeddings, pre-LN blocks
+    with causal attention and a GELU MLP, final LN, LM head tied to the token embedding (or not).
+
+    Attention projections have no biases (the MLP's linears do); positions are ``0 .. seq-1``, so
+    the position table is ``[seq, d_model]``.
+    """
+    kv_heads = kv_heads or heads
+    d_ff = d_ff or 4 * d_model
+    _check_lm(layers, d_model, heads, kv_heads, d_ff, vocab, seq, batch)
+    b = GraphBuilder(dtype)
+    ids = b.input("ids", (batch, seq), "int32")
+    wte = b.parameter("wte", (vocab, d_model))
+    h = b.embedding(wte, ids, name="tok_emb")
+    h = b.add(h, b.parameter("wpe", (seq, d_model)), name="pos_add")
+    for i in range(layers):
+        pre, pp = f"l{i}.", f"l{i}_"
+        x = b.layernorm(h, b.parameter(f"{pp}ln1_g", (d_model,)), b.parameter(f"{pp}ln1_b", (d_model,)),
+                        name=f"{pre}ln1")
+        h = b.add(h, _attention(b, x, pre, pp, d_model, heads, kv_heads, rope=False), name=f"{pre}resid1")
+        x = b.layernorm(h, b.parameter(f"{pp}ln2_g", (d_model,)), b.parameter(f"{pp}ln2_b", (d_model,)),
+                        name=f"{pre}ln2")
+        x = b.linear(x, b.parameter(f"{pp}W1", (d_model, d_ff)), b.parameter(f"{pp}b1", (d_ff,)), name=f"{pre}ff1")
+        x = b.gelu(x, name=f"{pre}ff_act")
+        x = b.linear(x, b.parameter(f"{pp}W2", (d_ff, d_model)), b.parameter(f"{pp}b2", (d_model,)),
+                     name=f"{pre}ff2")
+        h = b.add(h, x, name=f"{pre}resid2")
+    h = b.layernorm(h, b.parameter("lnf_g", (d_model,)), b.parameter("lnf_b", (d_model,)), name="lnf")
+    if tied:
+        b.einsum(h, wte, name="lm_head", equation="bsd,vd->bsv")
+    else:
+        b.einsum(h, b.parameter("W_head", (d_model, vocab)), name="lm_head", equation="bsd,dv->bsv")
+    return b.build()
+
+
+def llama(layers: int = 2, d_model: int = 32, heads: int = 4, kv_heads: int | None = None, d_ff: int | None = None,
+          vocab: int = 64, seq: int = 16, batch: int = 2, rope: bool = True, dtype: str = "float32") -> Graph:
+    """Llama-style decoder (Touvron et al. 2023): RMSNorm, causal attention with grouped-query heads
+    and rotary position embeddings (exact: ``rope`` kernel, rotate-half pairing), SwiGLU MLP, untied
+    head; no biases."""
+    kv_heads = kv_heads or heads
+    d_ff = d_ff or 4 * d_model
+    _check_lm(layers, d_model, heads, kv_heads, d_ff, vocab, seq, batch)
+    if (d_model // heads) % 2:
+        raise WorkloadError(f"llama needs an even head dimension for rotary embeddings, got {d_model // heads}")
+    b = GraphBuilder(dtype)
+    h = b.embedding(b.parameter("tok_emb", (vocab, d_model)), b.input("ids", (batch, seq), "int32"), name="tok_emb")
+    for i in range(layers):
+        pre, pp = f"l{i}.", f"l{i}_"
+        x = b.rmsnorm(h, b.parameter(f"{pp}attn_norm", (d_model,)), name=f"{pre}attn_norm")
+        h = b.add(h, _attention(b, x, pre, pp, d_model, heads, kv_heads, rope=rope), name=f"{pre}resid1")
+        x = b.rmsnorm(h, b.parameter(f"{pp}ffn_norm", (d_model,)), name=f"{pre}ffn_norm")
+        gate = b.einsum(x, b.parameter(f"{pp}W_gate", (d_model, d_ff)), name=f"{pre}ff_gate", equation="bsd,df->bsf")
+        up = b.einsum(x, b.parameter(f"{pp}W_up", (d_model, d_ff)), name=f"{pre}ff_up", equation="bsd,df->bsf")
+        x = b.mul(b.silu(gate, name=f"{pre}ff_act"), up, name=f"{pre}ff_glu")
+        x = b.einsum(x, b.parameter(f"{pp}W_down", (d_ff, d_model)), name=f"{pre}ff_down", equation="bsf,fd->bsd")
+        h = b.add(h, x, name=f"{pre}resid2")
+    h = b.rmsnorm(h, b.parameter("final_norm", (d_model,)), name="final_norm")
+    b.einsum(h, b.parameter("W_head", (d_model, vocab)), name="lm_head", equation="bsd,dv->bsv")
+    return b.build()
+
+
+WORKLOADS: dict[str, Callable[..., Graph]] = {"mlp": mlp, "transformer": transformer, "convnet": convnet,
+                                              "gpt": gpt, "llama": llama}
+LANGUAGE_MODELS = ("gpt", "llama")
+MODES = ("forward", "train")
+# Parameters every workload takes besides its own (``preset`` only the language models).
+COMMON = {"mode": "forward", "optimizer": "adamw"}
 
 
 def workload_params(name: str) -> dict[str, Any]:
     """The parameters of a workload and their defaults."""
-    return {k: p.default for k, p in inspect.signature(WORKLOADS[name]).parameters.items()}
+    own = {k: p.default for k, p in inspect.signature(WORKLOADS[name]).parameters.items()}
+    return {**own, **COMMON, **({"preset": None} if name in LANGUAGE_MODELS else {})}
 
 
 def build(name: str, **params: Any) -> Graph:
-    """Build a built-in workload; unknown names or parameters raise ``WorkloadError``."""
+    """Build a built-in workload; unknown names or parameters raise ``WorkloadError``.
+
+    ``preset`` (gpt/llama) fills the model's sizes from ``ir.model_presets`` (explicit parameters
+    win, e.g. ``preset="llama2-7b", layers=2``); ``mode="train"`` returns one training step.
+    """
     if name not in WORKLOADS:
         raise WorkloadError(f"unknown workload {name!r}; built-in workloads are {sorted(WORKLOADS)}")
     known = workload_params(name)
     for k in params:
         if k not in known:
             raise WorkloadError(f"workload {name!r} has no parameter {k!r}; its parameters are {sorted(known)}")
+    params = dict(params)
+    mode, optimizer, preset = params.pop("mode", "forward"), params.pop("optimizer", "adamw"), params.pop("preset", None)
+    if mode not in MODES:
+        raise WorkloadError(f"workload mode {mode!r} must be one of {list(MODES)}")
+    if optimizer not in OPTIMIZERS:
+        raise WorkloadError(f"optimizer {optimizer!r} must be one of {sorted(OPTIMIZERS)}")
+    if preset is not None:
+        if preset not in PRESETS or PRESETS[preset].family != name:
+            names = sorted(k for k, p in PRESETS.items() if p.family == name)
+            raise WorkloadError(f"unknown {name} preset {preset!r}; {name} presets are {names}")
+        params = {**PRESETS[preset].sizes(), **params}
     try:
-        return WORKLOADS[name](**params)
+        g = WORKLOADS[name](**params)
+        if mode == "train":
+            g = training_step(g, loss="cross_entropy" if name in LANGUAGE_MODELS else "mse", optimizer=optimizer)
+        return g
     except WorkloadError:
         raise
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, AutodiffError) as e:
         raise WorkloadError(f"workload {name!r} cannot be built with {params}: {e}") from None

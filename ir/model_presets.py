@@ -1,0 +1,48 @@
+"""Published model shapes for the ``gpt`` and ``llama`` workloads (``preset=`` in ``build``).
+
+Sources, per row: GPT-2 (Radford et al. 2019, "Language Models are Unsupervised Multitask
+Learners", Table 2; vocabulary 50257 and context 1024 from the released ``gpt2*`` configs);
+GPT-3 (Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1: n_layers,
+d_model, n_heads, d_head; context 2048); Llama 2 (Touvron et al. 2023, "Llama 2: Open Foundation
+and Fine-Tuned Chat Models", Table 1 and the released ``config.json`` files: hidden size,
+intermediate size, heads, key/value heads (GQA for 70B), vocabulary 32000, context 4096);
+Llama 3 (Meta, "The Llama 3 Herd of Models", 2024, Table 3, and the released configs:
+vocabulary 128256, context 8192, GQA with 8 key/value heads).
+
+``seq`` defaults to the model's context length and ``batch`` to 1; campaigns set both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    family: str
+    layers: int
+    d_model: int
+    heads: int
+    kv_heads: int
+    d_ff: int
+    vocab: int
+    seq: int
+
+    def sizes(self) -> dict[str, int]:
+        return {"layers": self.layers, "d_model": self.d_model, "heads": self.heads, "kv_heads": self.kv_heads,
+                "d_ff": self.d_ff, "vocab": self.vocab, "seq": self.seq, "batch": 1}
+
+
+PRESETS: dict[str, ModelPreset] = {
+    "gpt2-small": ModelPreset("gpt", 12, 768, 12, 12, 3072, 50257, 1024),
+    "gpt2-medium": ModelPreset("gpt", 24, 1024, 16, 16, 4096, 50257, 1024),
+    "gpt2-large": ModelPreset("gpt", 36, 1280, 20, 20, 5120, 50257, 1024),
+    "gpt2-xl": ModelPreset("gpt", 48, 1600, 25, 25, 6400, 50257, 1024),
+    "gpt3-6.7b": ModelPreset("gpt", 32, 4096, 32, 32, 16384, 50257, 2048),
+    "gpt3-175b": ModelPreset("gpt", 96, 12288, 96, 96, 49152, 50257, 2048),
+    "llama2-7b": ModelPreset("llama", 32, 4096, 32, 32, 11008, 32000, 4096),
+    "llama2-13b": ModelPreset("llama", 40, 5120, 40, 40, 13824, 32000, 4096),
+    "llama2-70b": ModelPreset("llama", 80, 8192, 64, 8, 28672, 32000, 4096),
+    "llama3-8b": ModelPreset("llama", 32, 4096, 32, 8, 14336, 128256, 8192),
+    "llama3-70b": ModelPreset("llama", 80, 8192, 64, 8, 28672, 128256, 8192),
+}
