@@ -1,6 +1,7 @@
 """``unshard``: the logical program behind any plan (the reference that ``verify`` runs).
 
-Undoes every fusion and reduction split and puts each op back to one whole shard on device 0.
+Undoes every fusion, reduction split and substitution (``unfuse_attention``) and puts each op
+back to one whole shard on device 0.
 Two plans of one program have equal ``unshard`` digests.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 from ir.graph import Graph, Shards
 from ir.rewrites.fusion import unfuse
 from ir.rewrites.reduction import merge_reduction
+from ir.rewrites.substitute_attention import fused_attentions, unfuse_attention
 
 
 def unshard(g: Graph) -> Graph:
@@ -19,4 +21,6 @@ def unshard(g: Graph) -> Graph:
         g = unfuse(g, fused)
     for n in [n for n, o in g.ops.items() if o.params.get("split")]:
         g = merge_reduction(g, n)
+    for n in fused_attentions(g):  # substitutions last: their ops may have been split or fused since
+        g = unfuse_attention(g, n)
     return g.with_ops({n: o.replace(shards=Shards.whole(g.signature(o).extents)) for n, o in g.ops.items()})
