@@ -1,6 +1,7 @@
 """``unshard``: the logical program behind any plan (the reference that ``verify`` runs).
 
-Undoes every fusion, reduction split and substitution (``unfuse_attention``) and puts each op
+Undoes every fusion, reduction split, substitution (``unfuse_attention``) and activation
+recomputation, and puts each op
 back to one whole shard on device 0.
 Two plans of one program have equal ``unshard`` digests.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from ir.graph import Graph, Shards
 from ir.rewrites.fusion import unfuse
+from ir.rewrites.recompute import recomputed, unrecompute
 from ir.rewrites.reduction import merge_reduction
 from ir.rewrites.substitute_attention import fused_attentions, unfuse_attention
 
@@ -19,8 +21,11 @@ def unshard(g: Graph) -> Graph:
         if fused is None:
             break
         g = unfuse(g, fused)
-    for n in [n for n, o in g.ops.items() if o.params.get("split")]:
+    # innermost first: a two-level reduction's accumulate is itself split
+    for n in reversed([n for n, o in g.ops.items() if o.params.get("split")]):
         g = merge_reduction(g, n)
     for n in fused_attentions(g):  # substitutions last: their ops may have been split or fused since
         g = unfuse_attention(g, n)
+    if recomputed(g):
+        g = unrecompute(g)
     return g.with_ops({n: o.replace(shards=Shards.whole(g.signature(o).extents)) for n, o in g.ops.items()})

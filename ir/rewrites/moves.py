@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from ir.graph import Graph
-from ir.rewrites import fusion, reduction, shard
+from ir.rewrites import fusion, recompute, reduction, shard, substitute_attention
 from ir.rewrites.align import align as align_shards
 from ir.rewrites.errors import RewriteError
 
@@ -137,6 +137,51 @@ class Align(Move):
 
 
 @dataclass(frozen=True)
+class FuseAttention(Move):
+    """Substitute the attention pattern whose scores op is ``op`` by one ``attention`` op."""
+
+    op: str
+    kind: ClassVar[str] = "fuse_attention"
+
+    def apply(self, g: Graph) -> Graph:
+        return substitute_attention.fuse_attention(g, self.op)
+
+
+@dataclass(frozen=True)
+class UnfuseAttention(Move):
+    """Restore the ops an ``attention`` op replaced."""
+
+    op: str
+    kind: ClassVar[str] = "unfuse_attention"
+
+    def apply(self, g: Graph) -> Graph:
+        return substitute_attention.unfuse_attention(g, self.op)
+
+
+@dataclass(frozen=True)
+class Recompute(Move):
+    """``recompute{op=l3.ff1}`` or a whole block ``recompute{prefix=l3.}`` (``ir.rewrites.recompute``)."""
+
+    op: str | None = None
+    prefix: str | None = None
+    kind: ClassVar[str] = "recompute"
+
+    def apply(self, g: Graph) -> Graph:
+        if (self.op is None) == (self.prefix is None):
+            raise RewriteError("recompute takes exactly one of op=NAME or prefix=NAME_PREFIX")
+        return recompute.recompute(g, [self.op]) if self.op else recompute.recompute_block(g, self.prefix)
+
+
+@dataclass(frozen=True)
+class Unrecompute(Move):
+    op: str
+    kind: ClassVar[str] = "unrecompute"
+
+    def apply(self, g: Graph) -> Graph:
+        return recompute.unrecompute(g, [self.op])
+
+
+@dataclass(frozen=True)
 class Sequence(Move):
     """Several moves applied in order (structured search moves are sequences)."""
 
@@ -153,7 +198,8 @@ class Sequence(Move):
 
 
 MOVES: dict[str, type[Move]] = {c.kind: c for c in (Split, Merge, Retile, Place, MoveShard, SplitReduction,
-                                                      MergeReduction, Fuse, Unfuse, Align)}
+                                                      MergeReduction, Fuse, Unfuse, Align, FuseAttention,
+                                                      UnfuseAttention, Recompute, Unrecompute)}
 _MOVE_RE = re.compile(r"^\s*(\w+)\{(.*)\}\s*$")
 _ARG_RE = re.compile(r"(\w+)=(\[[^\]]*\]|[^,\]]+)")
 
@@ -173,7 +219,14 @@ def parse_move(text: str) -> Move:
         if key not in types:
             raise RewriteError(f"move {cls.kind} has no argument {key!r}; it takes {list(types)}")
         if raw.startswith("["):
-            args[key] = tuple(int(x) for x in raw[1:-1].split(",") if x.strip())
+            items = [x.strip() for x in raw[1:-1].split(",") if x.strip()]
+            if "str" in str(types[key]):  # a list of op names, e.g. merge_matmuls{ops=[q_proj,k_proj]}
+                args[key] = tuple(items)
+                continue
+            try:
+                args[key] = tuple(int(x) for x in items)
+            except ValueError:
+                raise RewriteError(f"cannot parse move {text!r}: {key} must list integers, got {raw}") from None
         elif "int" in str(types[key]) and "str" not in str(types[key]):
             args[key] = int(raw)
         else:

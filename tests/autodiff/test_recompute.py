@@ -1,0 +1,69 @@
+"""Activation recomputation: meaning-preserving, undone by unshard, memory traded for FLOPs."""
+
+from __future__ import annotations
+
+import pytest
+
+from executor.verify import verify
+from ir import workloads
+from ir.rewrites import RewriteError, parse_move, unshard
+from ir.rewrites.recompute import backward_ops, recompute, recompute_block, unrecompute
+
+TINY = dict(layers=2, d_model=8, heads=2, d_ff=12, vocab=10, seq=4, batch=2)
+
+
+def _step():
+    return workloads.build("gpt", mode="train", optimizer="sgd", **TINY)
+
+
+def test_recompute_one_op_rewires_backward_readers():
+    step = _step()
+    p = recompute(step, ["l0.ff1"])
+    assert p.ops["l0.ff1.re"].kernel == "linear" and p.ops["l0.ff1.re"].inputs == step.ops["l0.ff1"].inputs
+    readers = {r for r, _ in p.consumers["l0.ff1.out"]}
+    assert readers and not readers & backward_ops(p)  # only forward ops read the original now
+    assert {r for r, _ in p.consumers["l0.ff1.out.re"]} <= backward_ops(p)
+    assert verify(p, reference=step).ok
+    assert unshard(p).digest == step.digest and unrecompute(p).digest == step.digest
+
+
+def test_recompute_block_chains_copies_from_the_checkpoint():
+    step = _step()
+    p = recompute_block(step, "l1.")
+    copies = [n for n in p.ops if n.endswith(".re")]
+    assert "l1.ff_act.re" in copies and "l1.attn_softmax.re" in copies
+    # The copy of ff_act reads the copy of ff1, not the kept forward output.
+    assert dict(p.ops["l1.ff_act.re"].inputs)["x"] == "l1.ff1.out.re"
+    assert verify(p, reference=step).ok
+    assert unshard(p).digest == step.digest
+
+
+def test_move_text_round_trips():
+    step = _step()
+    m = parse_move("recompute{prefix=l0.}")
+    assert str(m) == "recompute{prefix=l0.}"
+    assert m.apply(step).digest == recompute_block(step, "l0.").digest
+    assert str(parse_move("recompute{op=l0.ff1}")) == "recompute{op=l0.ff1}"
+
+
+@pytest.mark.parametrize("ops,message", [
+    (["l0.ff1.dx"], "a backward op"),
+    (["lm_head"], None),
+    (["nope"], "no operation 'nope'"),
+])
+def test_refusals(ops, message):
+    step = _step()
+    if message is None:  # the head's output is read by the loss ops, which are not backward ops
+        p = recompute(step, ops)
+        assert "lm_head.re" in p.ops
+        return
+    with pytest.raises(RewriteError, match=message):
+        recompute(step, ops)
+
+
+def test_forward_programs_and_double_recompute_are_refused():
+    with pytest.raises(RewriteError, match="needs a training step"):
+        recompute(workloads.build("gpt", **TINY), ["l0.ff1"])
+    p = recompute(_step(), ["l0.ff1"])
+    with pytest.raises(RewriteError, match="already recomputed"):
+        recompute(p, ["l0.ff1"])
