@@ -8,6 +8,7 @@ imports no other Tapestry package. Entry points:
 * :func:`run_readonly_query` / :func:`format_rows` - ``tapestry sql``;
 * :mod:`storage.records` - validation of stored records (results, front changes, measurements);
 * :mod:`storage.parquet` - Parquet export of a front;
+* :mod:`storage.retention` - the retention policy and compaction (bounded archives);
 * :mod:`storage.errors` - every error raised here is a ``StorageError``;
 * :mod:`storage.migrate` - Alembic schema migrations, run when an archive is opened.
 """
@@ -23,12 +24,14 @@ from storage.errors import (
     DatabaseBusy,
     InvalidRecord,
     MultipleStatements,
+    PlanNotKept,
     QueryError,
     ReadOnlyViolation,
     SchemaError,
     StorageError,
 )
 from storage.records import OBJECTIVE_COLUMNS
+from storage.retention import RetentionPolicy
 from storage.session import session_scope
 from storage.sql import format_rows, run_readonly_query
 
@@ -42,8 +45,10 @@ __all__ = [
     "DatabaseBusy",
     "InvalidRecord",
     "MultipleStatements",
+    "PlanNotKept",
     "QueryError",
     "ReadOnlyViolation",
+    "RetentionPolicy",
     "SchemaError",
     "StorageError",
     "errors",

@@ -6,7 +6,6 @@ import difflib
 import json
 import math
 import shlex
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -32,8 +31,10 @@ from storage.models import (
     CAMPAIGN_STATUSES,
     Campaign,
     Candidate,
+    PLAN_KINDS,
     Checkpoint,
     Evaluation,
+    EvaluationInterval,
     FrontEntry,
     Measurement,
     utcnow,
@@ -50,7 +51,9 @@ from storage.records import (
     prepare_measurement,
     prepare_results,
 )
+from storage.retention import Replay, RetentionPolicy, compact_campaign, load_plan
 from storage.session import session_scope
+from storage.sizes import archive_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -448,34 +451,122 @@ class Archive:
             )
             return [dict(r._mapping) for r in s.execute(stmt)]
 
-    def get_graph_json(self, campaign: str, digest: str) -> str:
+    def get_graph_json(self, campaign: str, digest: str, *, replay: Replay | None = None) -> str:
         """The stored graph JSON of a candidate.
 
-        Raises ``CampaignNotFound``, ``CandidateNotFound``.
+        A plan kept as a delta (see :mod:`storage.retention`) is rebuilt from its nearest full
+        ancestor with ``replay(parent_json, rewrite) -> (child_json, child_digest)``, which the
+        optimizer supplies; each step's digest is checked.
+
+        Raises ``CampaignNotFound``, ``CandidateNotFound``, ``PlanNotKept`` (the retention policy
+        kept only its objectives), ``StorageError`` (corrupt, or a delta without ``replay``).
         """
         with self._read(f"reading candidate {digest} of campaign {campaign!r}") as s:
             cid = self._campaign_id(s, campaign)
-            blob = s.scalar(
-                select(Candidate.graph_zlib).where(
-                    Candidate.campaign_id == cid, Candidate.digest == digest
-                )
+            return load_plan(s, cid, campaign, digest, replay)
+
+    # ------------------------------------------------------------------ retention
+
+    def compact(
+        self,
+        campaign: str,
+        policy: RetentionPolicy | None = None,
+        *,
+        replay: Replay | None = None,
+        keep: Iterable[str] = (),
+        after_step: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Apply a retention policy to a campaign (default policy if None); return a report.
+
+        Thins what the policy does not keep and stores plans as deltas where smaller (only
+        with ``replay``); see :mod:`storage.retention` for what is kept and why a crash halfway
+        loses nothing kept. The caller must be the campaign's only writer meanwhile.
+
+        Raises ``CampaignNotFound``, ``ReadOnlyViolation``.
+        """
+        self._check_open()
+        if self._readonly:
+            raise ReadOnlyViolation(
+                f"compacting campaign {campaign!r}: the archive at {self._where} was opened "
+                "read-only; open it without readonly=True to change it"
             )
-            if blob is None:
-                raise self._no_candidate(campaign, [digest])
-        try:
-            return zlib.decompress(blob).decode("utf-8")
-        except (zlib.error, UnicodeDecodeError) as exc:
-            raise StorageError(
-                f"candidate {digest} of campaign {campaign!r} in {self._where} is corrupt: {exc}"
-            ) from exc
+        with self._read(f"compacting campaign {campaign!r}") as s:
+            cid = self._campaign_id(s, campaign)
+        report = compact_campaign(
+            self._write,
+            self._read,
+            cid,
+            policy or RetentionPolicy(),
+            replay=replay,
+            keep=keep,
+            after_step=after_step,
+        )
+        return report.as_dict()
+
+    def evaluation_intervals(self, campaign: str) -> list[dict[str, Any]]:
+        """Evaluations thinned by retention, aggregated per time bucket, oldest first.
+
+        Each dict: bucket_start, bucket_seconds, evaluations, feasible, min_seq, max_seq,
+        ``min_<objective>`` for each objective (over feasible evaluations; None if none),
+        eval_seconds. Raises ``CampaignNotFound``.
+        """
+        with self._read(f"reading evaluation intervals of campaign {campaign!r}") as s:
+            cid = self._campaign_id(s, campaign)
+            rows = s.scalars(
+                select(EvaluationInterval)
+                .where(EvaluationInterval.campaign_id == cid)
+                .order_by(EvaluationInterval.bucket_start)
+            )
+            keys = [c.key for c in EvaluationInterval.__table__.columns]
+            return [
+                {k: getattr(r, k) for k in keys if k not in ("id", "campaign_id")} for r in rows
+            ]
+
+    def storage_stats(self, campaign: str | None = None) -> dict[str, Any]:
+        """Archive size and row counts: ``{"bytes": int | None, "rows": {table: count}}``.
+
+        ``bytes`` is the whole archive (SQLite: the file plus its WAL; PostgreSQL: the total
+        relation size of Tapestry's tables); rows are the campaign's (all campaigns if None).
+        Candidates are also counted by ``plan_kind`` (``candidates_full`` etc.).
+
+        Raises ``CampaignNotFound``.
+        """
+        with self._read("reading archive statistics") as s:
+            cid = None if campaign is None else self._campaign_id(s, campaign)
+            rows: dict[str, int] = {}
+            for name, table in (
+                ("candidates", Candidate),
+                ("evaluations", Evaluation),
+                ("front", FrontEntry),
+                ("evaluation_intervals", EvaluationInterval),
+                ("checkpoints", Checkpoint),
+            ):
+                stmt = select(func.count()).select_from(table)
+                if cid is not None:
+                    stmt = stmt.where(table.campaign_id == cid)
+                rows[name] = int(s.scalar(stmt) or 0)
+            stmt = select(Candidate.plan_kind, func.count()).group_by(Candidate.plan_kind)
+            if cid is not None:
+                stmt = stmt.where(Candidate.campaign_id == cid)
+            kinds = {str(k): int(n) for k, n in s.execute(stmt)}
+            for kind in PLAN_KINDS:
+                rows[f"candidates_{kind}"] = int(kinds.get(kind, 0))
+            return {"bytes": archive_bytes(s), "rows": rows}
 
     # ------------------------------------------------------------------ evaluations
 
     def evaluation_count(self, campaign: str) -> int:
-        """Number of evaluations stored for the campaign. Raises ``CampaignNotFound``."""
+        """Number of evaluations stored for the campaign, counting those the retention policy
+        folded into ``evaluation_intervals``. Raises ``CampaignNotFound``."""
         with self._read(f"counting evaluations of campaign {campaign!r}") as s:
             cid = self._campaign_id(s, campaign)
-            return int(s.scalar(select(func.count()).where(Evaluation.campaign_id == cid)) or 0)
+            rows = s.scalar(select(func.count()).where(Evaluation.campaign_id == cid)) or 0
+            folded = s.scalar(
+                select(func.sum(EvaluationInterval.evaluations)).where(
+                    EvaluationInterval.campaign_id == cid
+                )
+            )
+            return int(rows) + int(folded or 0)
 
     def last_seq(self, campaign: str) -> int | None:
         """Highest evaluation ``seq`` stored for the campaign (None if none); for resume.
@@ -484,8 +575,16 @@ class Archive:
         """
         with self._read(f"reading the last seq of campaign {campaign!r}") as s:
             cid = self._campaign_id(s, campaign)
-            value = s.scalar(select(func.max(Evaluation.seq)).where(Evaluation.campaign_id == cid))
-            return None if value is None else int(value)
+            values = [
+                s.scalar(select(func.max(Evaluation.seq)).where(Evaluation.campaign_id == cid)),
+                s.scalar(
+                    select(func.max(EvaluationInterval.max_seq)).where(
+                        EvaluationInterval.campaign_id == cid
+                    )
+                ),
+            ]
+            known = [int(v) for v in values if v is not None]
+            return max(known) if known else None
 
     def evaluations_frame(self, campaign: str) -> pd.DataFrame:
         """All evaluations of the campaign as a pandas DataFrame ordered by ``seq``.
@@ -559,8 +658,9 @@ class Archive:
         Raises ``CampaignNotFound``; ``StorageError`` if the file cannot be written.
         """
         info = self.get_campaign(campaign)
+        front = self.current_front(campaign)
         return write_front_parquet(
-            path, campaign, info["objectives"], info["reference_point"], self.current_front(campaign)
+            path, campaign, info["objectives"], info["reference_point"], front
         )
 
     # ------------------------------------------------------------------ measurements
@@ -759,6 +859,7 @@ class Archive:
         fresh = [
             {**row, "campaign_id": cid} for d, row in prepared.candidates.items() if d not in ids
         ]
+        self._restore_dropped_plans(s, cid, prepared, ids)
         inserted = 0
         if fresh:
             # ON CONFLICT DO NOTHING: a concurrent writer may store the same digest between
@@ -780,6 +881,27 @@ class Archive:
             ],
         )
         return inserted
+
+    @staticmethod
+    def _restore_dropped_plans(
+        s: Session, cid: int, prepared: PreparedResults, ids: Mapping[str, int]
+    ) -> None:
+        # A plan the retention policy dropped may come back (a worker finds it again and the
+        # strategy keeps it): store its plan again, so a later checkpoint can refetch it.
+        if not ids:
+            return
+        for chunk in _chunks(list(ids.values())):
+            dropped = s.scalars(
+                select(Candidate.digest).where(
+                    Candidate.id.in_(chunk), Candidate.plan_kind != "full"
+                )
+            )
+            for digest in list(dropped):
+                s.execute(
+                    update(Candidate)
+                    .where(Candidate.campaign_id == cid, Candidate.digest == digest)
+                    .values(graph_zlib=prepared.candidates[digest]["graph_zlib"], plan_kind="full")
+                )
 
     def _store_front(self, s: Session, cid: int, campaign: str, change: FrontChange) -> None:
         now = utcnow()

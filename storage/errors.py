@@ -18,6 +18,7 @@ __all__ = [
     "IntegrityViolation",
     "InvalidRecord",
     "MultipleStatements",
+    "PlanNotKept",
     "QueryError",
     "ReadOnlyViolation",
     "SchemaError",
@@ -48,6 +49,10 @@ class CampaignNotFound(StorageError, LookupError):
 
 class CandidateNotFound(StorageError, LookupError):
     """No candidate with this digest is stored in the campaign."""
+
+
+class PlanNotKept(CandidateNotFound):
+    """The candidate is stored, but the retention policy kept only its digest and objectives."""
 
 
 class InvalidRecord(StorageError, ValueError):

@@ -5,14 +5,20 @@ The archive stores bytes, numbers and JSON text; nothing here knows what a graph
 * ``campaigns``: one row per campaign: resolved config (JSON), status, objectives, the
   hypervolume reference point fixed at start, and driver counters (JSON).
 * ``candidates``: one row per distinct plan of a campaign, keyed by the SHA-256 hex digest of its
-  canonical JSON; the JSON itself is zlib-compressed. ``parent_digest`` and ``rewrite`` record
-  lineage (the parent and the textual rewrite that produced it).
+  canonical JSON. ``parent_digest`` and ``rewrite`` record lineage (the parent and the textual
+  rewrite that produced it). ``plan_kind`` says how the plan is kept: ``full`` (the JSON,
+  zlib-compressed, in ``graph_zlib``), ``delta`` (``graph_zlib`` empty: replay ``rewrite`` on the
+  stored parent) or ``dropped`` (``graph_zlib`` empty: the retention policy kept only the digest,
+  lineage and objectives).
 * ``evaluations``: one row per evaluation of a candidate: objectives, feasibility, lower bound
   and gap, who evaluated it and when; ``seq`` is the campaign's evaluation counter.
 * ``front``: Pareto front membership history: a row per stay on the front. The current front is
   the rows with ``left_at`` NULL.
 * ``measurements``: real executions (whole plans, shards, transfers, kernels) with measured and
   predicted seconds; campaign and candidate are optional (calibration runs have neither).
+* ``evaluation_intervals``: evaluations the retention policy thinned away, aggregated per time
+  bucket (count, feasible count, seq range, best value of each objective), so counts and
+  best-so-far curves over the whole history stay answerable in SQL.
 * ``checkpoints``: JSON driver state for ``resume``; only the latest few per campaign are kept.
 
 Timestamps are timezone-aware UTC. Integer keys are 64-bit on PostgreSQL.
@@ -45,11 +51,13 @@ __all__ = [
     "CAMPAIGN_STATUSES",
     "MEASUREMENT_BACKENDS",
     "MEASUREMENT_KINDS",
+    "PLAN_KINDS",
     "Base",
     "Campaign",
     "Candidate",
     "Checkpoint",
     "Evaluation",
+    "EvaluationInterval",
     "FrontEntry",
     "Measurement",
     "utcnow",
@@ -58,6 +66,7 @@ __all__ = [
 CAMPAIGN_STATUSES = ("created", "running", "paused", "finished", "failed")
 MEASUREMENT_KINDS = ("plan", "shard", "transfer", "kernel")
 MEASUREMENT_BACKENDS = ("numpy", "cupy")
+PLAN_KINDS = ("full", "delta", "dropped")
 
 # Deterministic constraint names, so migrations can refer to them on every backend.
 NAMING_CONVENTION = {
@@ -134,7 +143,8 @@ class Campaign(Base):
 
 
 class Candidate(Base):
-    """A distinct plan of a campaign, identified by its digest; graph JSON zlib-compressed."""
+    """A distinct plan of a campaign, identified by its digest; graph JSON zlib-compressed
+    (``plan_kind`` full), a rewrite of its parent (delta) or not kept (dropped)."""
 
     __tablename__ = "candidates"
     # The unique (campaign_id, digest) index also serves lookups by campaign_id alone.
@@ -143,7 +153,11 @@ class Candidate(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     campaign_id: Mapped[int] = mapped_column(BigId, ForeignKey("campaigns.id"))
     digest: Mapped[str] = mapped_column(String(64))
+    # Empty unless plan_kind is full (a delta's plan is its rewrite of the parent).
     graph_zlib: Mapped[bytes] = mapped_column(LargeBinary)
+    # One of PLAN_KINDS, checked by the code that writes it (no CHECK: SQLite cannot add one
+    # to an existing table without copying it).
+    plan_kind: Mapped[str] = mapped_column(String(8), default="full", server_default="full")
     parent_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     rewrite: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -174,6 +188,30 @@ class Evaluation(Base):
     evaluated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # 64-bit: a fleet evaluating tens of thousands of plans a second passes 2**31 in days.
     seq: Mapped[int] = mapped_column(BigInteger)
+
+
+class EvaluationInterval(Base):
+    """Evaluations thinned by the retention policy, aggregated over one time bucket."""
+
+    __tablename__ = "evaluation_intervals"
+    __table_args__ = (UniqueConstraint("campaign_id", "bucket_start"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    campaign_id: Mapped[int] = mapped_column(BigId, ForeignKey("campaigns.id"))
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime())
+    bucket_seconds: Mapped[float] = mapped_column(Double)
+    evaluations: Mapped[int] = mapped_column(BigInteger)
+    feasible: Mapped[int] = mapped_column(BigInteger)
+    min_seq: Mapped[int] = mapped_column(BigInteger)
+    max_seq: Mapped[int] = mapped_column(BigInteger)
+    # Best (smallest) value of each objective over the bucket's feasible evaluations (NULL when
+    # none was feasible): enough for best-so-far curves over the whole history.
+    min_makespan: Mapped[float | None] = mapped_column(Double, nullable=True)
+    min_energy: Mapped[float | None] = mapped_column(Double, nullable=True)
+    min_peak_memory: Mapped[float | None] = mapped_column(Double, nullable=True)
+    min_devices: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    min_bytes_moved: Mapped[float | None] = mapped_column(Double, nullable=True)
+    eval_seconds: Mapped[float] = mapped_column(Double)
 
 
 class FrontEntry(Base):

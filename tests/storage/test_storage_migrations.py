@@ -135,4 +135,7 @@ def test_optuna_shares_the_database(db_url: str) -> None:
 def test_migration_files_are_packaged() -> None:
     # pyproject.toml ships migrations/*.py and migrations/versions/*.py as package data.
     assert (MIGRATIONS_DIR / "env.py").is_file()
-    assert sorted(p.name for p in (MIGRATIONS_DIR / "versions").glob("*.py")) == ["0001_initial.py"]
+    assert sorted(p.name for p in (MIGRATIONS_DIR / "versions").glob("*.py")) == [
+        "0001_initial.py",
+        "0002_retention.py",
+    ]
