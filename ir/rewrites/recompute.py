@@ -27,7 +27,8 @@ SUFFIX = ".re"
 
 
 def backward_ops(g: Graph) -> set[str]:
-    """Ops that depend on the loss gradient (empty for a forward-only program)."""
+    """Ops that depend on the loss gradient, and ops that only they read (e.g. layernorm's x̂ for
+    the gamma gradient); empty for a forward-only program."""
     seeds = {o.output for o in g.ops.values() if o.kernel in LOSS_GRAD_KERNELS}
     out: set[str] = set()
     live = set(seeds)
@@ -36,6 +37,12 @@ def backward_ops(g: Graph) -> set[str]:
         if o.output in seeds or any(t in live for _, t in o.inputs):
             out.add(n)
             live.add(o.output)
+    if not out:
+        return out
+    for n in reversed(g.topo_order):
+        readers = [r for r, _ in g.consumers.get(g.ops[n].output, [])]
+        if n not in out and readers and all(r in out for r in readers):
+            out.add(n)
     return out
 
 
