@@ -44,6 +44,8 @@ def to_dot(g: Graph, max_shards: int = 16) -> str:
         sig = g.signature(o)
         sh = o.shards
         kernel = o.kernel if o.kernel != "fused" else "fused[" + " → ".join(s["kernel"] for s in o.params["stages"]) + "]"
+        if o.kernel == "attention":  # a substitution: say what it replaced, not its whole origin record
+            kernel = attention_label(o.params)
         lines.append(f"  subgraph cluster_{idx} {{")
         title = f"{name}: {kernel}  dims {list(sig.dims)}"
         lines.append(f"    label={_q(title)}; style=rounded; color=\"#9aa0a6\";")
@@ -70,6 +72,19 @@ def to_dot(g: Graph, max_shards: int = 16) -> str:
         lines.append(f"  {_q(anchor)} -> {_q('t:' + o.output)} [ltail=cluster_{idx}];")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def attention_label(params: dict) -> str:
+    """``attention[causal, split 4]  (was bmm → softmax → bmm)``: the fused op and what it replaced."""
+    flags = (["causal" + (f"{params.get('offset', 0):+d}" if params.get("offset") else "")]
+             if params.get("causal") else [])
+    if params.get("split"):
+        flags.append(f"split {params['split']['parts']}")
+    label = "attention" + (f"[{', '.join(flags)}]" if flags else "")
+    origin = params.get("origin")
+    if origin:
+        label += "  (was " + " → ".join(r["kernel"] for r in origin["ops"] if r["role"] != "k_t") + ")"
+    return label
 
 
 class RenderError(RuntimeError):

@@ -4,6 +4,8 @@
 - ``place`` / ``move``: set shard devices; ``align``: copy a same-shaped op's shards;
 - ``split_reduction`` / ``merge_reduction``: partial op + ``accumulate``, and back;
 - ``fuse`` / ``unfuse``: producer + elementwise consumer as one op, and back;
+- ``fuse_attention`` / ``unfuse_attention``: the scores → (scale, mask) → softmax → values
+  pattern as one ``attention`` op (FlashAttention), and back;
 - ``random_rewrite``: one random legal rewrite; ``unshard``: the logical program of a plan.
 Moves (``ir.rewrites.moves``) are the same rewrites as printable, parseable data.
 """
@@ -16,7 +18,9 @@ from ir.rewrites.moves import MOVES, Move, parse_move
 from ir.rewrites.random import DEFAULT_WEIGHTS, draw_move, random_rewrite, random_walk
 from ir.rewrites.reduction import merge_reduction, split_reduction
 from ir.rewrites.shard import merge, move, place, retile, split
+from ir.rewrites.substitute_attention import fuse_attention, match_attention, unfuse_attention
 
-__all__ = ["DEFAULT_WEIGHTS", "align", "MOVES", "Move", "RewriteError", "draw_move", "fusable", "fuse", "merge",
-           "merge_reduction", "move", "parse_move", "place", "random_rewrite", "random_walk", "retile", "split",
-           "split_reduction", "unfuse", "unshard"]
+__all__ = ["DEFAULT_WEIGHTS", "align", "MOVES", "Move", "RewriteError", "draw_move", "fusable", "fuse",
+           "fuse_attention", "match_attention", "merge", "merge_reduction", "move", "parse_move", "place",
+           "random_rewrite", "random_walk", "retile", "split", "split_reduction", "unfuse", "unfuse_attention",
+           "unshard"]

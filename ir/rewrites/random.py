@@ -14,17 +14,19 @@ from ir.graph import Graph
 from ir.rewrites import moves as M
 from ir.rewrites.errors import RewriteError
 from ir.rewrites.fusion import fusable
+from ir.rewrites.substitute_attention import attention_sites, fused_attentions
 
 DEFAULT_WEIGHTS: dict[str, float] = {
     "split": 3.0, "merge": 1.5, "place": 2.0, "move": 1.0, "split_reduction": 0.6,
-    "merge_reduction": 0.3, "fuse": 0.6, "unfuse": 0.3,
+    "merge_reduction": 0.3, "fuse": 0.6, "unfuse": 0.3, "fuse_attention": 0.4, "unfuse_attention": 0.1,
 }
 
 
 class Structure:
     """Candidates of the structural moves. They depend on the ops' kernels, params and tensors,
-    never on shards; every structural rewrite (fuse, unfuse, reduction split and merge) makes a
-    new tensor table, so the table object identifies the structure and keys this cache."""
+    never on shards; every structural rewrite (fuse, unfuse, reduction split and merge,
+    substitutions) makes a new tensor table, so the table object identifies the structure and
+    keys this cache."""
 
     def __init__(self, g: Graph) -> None:
         names = list(g.ops)
@@ -34,6 +36,8 @@ class Structure:
         self.fused = [n for n in names if g.ops[n].kernel == "fused"]
         self.fusable = [(g.producers[t], r[0][0]) for t, r in g.consumers.items()
                         if len(r) == 1 and t in g.producers and fusable(g, g.producers[t], r[0][0]) is None]
+        self.attention_sites = attention_sites(g)
+        self.attentions = fused_attentions(g)
 
 
 _STRUCTURES: dict[int, tuple[object, Structure]] = {}
@@ -98,6 +102,12 @@ def draw_move(g: Graph, rng: np.random.Generator, n_devices: int, kind: str,
     if kind == "unfuse":
         cands = structure(g).fused
         return M.Unfuse(_choice(rng, cands)) if cands else None
+    if kind == "fuse_attention":
+        cands = structure(g).attention_sites
+        return M.FuseAttention(_choice(rng, cands)) if cands else None
+    if kind == "unfuse_attention":
+        cands = structure(g).attentions
+        return M.UnfuseAttention(_choice(rng, cands)) if cands else None
     raise ValueError(f"unknown move kind {kind!r}; kinds are {sorted(DEFAULT_WEIGHTS)}")
 
 

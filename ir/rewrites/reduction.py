@@ -73,6 +73,8 @@ def merge_reduction(g: Graph, op: str) -> Graph:
     if len(readers) != 1 or g.ops[readers[0][0]].kernel not in ("accumulate", COMBINE_KERNEL):
         raise RewriteError(f"{op}: its partials are not read by exactly one accumulate op")
     acc = g.ops[readers[0][0]]
+    if acc.params.get("split"):  # a two-level reduction: its output is the accumulate's partials
+        raise RewriteError(f"{op}: its accumulate {acc.name} is itself split (merge_reduction {acc.name} first)")
     params = {k: v for k, v in o.params.items() if k != "split"}
     new_op = o.replace(params=params, output=acc.output, shards=acc.shards)
     return g.with_ops({op: new_op, acc.name: None}, tensors={o.output: None})
