@@ -152,3 +152,46 @@ def test_incremental_equals_fresh_with_state():
         g = retile(g, op, parts, devs)
         assert_same(inc.lower(g), Lowerer(HW8).lower(g))
     assert inc.stats["incremental"] > 20
+
+
+def test_model_flops_and_mfu_by_hand():
+    g = step()  # one device: matmul 2*M*K*N FLOPs, the update K*N
+    ev = Evaluator(HW8)(g)
+    flops = 2 * M * K * N + K * N
+    assert ev.model_flops == flops
+    assert ev.devices == 1
+    assert ev.mfu == pytest.approx(flops / HW8.peak_flops("float32") / ev.makespan, rel=1e-12)
+    # spreading over 4 devices keeps the model FLOPs; MFU divides by the 4 devices' peak
+    e4 = Evaluator(HW8)(fsdp(g, 4))
+    assert e4.model_flops == flops and e4.devices == 4
+    assert e4.mfu == pytest.approx(flops / HW8.peak_flops("float32") / (4 * e4.makespan), rel=1e-12)
+    assert 0 < e4.mfu < 1 and 0 < ev.mfu < 1
+
+
+def test_memory_floor_refuses_state_that_cannot_fit_fully_sharded():
+    b = GraphBuilder()
+    Kb, Nb = 400_000, 500_000  # 2e11 float32 cells: 800 GB of state, 100 GB per device on 8
+    b.matmul(b.input("x", (1, Kb)), b.parameter("W", (Kb, Nb)), name="mm")
+    b.sub("W", b.input("d", (Kb, Nb)), name="upd")
+    g = rename(b.build(), "upd.out", "W.next", "output")
+    g = place(split(g, "upd", 0, 8), "upd", list(range(8)))
+    ev = Evaluator(HW8)(g)
+    assert ev.memory_floor == Kb * Nb * F4 / 8 == 100e9
+    assert not ev.feasible
+    # the same state as a forward-only weight has no floor
+    fwd = rename(b.build(), "upd.out", "W2", "output")
+    assert Evaluator(HW8)(fwd).memory_floor == 0.0
+
+
+def test_sizes_that_would_overflow_are_refused():
+    from costmodel.lowering import PlanSizeError
+    from ir import workloads
+
+    g = workloads.build("mlp", batch=64, widths=[int(1e11)] * 3)
+    with pytest.raises(PlanSizeError, match="W1"):
+        Evaluator(HW8)(g)
+    # just below the limit is still counted exactly
+    ok = workloads.build("mlp", batch=2, widths=[2**20, 2**20, 2])
+    ev = Evaluator(HW8)(ok)
+    assert ev.peak_memory >= 2**40 * 4 + 2**21 * 4  # W1 and W2 resident, positive and exact
+    assert ev.peak_memory < 2**53
