@@ -325,8 +325,15 @@ class Lowerer:
     """Lowers plans on one ``Hardware``; keeps pieces and recent plans for incremental lowering.
 
     ``lower(g)`` is the only entry point. ``states`` recent plans are searched for the closest
-    one; ``cache_size`` bounds the per-piece caches (LRU).
+    one; ``cache_size`` bounds the per-piece caches (LRU). Every other memo is capped too
+    (``PACKS_CAP``, ``PROGRAMS_CAP``, 512 structures, 256 io keys): a worker lowers millions of
+    plans over a multi-day campaign and its memory must stay flat (issue 16).
     """
+
+    #: signature packs kept (keyed by signature identity; oldest dropped first)
+    PACKS_CAP = 4096
+    #: logical programs numbered (oldest forgotten first; a forgotten program gets a new number)
+    PROGRAMS_CAP = 1024
 
     def __init__(self, hw: Hardware, cache_size: int = 8000, states: int = 6) -> None:
         self.hw = hw
@@ -336,6 +343,7 @@ class Lowerer:
         self._den: dict[tuple[str, str], tuple[float, float, float]] = {}
         self._states: deque[_State] = deque(maxlen=max(1, states))
         self._programs: dict[tuple, int] = {}
+        self._program_seq = 0  # numbers are never reused: cached structures keyed by them stay right
         self._structures: dict[tuple, _Structure] = {}
         self._logical: dict[int, tuple] = {}
         self._io: dict[tuple, tuple] = {}
@@ -365,6 +373,8 @@ class Lowerer:
         p = self._packs.get(id(sig))
         if p is None or p.sig is not sig:
             p = self._packs[id(sig)] = _SigPack(sig)
+            if len(self._packs) > self.PACKS_CAP:
+                self._packs.pop(next(iter(self._packs)))
         return p
 
     def _denominators(self, dtype: str, kclass: str) -> tuple[float, float, float]:
@@ -488,13 +498,22 @@ class Lowerer:
         """The structure of ``g``, shared by plans with the same ops, kernels and data flow and the
         same program (cached: structural rewrites and their inverses revisit a few structures)."""
         key = tuple([(o.name, o.kernel, o.inputs, o.output) for o in g.ops.values()])
-        program = self._programs.setdefault(self._program_key(g), len(self._programs) + 1)
+        program = self._program_number(self._program_key(g))
         st = self._structures.get((key, program))
         if st is None:
             st = self._structures[(key, program)] = self._new_structure(g, program)
             if len(self._structures) > 512:
                 self._structures.pop(next(iter(self._structures)))
         return st
+
+    def _program_number(self, key: tuple) -> int:
+        number = self._programs.get(key)
+        if number is None:
+            self._program_seq += 1
+            number = self._programs[key] = self._program_seq
+            if len(self._programs) > self.PROGRAMS_CAP:
+                self._programs.pop(next(iter(self._programs)))
+        return number
 
     def _new_structure(self, g: Graph, program: int) -> _Structure:
         check_sizes(g)

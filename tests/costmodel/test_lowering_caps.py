@@ -1,0 +1,43 @@
+"""Every memo of the lowerer is capped (issue 16: flat worker memory over days), and evicting
+entries never changes a result."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel import load_hardware
+from costmodel.evaluate import Evaluator
+from ir import workloads
+from ir.rewrites import unshard
+from ir.rewrites.moves import Split
+
+
+def _programs() -> list:
+    mlp = unshard(workloads.build("mlp", batch=32, widths=[64, 128, 64]))
+    other = unshard(workloads.build("mlp", batch=16, widths=[32, 64, 32, 16]))
+    tr = unshard(workloads.build("transformer"))
+    plans = [mlp, other, tr]
+    first = next(iter(mlp.ops))
+    plans.append(Split(first, next(iter(mlp.signature(first).dims)), 2).apply(mlp))
+    return plans
+
+
+def test_caps_hold_and_results_do_not_change() -> None:
+    hw = load_hardware("h100-sxm-8")
+    capped, fresh = Evaluator(hw), Evaluator(hw)
+    capped.lowerer.PACKS_CAP = 2
+    capped.lowerer.PROGRAMS_CAP = 1
+    plans = _programs()
+    for _ in range(3):  # revisit every program after it was forgotten
+        for g in plans:
+            a, b = capped(g), Evaluator(hw)(g)
+            assert a.objectives() == b.objectives()
+            assert np.array_equal(a.peak_memory_per_device, b.peak_memory_per_device)
+            assert len(capped.lowerer._packs) <= 2 and len(capped.lowerer._programs) <= 1
+    assert fresh.lowerer.stats == {"exact": 0, "incremental": 0, "fresh": 0}  # untouched
+
+
+def test_forgotten_program_numbers_are_never_reused() -> None:
+    low = Evaluator(load_hardware("h100-sxm-8")).lowerer
+    low.PROGRAMS_CAP = 1
+    assert [low._program_number(k) for k in ("a", "b", "a", "a")] == [1, 2, 3, 3]
