@@ -19,6 +19,12 @@ the mean microseconds per step in the rewrite, the lowering and the simulation. 
 (``time.process_time``) rather than wall time, because the machine may be shared; the process is
 pinned to one core with single-threaded BLAS and numba.
 
+After the timed rounds, 300 more steps run with counting caches (so the counting costs no
+timed step) and each case reports every cache of the evaluation path: entries, cap and hit rate
+(hits / (hits + stores)): the lowerer's pieces, recent plans (``states``: exact or incremental
+vs fresh lowerings), structures, ``ir.kernels.cached_signature`` and the rewrites' structure
+cache. Every cache is capped, so a worker's memory stays flat over a multi-day campaign.
+
 Usage: ``python scripts/bench_costmodel.py [--seconds 3] [--repeats 3] [--json PATH] [--cases ...]``
 """
 
@@ -35,13 +41,16 @@ import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from collections import OrderedDict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH
 
+import ir.rewrites.random as rewrite_random  # noqa: E402
 from ir import workloads  # noqa: E402
+from ir.kernels import cached_signature  # noqa: E402
 from ir.rewrites import RewriteError, random_rewrite, retile  # noqa: E402
 
 # CPU time of this process: the machine may be shared, and "per core" means per CPU-second.
@@ -119,12 +128,72 @@ def run_case(case: str, seconds: float, repeats: int, restart: int, seed: int) -
     low = ev(g0, keep=True).lowered
     nodes = len(low.kind)
     split = profile_split(ev, g0, rng, n, CAP[case], restart)
-    return {"case": case, "hardware": hw, "ops": len(g0.ops), "start_shards": g0.n_shards,
+    caches = cache_hit_rates(ev, g0, rng, n, CAP[case], restart)
+    return {"caches": caches, "case": case, "hardware": hw, "ops": len(g0.ops), "start_shards": g0.n_shards,
             "mean_shards": float(np.mean(shards)) if shards else float(g0.n_shards), "start_nodes": nodes,
             "start_transfers": int((low.kind == 1).sum()),
             "eval_per_s": statistics.median(rates), "step_per_s": statistics.median(step_rates),
             "eval_per_s_wall": statistics.median(wall_rates),
             "eval_per_s_all": rates, "split_us": split}
+
+
+class _Counting(OrderedDict):
+    """A cache dict that counts ``get`` hits and stores (each miss is stored once)."""
+
+    hits = 0
+    stores = 0
+
+    def get(self, key, default=None):
+        value = super().get(key, default)
+        if value is not None:
+            self.hits += 1
+        return value
+
+    def __setitem__(self, key, value) -> None:
+        self.stores += 1
+        super().__setitem__(key, value)
+
+
+def cache_hit_rates(ev, g0, rng, n, cap: int, restart: int, steps: int = 300) -> dict:
+    """Entries, cap and hit rate of every cache on the evaluation path, over ``steps`` more
+    steps of the same walk (warm caches), with counting dicts swapped in for the run."""
+    low = ev.lowerer
+    low._cache, low._structures = _Counting(low._cache), _Counting(low._structures)
+    saved_structures = rewrite_random._STRUCTURES
+    rewrite_random._STRUCTURES = _Counting(saved_structures)
+    states0, sig0 = dict(low.stats), cached_signature.cache_info()
+    g = g0
+    for i in range(steps):
+        try:
+            child, _m = random_rewrite(g, rng, n, max_shards_per_op=cap)
+        except RewriteError:
+            g = g0
+            continue
+        ev(child)
+        g = child if rng.random() < 0.5 else g
+        if (i + 1) % restart == 0:
+            g = g0
+    sig = cached_signature.cache_info()
+    states = {k: low.stats[k] - states0[k] for k in low.stats}
+
+    def rate(hits: int, misses: int) -> float:
+        return hits / (hits + misses) if hits + misses else float("nan")
+
+    out = {
+        "pieces": {"entries": len(low._cache), "cap": low.cache_size,
+                   "hit_rate": rate(low._cache.hits, low._cache.stores)},
+        "states": {"entries": len(low._states), "cap": low._states.maxlen,
+                   "hit_rate": rate(states["exact"] + states["incremental"], states["fresh"])},
+        "structures": {"entries": len(low._structures), "cap": 512,
+                       "hit_rate": rate(low._structures.hits, low._structures.stores)},
+        "signatures": {"entries": sig.currsize, "cap": sig.maxsize,
+                       "hit_rate": rate(sig.hits - sig0.hits, sig.misses - sig0.misses)},
+        "rewrite_structures": {"entries": len(rewrite_random._STRUCTURES), "cap": 257,
+                               "hit_rate": rate(rewrite_random._STRUCTURES.hits,
+                                                rewrite_random._STRUCTURES.stores)},
+    }
+    rewrite_random._STRUCTURES = saved_structures
+    return out
 
 
 def profile_split(ev, g0, rng, n, cap: int, restart: int, steps: int = 300) -> dict:
@@ -175,6 +244,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{r['case']:<16}{r['ops']:>5}{r['mean_shards']:>8.0f}{r['start_nodes']:>7}{r['eval_per_s']:>10.0f}"
               f"{r['step_per_s']:>10.0f}{goals.get(r['case'], float('nan')):>8.0f}   "
               f"{s['rewrite']:.0f} / {s['lower']:.0f} / {s['simulate']:.0f}")
+    print("cache hit rates (entries/cap): " + "; ".join(
+        f"{r['case']}: " + ", ".join(f"{k} {v['hit_rate']:.0%} ({v['entries']}/{v['cap']})"
+                                     for k, v in r["caches"].items()) for r in results))
     doc = {"machine": f"{platform.machine()} {os.cpu_count()}-core, Python {platform.python_version()}",
            "one_core": True, "seconds": a.seconds, "repeats": a.repeats, "results": results}
     if a.json:
