@@ -20,6 +20,7 @@ import scipy.special
 from ir.kernels import REGISTRY, SignatureError, TensorSpec, get_kernel
 from ir.kernels.base import Signature
 from ir.zspace import ZRange
+from tests.ir.kernel_cases_attention import attention_cases, check_softmax_split
 from tests.ir.kernel_cases_training import training_cases
 
 # -- independent references ----------------------------------------------------------------------
@@ -122,6 +123,7 @@ CASES = [
     _fused_linear_relu(),
     _fused_softmax_mul_add(),
     *training_cases(Case),
+    *attention_cases(Case),
 ]
 IDS = [c.id for c in CASES]
 
@@ -227,7 +229,7 @@ SPLITS = _split_cases()
 def test_split_cases_cover_every_reducing_kernel():
     assert {c.values[0].kernel for c in SPLITS} == {
         "matmul", "bmm", "einsum", "linear", "conv2d", "reduce_sum", "reduce_max", "reduce_mean", "reduce_to",
-        "embedding_grad", "conv2d_input_grad", "conv2d_weight_grad", "mse_loss", "cross_entropy"}
+        "embedding_grad", "conv2d_input_grad", "conv2d_weight_grad", "mse_loss", "cross_entropy", "attention"}
 
 
 @pytest.mark.parametrize("case,red,monoid,parts", SPLITS)
@@ -237,6 +239,8 @@ def test_split_reduction_sums_back(case, red, monoid, parts):
     sig = k.signature(specs(case), params)
     assert sig.dims[0] == "kb" and sig.extents[0] == parts and sig.split_from.name == red
     base = k.signature(specs(case), case.params)
+    if monoid == "softmax":  # attention: its partials carry their log-sum-exp, combined by attention_combine
+        return check_softmax_split(case, sig, base, params, parts, data(case), run_box, random_subbox, slice_of)
     assert sig.out_spec.shape == (parts,) + base.out_spec.shape
     assert sig.output.apply(sig.index) == ZRange.of_shape(sig.out_spec.shape)
     # Total FLOPs are unchanged by the split.

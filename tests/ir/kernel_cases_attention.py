@@ -1,0 +1,51 @@
+"""Cases for the fused-attention kernels, with references written here: attention with the
+scores materialised (``scipy.special.softmax`` over a -inf mask), and the combine as a softmax
+over the blocks' log-sum-exps. ``check_softmax_split`` is the split-reduction check for the
+softmax monoid, whose partials carry one more channel than the output."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.special
+
+from ir.kernels import get_kernel
+
+
+def attention_ref(q, k, v, scale, causal=False, offset=0):
+    extra = q.ndim - k.ndim  # grouped-query heads: k and v broadcast over q's group dims
+    k = k.reshape(k.shape[:-2] + (1,) * extra + k.shape[-2:])
+    v = v.reshape(v.shape[:-2] + (1,) * extra + v.shape[-2:])
+    s = scale * np.einsum("...se,...te->...st", q, k)
+    if causal:
+        keep = np.arange(k.shape[-2])[None, :] <= np.arange(q.shape[-2])[:, None] + offset
+        s = np.where(keep, s, -np.inf)
+    return np.einsum("...st,...te->...se", scipy.special.softmax(s, axis=-1), v)
+
+
+def attention_cases(Case):
+    return [
+        Case("attention", "attention", {"q": (2, 3, 5, 4), "k": (2, 3, 6, 4), "v": (2, 3, 6, 3)}, {"scale": 0.4},
+             lambda i: attention_ref(i["q"], i["k"], i["v"], 0.4)),
+        Case("attention_causal", "attention", {"q": (2, 5, 4), "k": (2, 6, 4), "v": (2, 6, 4)},
+             {"scale": 0.5, "causal": True, "offset": 1},
+             lambda i: attention_ref(i["q"], i["k"], i["v"], 0.5, True, 1)),
+        Case("attention_gqa", "attention", {"q": (2, 2, 3, 4, 2), "k": (2, 2, 6, 2), "v": (2, 2, 6, 2)},
+             {"scale": 1.0, "causal": True},
+             lambda i: attention_ref(i["q"], i["k"], i["v"], 1.0, True, 0)),
+        Case("attention_combine", "attention_combine", {"p": (3, 2, 4, 5)}, {},
+             lambda i: (scipy.special.softmax(i["p"][..., -1], axis=0)[..., None] * i["p"][..., :-1]).sum(axis=0)),
+    ]
+
+
+def check_softmax_split(case, sig, base, params, parts, whole, run_box, random_subbox, slice_of) -> None:
+    """Attention's split key reduction: partials ``[kb, ..., ev + 1]`` combine back to the reference."""
+    assert sig.out_spec.shape == (parts,) + base.out_spec.shape[:-1] + (base.out_spec.shape[-1] + 1,)
+    assert sig.flops_per_point * sig.index.size == base.flops_per_point * base.index.size
+    partials = run_box(case, sig, params, whole, sig.index)
+    comb = get_kernel("attention_combine")
+    np.testing.assert_allclose(comb.compute(np, {"p": partials}, {}), case.ref(whole), rtol=1e-10, atol=1e-12)
+    rng = np.random.default_rng(2)
+    for _ in range(10):
+        box = random_subbox(rng, sig.index)
+        np.testing.assert_allclose(run_box(case, sig, params, whole, box), slice_of(partials, box), rtol=1e-10,
+                                   atol=1e-12, err_msg=str(box))
