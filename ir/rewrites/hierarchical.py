@@ -1,0 +1,91 @@
+"""Two-level reductions: sum partials inside each group of devices first, then across groups.
+
+``two_level(g, "fc2.acc", 8)`` on an accumulate of 64 partials, partial ``i`` on device ``i``
+(8 nodes of 8)::
+
+    fc2.acc:     y[n, o] = Σ_{i<64} p[i, n, o]                     (64-way sharded; 56 of the 63
+                                                                      partials it reads cross nodes)
+ -> fc2.acc:     q[j, n, o] = Σ_{i in 8j..8j+7} p[i, n, o]           (block j on node j, its rows
+                                                                      split over node j's 8 GPUs)
+    fc2.acc.acc: y[n, o] = Σ_{j<8} q[j, n, o]                       (the old 64-way sharding)
+
+It is ``split_reduction`` of the accumulate over its block dim (``accumulate`` declares that dim
+a splittable reduction), plus a placement: block ``j`` of the first level runs on the devices
+that produce its partials, split among them along the longest output dim (a reduce-scatter
+inside the group); the second level keeps the accumulate's old shards. Inter-node traffic
+falls from ``(k-1)/k`` of the tensor per device to ``(G-1)/k`` (``G`` groups), as in NCCL's
+two-level reduce-scatter. ``merge_reduction(g, "fc2.acc")`` undoes it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ir.graph import Graph, Shards
+from ir.rewrites.errors import RewriteError
+from ir.rewrites.reduction import split_reduction
+from ir.rewrites.shard import get_op
+from ir.zspace import split_points
+
+
+def _partial_devices(g: Graph, tensor: str, k: int) -> list[list[int]]:
+    """For each block ``i < k`` of a partials tensor, the devices writing it (in shard order)."""
+    prod_name = g.producers.get(tensor)
+    out: list[list[int]] = [[] for _ in range(k)]
+    if prod_name is None:
+        return out
+    o = g.ops[prod_name]
+    sig = g.signature(o)
+    row = sig.output.A[0]
+    col = next((c for c, v in enumerate(row) if v), None)
+    if col is None:
+        return out
+    sh = o.shards
+    for lo, hi, d in zip(sh.lo[:, col], sh.hi[:, col], sh.device):
+        for i in range(int(lo), int(hi)):
+            if 0 <= i < k and int(d) not in out[i]:
+                out[i].append(int(d))
+    return out
+
+
+def two_level(g: Graph, acc: str, group: int) -> Graph:
+    """Reduce ``acc``'s partials in groups of ``group`` consecutive blocks, then across groups."""
+    o = get_op(g, acc)
+    if o.kernel != "accumulate":
+        raise RewriteError(f"{acc}: two_level applies to accumulate ops, not {o.kernel}")
+    if o.params.get("split"):
+        raise RewriteError(f"{acc}: already reduced in two levels")
+    k = g.tensors[o.inputs[0][1]].shape[0]
+    if not isinstance(group, (int, np.integer)) or group < 2 or k % group or group >= k:
+        raise RewriteError(f"{acc}: {k} partials do not fall into groups of {group} (need 2 <= group < {k}, "
+                           f"dividing {k})")
+    n_groups = k // group
+    owners = _partial_devices(g, o.inputs[0][1], k)
+    old = o.shards
+    g = split_reduction(g, acc, n_groups)
+    sig = g.signature(acc)  # (kb, *out dims)
+    out_ext = sig.extents[1:]
+    d = int(np.argmax(out_ext)) if out_ext else None
+    lo_rows, hi_rows, devs = [], [], []
+    for j in range(n_groups):
+        members: list[int] = []
+        for i in range(j * group, (j + 1) * group):
+            members += [x for x in owners[i] if x not in members]
+        if not members:
+            members = [int(old.device[0])]
+        parts = 1 if d is None else min(len(members), out_ext[d])
+        cuts = split_points(0, out_ext[d], parts) if d is not None else [0, 0]
+        for p in range(parts):
+            lo = [j] + [0] * len(out_ext)
+            hi = [j + 1] + list(out_ext)
+            if d is not None:
+                lo[1 + d], hi[1 + d] = cuts[p], cuts[p + 1]
+            lo_rows.append(lo)
+            hi_rows.append(hi)
+            devs.append(members[p])
+    stage1 = Shards(np.array(lo_rows, np.int64).reshape(len(devs), -1),
+                    np.array(hi_rows, np.int64).reshape(len(devs), -1), devs)
+    return g.with_ops({acc: g.ops[acc].replace(shards=stage1)})
+
+
+__all__ = ["two_level"]

@@ -1,0 +1,300 @@
+"""Region layouts: assign index dims to mesh axes for a connected set of ops, in one move.
+
+A *layout* says, per op, which mesh axes split which index dims (DTensor's ``Shard(dim)`` per
+mesh axis, see STYLE.md §7). ``layout(g, ops, mesh, use)`` sets it for every op of a region by
+propagation, as GSPMD and DTensor propagate shardings:
+
+1. **Seeds.** Each mesh axis has a *use*: ``b`` (batch: dim 0 of the activations entering the
+   region), ``s`` (sequence: dim 1), ``t`` (tensor parallel: the dims of the weights). Tensors
+   that enter the region and are not parameters or state are seeded: ``b`` axes split their
+   dim 0, ``s`` axes their dim 1 (where long enough).
+2. **Propagation**, op by op in dependency order. An input tensor split on tensor dim ``r`` over
+   axis ``a`` gives the op's index dim ``c`` to ``a`` when the port's projection maps ``c`` to
+   ``r`` one-to-one (``Shard(r) -> Shard(c)``). When ``r`` is a hidden reduction of the op
+   (matmul's ``k``), the axis splits that reduction instead: ``split_reduction`` with the block
+   dim on ``a``, and an ``accumulate`` after it (``S(1)·S(0) -> Partial``). One-to-one maps are
+   taken before reductions, so an all-gather is preferred to a partial sum.
+3. **Free axes** (no input decided them) go to a dim chosen by the axis's use: ``t``: a dim that
+   only the weights see (output columns, heads); ``b``/``s``: the dim that writes output dim 0/1;
+   then any long enough dim. An accumulate whose block axis is freed so takes the output apart
+   (reduce-scatter rather than all-reduce: sequence parallelism after a row-parallel layer).
+   An axis that fits nowhere leaves the op on coordinate 0 of that axis.
+4. Each op gets a regular grid of near-equal tiles; tile coordinates are mesh coordinates
+   (several axes on one dim split it outer-first), so consumers of equal extents line up.
+
+Reductions split over several mesh axes, one of which crosses nodes, are reduced in two levels
+(``ir.rewrites.hierarchical``): inside each node first, then across nodes.
+
+Before the layout, split reductions whose accumulate lies in the region are merged back, so
+any plan of the region is one move away from any layout of it::
+
+    layout{ops=all,mesh=8x8,use=b.t}       # DP over nodes x Megatron TP inside each node
+    layout{ops=all,mesh=8x8,use=b.s}       # DP x context parallel
+    layout{ops=all,mesh=8x8,use=b.b}       # 64-way data parallel
+    layout{ops=l3.*,mesh=2x4,use=b.t}      # one layer's ops (a glob), 8 devices
+    layout{ops=ln1:ff2,mesh=8,use=t}       # a topological range of ops
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from math import prod
+from typing import Sequence
+
+import numpy as np
+
+from ir.graph import STATE_ROLES, Graph, Shards
+from ir.kernels import Signature
+from ir.mesh import Mesh
+from ir.rewrites.errors import RewriteError
+from ir.rewrites.hierarchical import two_level
+from ir.rewrites.reduction import acc_name, merge_reduction, split_reduction
+from ir.zspace import split_points
+
+USES = ("b", "s", "t")
+
+
+def select_ops(g: Graph, sel: str) -> list[str]:
+    """The ops of a region text: ``all``, a glob (``l3.*``), ``a:b`` (a topological range,
+    inclusive), an op name, or several of these joined by ``|``. Topological order."""
+    order = g.topo_order
+    chosen: set[str] = set()
+    for part in str(sel).split("|"):
+        if part == "all":
+            chosen.update(order)
+        elif ":" in part:
+            a, _, b = part.partition(":")
+            if a not in g.ops or b not in g.ops:
+                raise RewriteError(f"region {part!r}: both ends must be operations")
+            i, j = order.index(a), order.index(b)
+            chosen.update(order[min(i, j):max(i, j) + 1])
+        elif any(c in part for c in "*?["):
+            chosen.update(n for n in order if fnmatch.fnmatchcase(n, part))
+        elif part in g.ops:
+            chosen.add(part)
+        else:
+            raise RewriteError(f"region {part!r} names no operation; use all, a glob, a:b or an op name")
+    if not chosen:
+        raise RewriteError(f"region {sel!r} selects no operation")
+    return [n for n in order if n in chosen]
+
+
+def _unit_col(row: tuple[int, ...]) -> int | None:
+    """The index column a projection row copies one-to-one, or None."""
+    nz = [c for c, v in enumerate(row) if v != 0]
+    return nz[0] if len(nz) == 1 and row[nz[0]] == 1 else None
+
+
+def _merge_region(g: Graph, ops: list[str]) -> tuple[Graph, list[str]]:
+    """Merge split reductions whose accumulate is in the region (innermost first)."""
+    region = set(ops)
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed([n for n in g.topo_order if n in region]):
+            o = g.ops[n]
+            if not o.params.get("split"):
+                continue
+            readers = g.consumers.get(o.output, [])
+            if len(readers) == 1 and readers[0][0] in region:
+                try:
+                    g2 = merge_reduction(g, n)
+                except RewriteError:
+                    continue
+                region.discard(readers[0][0])
+                g, changed = g2, True
+                break
+    return g, [n for n in g.topo_order if n in region]
+
+
+class _Assign:
+    """Mesh axes per index dim of one op (outer axis first), plus a reduction's axes."""
+
+    def __init__(self, sig: Signature, mesh: Mesh) -> None:
+        self.sig, self.mesh = sig, mesh
+        self.dims: dict[int, list[int]] = {}
+        self.used: set[int] = set()
+        self.red: tuple[str, list[int]] | None = None
+
+    def parts(self, c: int) -> int:
+        return prod(self.mesh.shape[a] for a in self.dims.get(c, ()))
+
+    def fits(self, c: int, axis: int) -> bool:
+        return self.sig.extents[c] >= self.parts(c) * self.mesh.shape[axis]
+
+    def give(self, c: int, axis: int) -> bool:
+        if axis in self.used or not self.fits(c, axis):
+            return False
+        self.dims.setdefault(c, []).append(axis)
+        self.used.add(axis)
+        return True
+
+
+def _param_dims(g: Graph, name: str, sig: Signature) -> list[int]:
+    """Index dims that only weight/state inputs see (one-to-one), in index order."""
+    o = g.ops[name]
+    seen_by_act: set[int] = set()
+    seen_by_w: set[int] = set()
+    for port, t in o.inputs:
+        proj = sig.inputs[port]
+        cols = {c for c in (_unit_col(r) for r in proj.A) if c is not None}
+        (seen_by_w if g.tensors[t].role in STATE_ROLES else seen_by_act).update(cols)
+    return sorted(seen_by_w - seen_by_act)  # in index order: heads before head dims
+
+
+def _out_dim_col(sig: Signature, r: int) -> int | None:
+    if r >= len(sig.output.A):
+        return None
+    return _unit_col(sig.output.A[r])
+
+
+def _decide(g: Graph, name: str, mesh: Mesh, use: Sequence[str],
+            T: dict[str, dict[int, list[int]]], allow_reduction: bool) -> _Assign:
+    o = g.ops[name]
+    sig = g.signature(o)
+    asg = _Assign(sig, mesh)
+    wdims = _param_dims(g, name, sig)
+    # 1. one-to-one inheritance from the inputs' shardings; a tensor-parallel axis arriving on a
+    #    dim the weights do not see is dropped where the op has weight-only dims (Megatron: the
+    #    activations are gathered, the weights stay split)
+    for port, t in o.inputs:
+        proj = sig.inputs[port]
+        for r, axes in T.get(t, {}).items():
+            c = _unit_col(proj.A[r])
+            if c is None or proj.s[r] != 1:
+                continue
+            for a in axes:
+                if use[a] == "t" and wdims and c not in wdims and any(asg.fits(w, a) for w in wdims):
+                    continue
+                asg.give(c, a)
+    # 2. a sharded tensor dim that is a hidden reduction of the op: split it over those axes
+    if allow_reduction and o.kernel not in ("fused", "accumulate") and sig.reductions:
+        for port, t in o.inputs:
+            if asg.red is not None:
+                break
+            for r, axes in T.get(t, {}).items():
+                free = [a for a in axes if a not in asg.used]
+                red = next((x for x in sig.reductions if (port, r) in x.spans), None)
+                if not free or red is None or any(v != 0 for v in sig.inputs[port].A[r]):
+                    continue
+                k = prod(mesh.shape[a] for a in free)
+                if red.extent % k == 0:
+                    asg.red = (red.name, sorted(free))
+                    asg.used.update(free)
+                    break
+    # 3. free axes by their use
+    for a in range(mesh.ndim):
+        if a in asg.used or mesh.shape[a] == 1:
+            continue
+        pref: list[int] = []
+        if use[a] == "t":
+            pref = wdims
+        elif use[a] in ("b", "s"):
+            c = _out_dim_col(sig, 0 if use[a] == "b" else 1)
+            pref = [c] if c is not None else []
+        rest = sorted((c for c in range(len(sig.dims)) if c not in pref), key=lambda c: (c in asg.dims, c))
+        for c in pref + rest:
+            if asg.give(c, a):
+                break
+    for axes in asg.dims.values():
+        axes.sort()
+    return asg
+
+
+def _grid_shards(sig: Signature, mesh: Mesh, dims: dict[int, list[int]]) -> Shards:
+    """A regular tile grid; tile coordinates along a dim are mesh coordinates of its axes."""
+    nd = len(sig.dims)
+    parts = [prod(mesh.shape[a] for a in dims.get(c, ())) for c in range(nd)]
+    n = prod(parts)
+    grids = np.meshgrid(*[np.arange(p) for p in parts], indexing="ij") if nd else []
+    idx = np.stack([x.reshape(-1) for x in grids], axis=1) if nd else np.zeros((1, 0), np.int64)
+    lo = np.zeros((n, nd), np.int64)
+    hi = np.zeros((n, nd), np.int64)
+    coords = np.zeros((n, mesh.ndim), np.int64)
+    for c in range(nd):
+        cuts = np.array(split_points(0, sig.extents[c], parts[c]), dtype=np.int64)
+        lo[:, c] = cuts[idx[:, c]]
+        hi[:, c] = cuts[idx[:, c] + 1]
+        rem = idx[:, c].copy()
+        for a in reversed(dims.get(c, ())):  # innermost axis varies fastest
+            coords[:, a] = rem % mesh.shape[a]
+            rem //= mesh.shape[a]
+    return Shards(lo, hi, mesh.device(coords))
+
+
+def _out_sharding(sig: Signature, dims: dict[int, list[int]]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for r, row in enumerate(sig.output.A):
+        c = _unit_col(row)
+        if c is not None and dims.get(c):
+            out[r] = list(dims[c])
+    return out
+
+
+def layout(g: Graph, ops: str | Sequence[str], mesh: Mesh, use: Sequence[str],
+           hierarchical: bool = True) -> Graph:
+    """Lay out the region ``ops`` (a region text or op names) on ``mesh`` with one use per axis."""
+    use = tuple(use)
+    if len(use) != mesh.ndim or any(u not in USES for u in use):
+        raise RewriteError(f"layout needs one use per mesh axis ({mesh.ndim} for mesh {mesh.text}) from "
+                           f"{list(USES)}, got {list(use)}")
+    names = select_ops(g, ops) if isinstance(ops, str) else [n for n in g.topo_order if n in set(ops)]
+    if not names:
+        raise RewriteError("layout region is empty")
+    before = g
+    g, names = _merge_region(g, names)
+    region = set(names)
+    produced_in = {g.ops[n].output for n in names}
+    T: dict[str, dict[int, list[int]]] = {}
+    for n in names:  # seeds: activations entering the region
+        for _, t in g.ops[n].inputs:
+            ten = g.tensors[t]
+            if t in produced_in or t in T or ten.role in STATE_ROLES:
+                continue
+            s: dict[int, list[int]] = {}
+            for a, u in enumerate(use):
+                r = {"b": 0, "s": 1}.get(u)
+                if r is not None and r < len(ten.shape) and mesh.shape[a] > 1:
+                    have = prod(mesh.shape[x] for x in s.get(r, ()))
+                    if ten.shape[r] >= have * mesh.shape[a]:
+                        s.setdefault(r, []).append(a)
+            T[t] = s
+    work = list(names)
+    i = 0
+    hier: list[tuple[str, list[int]]] = []
+    while i < len(work):
+        name = work[i]
+        i += 1
+        asg = _decide(g, name, mesh, use, T, allow_reduction=True)
+        if asg.red is not None:
+            red, axes = asg.red
+            k = prod(mesh.shape[a] for a in axes)
+            try:
+                g = split_reduction(g, name, k, red)
+            except RewriteError:
+                asg.red = None
+            else:
+                dims = {c + 1: v for c, v in asg.dims.items()}
+                dims[0] = axes
+                asg.dims = dims
+                asg.sig = g.signature(name)
+                work.insert(i, acc_name(name))
+                region.add(acc_name(name))
+                if hierarchical and len(axes) >= 2 and any(mesh.crosses_nodes(a) for a in axes) \
+                        and not all(mesh.crosses_nodes(a) for a in axes):
+                    hier.append((acc_name(name), axes))
+        o = g.ops[name]
+        g = g.with_ops({name: o.replace(shards=_grid_shards(asg.sig, mesh, asg.dims))})
+        T[o.output] = _out_sharding(asg.sig, asg.dims)
+    for acc, axes in hier:  # two levels: inside the node first, then across nodes
+        inner = prod(mesh.shape[a] for a in axes if not mesh.crosses_nodes(a))
+        try:
+            g = two_level(g, acc, inner)
+        except RewriteError:
+            pass
+    if g.digest == before.digest:
+        raise RewriteError(f"the region is already laid out like this on mesh {mesh.text}")
+    return g
+
+
+__all__ = ["USES", "layout", "select_ops"]
