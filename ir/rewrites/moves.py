@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from ir.graph import Graph
-from ir.rewrites import fusion, recompute, reduction, shard, substitute_attention
+from ir.mesh import parse_mesh
+from ir.rewrites import fusion, hierarchical, layout, recompute, reduction, shard, substitute_attention
 from ir.rewrites.align import align as align_shards
 from ir.rewrites.errors import RewriteError
 
@@ -197,9 +198,35 @@ class Sequence(Move):
         return "; ".join(str(m) for m in self.moves)
 
 
+@dataclass(frozen=True)
+class Layout(Move):
+    """A region layout (``ir.rewrites.layout``): ``layout{ops=all,mesh=8x8,use=b.t,node=8}``."""
+
+    ops: str
+    mesh: str
+    use: str  # one use per mesh axis, joined by dots: b.t
+    node: int = 8  # devices per node (names the axes, decides two-level reductions)
+    kind: ClassVar[str] = "layout"
+
+    def apply(self, g: Graph) -> Graph:
+        return layout.layout(g, self.ops, parse_mesh(self.mesh, self.node), self.use.split("."))
+
+
+@dataclass(frozen=True)
+class TwoLevel(Move):
+    """A two-level reduction (``ir.rewrites.hierarchical``): ``two_level{op=fc2.acc,group=8}``."""
+
+    op: str
+    group: int
+    kind: ClassVar[str] = "two_level"
+
+    def apply(self, g: Graph) -> Graph:
+        return hierarchical.two_level(g, self.op, self.group)
+
+
 MOVES: dict[str, type[Move]] = {c.kind: c for c in (Split, Merge, Retile, Place, MoveShard, SplitReduction,
                                                       MergeReduction, Fuse, Unfuse, Align, FuseAttention,
-                                                      UnfuseAttention, Recompute, Unrecompute)}
+                                                      UnfuseAttention, Recompute, Unrecompute, Layout, TwoLevel)}
 _MOVE_RE = re.compile(r"^\s*(\w+)\{(.*)\}\s*$")
 _ARG_RE = re.compile(r"(\w+)=(\[[^\]]*\]|[^,\]]+)")
 
