@@ -1,0 +1,364 @@
+"""Generate a standalone Python program that runs a plan: one process per plan device.
+
+``generate_program(g, transfers, residency, order)`` returns the program's source text:
+
+- one function per device step, named after the op and shard (``fc1__s0``), which reads its
+  input boxes from that device's buffers, runs the kernel's block function on its index box, and
+  writes its output box;
+- one function per device (``device_0``, ...) that calls its steps in ``order`` (the simulated
+  schedule's order when the caller has one; else the plan's topological order), *receives* each
+  transfer just before the first step that reads one of its boxes, and *sends* each transfer
+  right after the step that produced it. Sends never block (queues), a receive waits for its
+  transfer, so a per-device order consistent with one valid schedule cannot deadlock;
+- the transfers are exactly the given ones (``costmodel.transfers.transfer_plan``: per producer
+  shard and destination, disjoint boxes), the residency says which input boxes each device holds
+  before the run: nothing else moves, and a step reading a cell nobody brought raises;
+- ``main`` starts one process per device (``multiprocessing``, spawn), collects the output boxes,
+  and with ``--check`` compares them with the unsharded program run by tapestry's executor.
+
+The plan reaches the generator as plain data (``executor`` never imports ``costmodel``). Kernels'
+block functions come from ``ir.kernels`` (the same code the executor and the farm verify), so the
+program needs the ``tapestry`` package installed, not the farm. ``--backend cupy`` runs device
+``d`` on GPU ``d % n_gpus`` with transfers staged through host memory (no NCCL).
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+from executor.device_run import normalize_boxes, prepare_ops
+from ir.graph import Graph
+from ir.serialize import dumps
+
+Box = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+class CodegenError(ValueError):
+    """The plan or its transfer plan cannot be turned into a program (the message says why)."""
+
+
+def _ident(text: str, used: set[str]) -> str:
+    base = re.sub(r"\W", "_", text)
+    if not base or base[0].isdigit() or keyword.iskeyword(base):
+        base = "op_" + base
+    name, k = base, 1
+    while name in used:
+        k += 1
+        name = f"{base}_{k}"
+    used.add(name)
+    return name
+
+
+def _tup(a: Iterable[Any]) -> tuple[int, ...]:
+    return tuple(int(x) for x in a)
+
+
+def _box_text(lo: Sequence[int], hi: Sequence[int]) -> str:
+    return "[" + ", ".join(f"{a}:{b}" for a, b in zip(lo, hi)) + "]"
+
+
+def _intersects(a: Box, lo: Sequence[int], hi: Sequence[int]) -> bool:
+    return all(max(x, y) < min(u, v) for x, y, u, v in zip(a[0], lo, a[1], hi))
+
+
+def default_order(g: Graph) -> dict[int, list[tuple[str, int]]]:
+    """Each device's shards in the plan's topological order (op order, then shard index)."""
+    out: dict[int, list[tuple[str, int]]] = {}
+    for name in g.topo_order:
+        for i, d in enumerate(g.ops[name].shards.device.tolist()):
+            out.setdefault(int(d), []).append((name, i))
+    return out
+
+
+def generate_program(g: Graph, transfers: Iterable[Mapping[str, Any]], residency: Iterable[Mapping[str, Any]],
+                     order: Mapping[int, Sequence[tuple[str, int]]] | None = None, title: str = "") -> str:
+    """The source of a program that runs plan ``g`` with exactly ``transfers`` (see the module
+    docstring). ``order``: per device, its ``(op, shard)`` steps in the order to run them."""
+    ops = prepare_ops(g)
+    order = {int(d): [(str(o), int(i)) for o, i in steps] for d, steps in (order or default_order(g)).items()}
+    seen = {(o, i) for steps in order.values() for o, i in steps}
+    want = {(n, i) for n in g.ops for i in range(len(g.ops[n].shards))}
+    if seen != want:
+        missing = sorted(want - seen)[:3]
+        raise CodegenError(f"the step order must list every shard once; missing {missing}")
+    for d, steps in order.items():
+        for o, i in steps:
+            if int(ops[o].device[i]) != d:
+                raise CodegenError(f"the step order runs {o} shard {i} on device {d}, the plan on {ops[o].device[i]}")
+    transfers = [dict(t, boxes=normalize_boxes(t["boxes"]), index=k) for k, t in enumerate(transfers)]
+    residency = [dict(r, boxes=normalize_boxes(r["boxes"])) for r in residency]
+    devices = sorted(set(order) | {t["src"] for t in transfers} | {t["dst"] for t in transfers}
+                     | {int(r["device"]) for r in residency})
+
+    # where each transfer is sent (after its producer shard) and received (before its first reader)
+    send_after: dict[tuple[str, int], list[dict]] = {}
+    for t in transfers:
+        if g.ops.get(t["producer"]) is None or g.ops[t["producer"]].output != t["tensor"]:
+            raise CodegenError(f"transfer {t['index']} names producer {t['producer']!r} of tensor {t['tensor']!r}, "
+                               f"which the plan does not have")
+        send_after.setdefault((t["producer"], int(t["shard"])), []).append(t)
+    recv_before: dict[tuple[str, int], list[dict]] = {}
+    for t in transfers:
+        first = None
+        for o, i in order.get(int(t["dst"]), []):
+            op = ops[o]
+            for port, (clo, chi) in op.in_clipped.items():
+                if op.ports[port] == t["tensor"] and any(_intersects(b, clo[i], chi[i]) for b in t["boxes"]):
+                    first = (o, i)
+                    break
+            if first:
+                break
+        if first is None:
+            raise CodegenError(f"transfer {t['index']} ({t['tensor']} to device {t['dst']}) has no reader there")
+        recv_before.setdefault(first, []).append(t)
+
+    used: set[str] = {"main", "Device", "run_device", "np", "json", "argparse", "sys", "mp", "time"}
+    step_fn = {key: _ident(f"{key[0]}__s{key[1]}", used) for key in sorted(want)}
+    lines = [_HEADER.format(title=title or f"plan {g.digest[:12]}", n_dev=len(devices), n_shards=g.n_shards,
+                            n_transfers=len(transfers))]
+    lines.append(f"PLAN = json.loads(r'''{dumps(g, indent=None)}''')\n")
+    res = {d: [] for d in devices}
+    for r in residency:
+        res[int(r["device"])].append((r["tensor"], [[list(lo), list(hi)] for lo, hi in r["boxes"]]))
+    lines.append(f"RESIDENCY = {json.dumps({str(d): v for d, v in res.items()})}\n")
+    lines.append(f"OUTPUTS = {json.dumps([n for n, t in g.tensors.items() if t.role == 'output'])}\n")
+    lines.append(f"DEVICES = {devices}\n\n")
+    lines.append("# ---- device steps: one function per shard -------------------------------------------\n")
+    for name in g.topo_order:
+        op = ops[name]
+        kern = g.ops[name].kernel
+        for i in range(op.n):
+            lo, hi = _tup(op.lo[i]), _tup(op.hi[i])
+            reads = "".join(f"        {port!r}: dev.read({op.ports[port]!r}, {_tup(l[i])}, {_tup(h[i])}),\n"
+                            for port, (l, h) in op.in_boxes.items())
+            lines.append(f"def {step_fn[(name, i)]}(dev):\n"
+                         f'    """{name} ({kern}) shard {i} on device {int(op.device[i])}: index box '
+                         f'{_box_text(lo, hi)}."""\n'
+                         f"    blocks = {{\n{reads}    }}\n"
+                         f"    y = dev.run({name!r}, blocks, {lo}, {hi})\n"
+                         f"    dev.write({op.output!r}, {_tup(op.out_lo[i])}, {_tup(op.out_hi[i])}, y)\n\n\n")
+    lines.append("# ---- devices: steps in schedule order, with their sends and receives --------------------\n")
+    for d in devices:
+        body = []
+        for key in order.get(d, []):
+            for t in recv_before.get(key, []):
+                body.append(f"    dev.recv({t['index']}, {t['src']}, {t['tensor']!r}, {_boxes_text(t['boxes'])})"
+                            f"  # transfer {t['index']}")
+            body.append(f"    {step_fn[key]}(dev)")
+            for t in send_after.get(key, []):
+                body.append(f"    dev.send({t['index']}, {t['dst']}, {t['tensor']!r}, {_boxes_text(t['boxes'])})"
+                            f"  # transfer {t['index']}")
+        n_steps = len(order.get(d, []))
+        lines.append(f"def device_{d}(dev):\n    \"\"\"Device {d}: {n_steps} steps.\"\"\"\n"
+                     + ("\n".join(body) if body else "    pass") + "\n\n\n")
+    lines.append(f"STEPS = {{{', '.join(f'{d}: device_{d}' for d in devices)}}}\n")
+    lines.append(_RUNTIME)
+    return "".join(lines)
+
+
+def _boxes_text(boxes: list[Box]) -> str:
+    return "[" + ", ".join(f"({list(lo)}, {list(hi)})" for lo, hi in boxes) + "]"
+
+
+_HEADER = '''#!/usr/bin/env python3
+"""{title}: {n_dev} devices, {n_shards} shards, {n_transfers} transfers. Generated by `tapestry codegen`.
+
+Run:  python THIS_FILE.py [--check] [--values program.npz] [--seed 0] [--backend numpy|cupy]
+
+Each plan device is one process. ``device_<d>`` runs that device's steps in the schedule's order;
+each step (``<op>__s<k>``) computes one shard: it reads its input boxes from the device's own
+buffers, runs the kernel's block function and writes its output box. ``dev.send`` and ``dev.recv``
+move exactly the plan's transfer boxes between processes; a read of a cell that no step, transfer
+or resident input put on the device raises. ``--check`` compares the outputs with the unsharded
+program (tapestry's executor). Needs the ``tapestry`` package (for the kernels' block functions).
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import time
+
+import numpy as np
+
+'''
+
+_RUNTIME = r'''
+
+# ---- runtime --------------------------------------------------------------------------------
+
+class Device:
+    """One plan device: full-shape buffers, a validity mask per tensor, and its channels."""
+
+    def __init__(self, d, xp, inbox, outboxes):
+        from ir.kernels import TensorSpec, get_kernel
+        from ir.zspace import ZRange
+
+        self.d, self.xp, self.inbox, self.outboxes = d, xp, inbox, outboxes
+        self.specs = {t["name"]: (tuple(t["shape"]), t["dtype"]) for t in PLAN["tensors"]}
+        self.ops = {o["name"]: o for o in PLAN["ops"]}
+        self.buf, self.valid, self.pending = {}, {}, {}
+        self._k, self._spec, self._zr = get_kernel, TensorSpec, ZRange
+        self._sigs = {}
+
+    def _buffer(self, t):
+        if t not in self.buf:
+            shape, dtype = self.specs[t]
+            dt = "float32" if dtype == "bfloat16" else dtype
+            self.buf[t] = self.xp.zeros(shape, dtype=dt)
+            self.valid[t] = np.zeros(shape, dtype=bool)
+        return self.buf[t]
+
+    def write(self, t, lo, hi, block):
+        sl = tuple(slice(a, b) for a, b in zip(lo, hi))
+        self._buffer(t)[sl] = block
+        self.valid[t][sl] = True
+
+    def read(self, t, lo, hi):
+        """The box [lo, hi) of tensor t (zeros beyond its edges: conv and pooling halos)."""
+        buf = self._buffer(t)
+        shape = buf.shape
+        clo = [min(max(a, 0), n) for a, n in zip(lo, shape)]
+        chi = [max(min(b, n), c) for b, n, c in zip(hi, shape, clo)]
+        sl = tuple(slice(a, b) for a, b in zip(clo, chi))
+        if not self.valid[t][sl].all():
+            raise RuntimeError(f"device {self.d} reads {t}{[f'{a}:{b}' for a, b in zip(clo, chi)]}, which is "
+                               f"not on this device (a missing transfer)")
+        block = buf[sl]
+        pad = [(a - l, h - b) for l, a, b, h in zip(lo, clo, chi, hi)]
+        return self.xp.pad(block, pad) if any(p != (0, 0) for p in pad) else block
+
+    def run(self, op, blocks, lo, hi):
+        o = self.ops[op]
+        k = self._k(o["kernel"])
+        sig = self._sigs.get(op)
+        if sig is None:
+            specs = {p: self._spec(*self.specs[t]) for p, t in o["inputs"].items()}
+            sig = self._sigs[op] = k.signature(specs, o["params"])
+        params = o["params"] if o["kernel"] == "fused" else k.check_params(o["params"])
+        return k.run(self.xp, blocks, params, self._zr(lo, hi), sig)
+
+    def send(self, index, dst, t, boxes):
+        blocks = [self._host(self.buf[t][tuple(slice(a, b) for a, b in zip(lo, hi))]) for lo, hi in boxes]
+        for lo, hi in boxes:
+            sl = tuple(slice(a, b) for a, b in zip(lo, hi))
+            if not self.valid[t][sl].all():
+                raise RuntimeError(f"device {self.d} sends transfer {index} of {t}, but part of it is not here")
+        self.outboxes[dst].put((index, blocks))
+
+    def recv(self, index, src, t, boxes):
+        while index not in self.pending:
+            k, blocks = self.inbox.get(timeout=600)
+            self.pending[k] = blocks
+        for (lo, hi), block in zip(boxes, self.pending.pop(index)):
+            self.write(t, lo, hi, self.xp.asarray(block))
+
+    def _host(self, a):
+        return a.get() if hasattr(a, "get") else np.ascontiguousarray(a)
+
+
+def run_device(d, backend, host_inputs, inboxes, results):
+    try:
+        if backend == "cupy":
+            import cupy as xp
+            xp.cuda.Device(d % xp.cuda.runtime.getDeviceCount()).use()
+        else:
+            xp = np
+        dev = Device(d, xp, inboxes[d], inboxes)
+        for t, boxes in RESIDENCY.get(str(d), []):
+            for lo, hi in boxes:
+                sl = tuple(slice(a, b) for a, b in zip(lo, hi))
+                dev.write(t, lo, hi, xp.asarray(host_inputs[t][sl]))
+        t0 = time.perf_counter()
+        STEPS[d](dev)
+        seconds = time.perf_counter() - t0
+        written = {t: dev._host(dev.buf[t]) for t in OUTPUTS if t in dev.buf}
+        masks = {t: dev.valid[t] for t in written}
+        results.put((d, None, written, masks, seconds))
+    except BaseException as e:  # report to the parent instead of dying silently
+        import traceback
+        results.put((d, f"{type(e).__name__}: {e}\n{traceback.format_exc()}", {}, {}, 0.0))
+
+
+def host_inputs(seed, values_file):
+    """Seeded random inputs per tensor name (tapestry's executor.run.random_inputs), then the
+    parameter values of an imported program where given."""
+    from executor.run import random_inputs
+    from ir.serialize import from_json
+
+    g = from_json(PLAN, "generated plan")
+    inputs = random_inputs(g, seed)
+    if values_file:
+        with np.load(values_file) as z:
+            inputs.update({k: z[k] for k in z.files if k in inputs})
+    return g, inputs
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="compare with the unsharded program")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    ap.add_argument("--values", default=None, help=".npz of parameter values (tapestry import writes one)")
+    ap.add_argument("--backend", default="numpy", choices=["numpy", "cupy"])
+    ap.add_argument("--out", default=None, help="write the outputs to this .npz")
+    args = ap.parse_args(argv)
+    g, inputs = host_inputs(args.seed, args.values)
+    ctx = mp.get_context("spawn")
+    inboxes = {d: ctx.Queue() for d in DEVICES}
+    results = ctx.Queue()
+    procs = [ctx.Process(target=run_device, args=(d, args.backend, inputs, inboxes, results)) for d in DEVICES]
+    for p in procs:
+        p.start()
+    outputs = {t: np.zeros(g.tensors[t].shape, dtype=np.float32 if g.tensors[t].dtype == "bfloat16"
+                           else g.tensors[t].dtype) for t in OUTPUTS}
+    filled = {t: np.zeros(g.tensors[t].shape, dtype=bool) for t in OUTPUTS}
+    failed = []
+    for _ in DEVICES:
+        d, err, written, masks, seconds = results.get(timeout=900)
+        if err:  # the others may wait forever for its sends: stop them all
+            failed.append(f"device {d}: {err}")
+            for p in procs:
+                p.terminate()
+            break
+        print(f"device {d}: {seconds * 1e3:.1f} ms")
+        for t, arr in written.items():
+            m = masks[t]
+            outputs[t][m] = arr[m]
+            filled[t] |= m
+    for p in procs:
+        p.join(timeout=60)
+    if failed:
+        sys.stderr.write("\n".join(failed) + "\n")
+        return 1
+    for t in OUTPUTS:
+        if not filled[t].all():
+            sys.stderr.write(f"output {t} was not fully computed by any device\n")
+            return 1
+    if args.out:
+        np.savez(args.out, **outputs)
+    if args.check:
+        from executor.run import execute
+        from executor.verify import TOLERANCE, rel_error
+        from ir.rewrites import unshard
+
+        ref = execute(unshard(g), inputs)
+        worst = 0.0
+        for t in OUTPUTS:
+            err = rel_error(outputs[t], np.asarray(ref[t]))
+            worst = max(worst, err)
+            print(f"{t}: max relative error {err:.2e}")
+        tol = max(TOLERANCE[g.tensors[t].dtype] for t in OUTPUTS)
+        if worst <= tol:
+            print(f"PASS: the outputs match the unsharded program within {tol:.0e}")
+        else:
+            print(f"FAIL: max relative error {worst:.2e} > {tol:.0e}")
+        return 0 if worst <= tol else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
