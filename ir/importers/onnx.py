@@ -141,7 +141,9 @@ def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
     for i, node in enumerate(m.graph.node):
         label = node.name or f"{node.op_type}_{i}"
         ins = [x for x in node.input if x]
-        if any(x in unknown for x in ins):
+        if any(x in unknown for x in ins):  # downstream of an unsupported node: report only its own type
+            if node.op_type not in HANDLERS:
+                unsupported.setdefault(node.op_type, []).append(label)
             unknown.update(node.output)
             continue
         try:
