@@ -41,7 +41,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from costmodel.hardware import Hardware, HardwareError, load_hardware
+from costmodel.hardware import Hardware, HardwareError
+from costmodel.hardware_io import load_hardware
 from ir.graph import Graph
 
 __all__ = ["CalibrationError", "ClassFit", "calibrate", "fit_classes", "measurements_for"]
@@ -259,7 +260,7 @@ def calibrate(measurements: Iterable[Mapping[str, Any]], hw: Hardware | str, min
     """``hw`` with efficiency factors and launch overheads fitted per kernel class.
 
     Returns the calibrated ``Hardware`` (``hw.with_efficiency(...)``), or ``(hardware, fits)``
-    with ``report=True``. Save it with ``costmodel.hardware.save_hardware(cal, path, base=preset)``.
+    with ``report=True``. Save it with ``costmodel.hardware_io.save_hardware(cal, path, base=preset)``.
     """
     hw = load_hardware(hw)
     fits = fit_classes(measurements, hw, min_points, min_binding, scale)

@@ -14,40 +14,22 @@ Per-kernel-class efficiency factors scale the datasheet peaks: a shard of kernel
 at ``peak_flops[dtype] * compute_eff[c]`` and ``mem_bandwidth * memory_eff[c]``. Class
 ``"default"`` is always present and is used for classes without an entry. Calibration (from
 measured shard times) produces new factors; :meth:`Hardware.with_efficiency` returns the
-calibrated copy and :func:`save_hardware` writes it as ``base: <preset>`` plus overrides.
+calibrated copy and ``costmodel.hardware_io.save_hardware`` writes it as ``base: <preset>`` plus overrides.
 
 Units are SI throughout: FLOP/s, bytes/s, bytes, seconds, watts, joules per byte. In YAML files a
 number may also be written with a unit (``"3.35 TB/s"``, ``"80 GB"``, ``"5 us"``,
 ``"400 Gb/s"`` (bits), ``"5 pJ/bit"``, ``"989.4 TFLOP/s"``); decimal prefixes are powers of
 1000, binary ones (KiB, MiB, GiB, TiB) powers of 1024.
 
-YAML forms accepted by :func:`load_hardware`::
-
-    # full spec (what save_hardware writes without a base)
-    name: my-node
-    device: {name: ..., peak_flops: {float32: ..., float16: ..., bfloat16: ...},
-             mem_bandwidth: ..., mem_capacity: ..., launch_overhead: ...,
-             active_power: ..., idle_power: ...}
-    n_nodes: 1
-    devices_per_node: 8
-    intra_link: {bandwidth: ..., latency: ..., energy_per_byte: ...}
-    inter_link: {bandwidth: ..., latency: ..., energy_per_byte: ...}
-    efficiency: {default: {compute: 1.0, memory: 1.0}, matmul: [0.7, 0.9]}
-    launch_overhead_by_class: {elementwise: 4.0e-6}     # optional
-
-    # or a preset (or another YAML file, relative to this one) plus overrides, merged key by key
-    base: h100-sxm-8
-    efficiency: {matmul: {compute: 0.71, memory: 0.88}}
+Reading and writing YAML files (presets plus overrides) is ``costmodel.hardware_io``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -58,9 +40,6 @@ __all__ = [
     "LinkSpec",
     "Hardware",
     "REQUIRED_DTYPES",
-    "load_hardware",
-    "save_hardware",
-    "hardware_from_yaml_text",
 ]
 
 #: dtypes every device must give a peak for (the IR's dtypes). Others (float64, tf32) may be added.
@@ -472,151 +451,3 @@ class Hardware:
                 f"bf16 {dv.peak_flops['bfloat16'] / 1e12:.1f} TFLOP/s, fp32 {dv.peak_flops['float32'] / 1e12:.1f} "
                 f"TFLOP/s, HBM {dv.mem_bandwidth / 1e12:.2f} TB/s, {dv.mem_capacity / 1e9:.0f} GB; "
                 f"intra {self.intra_link.bandwidth / 1e9:.0f} GB/s, inter {self.inter_link.bandwidth / 1e9:.0f} GB/s")
-
-
-# ---------------------------------------------------------------------------------------------
-# YAML: load / save, presets plus overrides
-# ---------------------------------------------------------------------------------------------
-
-
-def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
-def _diff(base: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """Keys of ``new`` that differ from ``base`` (recursively for mappings)."""
-    out: dict[str, Any] = {}
-    for k, v in new.items():
-        b = base.get(k, None)
-        if isinstance(v, Mapping) and isinstance(b, Mapping):
-            sub = _diff(b, v)
-            if sub:
-                out[k] = sub
-        elif k not in base or b != v:
-            out[k] = v
-    return out
-
-
-def _preset_names() -> list[str]:
-    from . import presets
-
-    return sorted(presets.PRESETS)
-
-
-def _resolve(d: Any, origin: str, base_dir: Path | None, seen: tuple[str, ...]) -> dict[str, Any]:
-    """Turn a loaded YAML mapping (full spec or ``base:`` + overrides) into a full-spec dict."""
-    if not isinstance(d, Mapping):
-        raise HardwareError(f"{origin}: expected a YAML mapping at the top level, got {type(d).__name__}")
-    if "base" not in d:
-        return dict(d)
-    base_ref = d["base"]
-    if not isinstance(base_ref, str):
-        raise HardwareError(f"{origin}: field base: expected a preset name or a YAML path, got {base_ref!r}")
-    over = {k: v for k, v in d.items() if k != "base"}
-    from . import presets
-
-    if base_ref in presets.PRESETS:
-        base = presets.PRESETS[base_ref].to_dict()
-    else:
-        p = Path(base_ref)
-        if base_dir is not None and not p.is_absolute():
-            p = base_dir / p
-        if not (p.suffix in (".yaml", ".yml") or p.exists()):
-            raise HardwareError(
-                f"{origin}: field base: unknown preset {base_ref!r}; known presets: {', '.join(_preset_names())} "
-                "(or give a path to a hardware YAML file)")
-        key = str(p.resolve())
-        if key in seen:
-            raise HardwareError(f"{origin}: field base: circular base chain through {p}")
-        base = _resolve(_read_yaml(p), str(p), p.parent, seen + (key,))
-    if "efficiency" in over and over["efficiency"] is not None and not isinstance(over["efficiency"], Mapping):
-        raise HardwareError(f"{origin}: efficiency: expected a mapping kernel_class -> {{compute, memory}}")
-    # efficiency entries given as [c, m] lists replace the base entry as a whole
-    return _deep_merge(base, over)
-
-
-def _read_yaml(path: Path) -> Any:
-    import yaml
-
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise HardwareError(f"hardware file not found: {path}") from None
-    except OSError as e:
-        raise HardwareError(f"cannot read hardware file {path}: {e}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise HardwareError(f"{path}: not valid YAML: {e}") from None
-
-
-def _build(d: Mapping[str, Any], origin: str) -> Hardware:
-    try:
-        return Hardware.from_dict(d)
-    except HardwareError as e:
-        raise HardwareError(f"{origin}: {e}") from None
-
-
-def hardware_from_yaml_text(text: str, base_dir: str | os.PathLike | None = None) -> Hardware:
-    """Parse hardware from YAML text (full spec or ``base:`` + overrides)."""
-    import yaml
-
-    try:
-        d = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise HardwareError(f"not valid YAML: {e}") from None
-    return _build(_resolve(d, "<yaml>", Path(base_dir) if base_dir else None, ()), "<yaml>")
-
-
-def load_hardware(spec: "str | os.PathLike | Hardware | Mapping[str, Any]") -> Hardware:
-    """Hardware from a preset name (``"h100-sxm-8"``), a YAML file path, a dict, or a Hardware.
-
-    Raises :class:`HardwareError` naming the known presets for an unknown name, and naming the
-    field for a bad, unknown or missing field.
-    """
-    if isinstance(spec, Hardware):
-        return spec
-    if isinstance(spec, Mapping):
-        return _build(_resolve(spec, "<dict>", None, ()), "<dict>")
-    from . import presets
-
-    if isinstance(spec, str) and spec in presets.PRESETS:
-        return presets.PRESETS[spec]
-    if not isinstance(spec, (str, os.PathLike)):
-        raise HardwareError(f"expected a preset name or a YAML path, got {type(spec).__name__}")
-    p = Path(spec)
-    if p.suffix not in (".yaml", ".yml") and not p.exists():
-        raise HardwareError(
-            f"unknown hardware preset {str(spec)!r}; known presets: {', '.join(_preset_names())} "
-            "(or give a path to a hardware YAML file)")
-    d = _read_yaml(p)
-    return _build(_resolve(d, str(p), p.parent, (str(p.resolve()),)), str(p))
-
-
-def save_hardware(hw: Hardware, path: str | os.PathLike, base: str | None = None) -> Path:
-    """Write ``hw`` as YAML. With ``base`` (a preset name), write ``base: <name>`` plus only the
-    fields that differ (the form used for calibrated files); falls back to the full spec if the
-    differences cannot be expressed as a merge (e.g. an efficiency class removed)."""
-    import yaml
-
-    p = Path(path)
-    full = hw.to_dict()
-    doc: dict[str, Any] = full
-    if base is not None:
-        from . import presets
-
-        if base not in presets.PRESETS:
-            raise HardwareError(f"unknown hardware preset {base!r}; known presets: {', '.join(_preset_names())}")
-        bd = presets.PRESETS[base].to_dict()
-        over = _diff(bd, full)
-        if Hardware.from_dict(_deep_merge(bd, over)) == hw:
-            doc = {"base": base, **over}
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
-    return p

@@ -147,7 +147,7 @@ def save_hardware(hw: Hardware, path: str | os.PathLike, base: str | None = None
     full = hw.to_dict()
     doc: dict[str, Any] = full
     if base is not None:
-            if base not in PRESETS:
+        if base not in PRESETS:
             raise HardwareError(f"unknown hardware preset {base!r}; known presets: {', '.join(preset_names())}")
         bd = PRESETS[base].to_dict()
         over = _diff(bd, full)

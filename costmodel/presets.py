@@ -60,7 +60,7 @@ simulate several CPU "devices".
 
 from __future__ import annotations
 
-from .hardware import DeviceSpec, Hardware, LinkSpec
+from costmodel.hardware import DeviceSpec, Hardware, HardwareError, LinkSpec
 
 __all__ = ["PRESETS", "preset", "preset_names", "H100_SXM", "H200_SXM", "NVLINK4", "IB_NDR_400", "CPU_DEVICE"]
 
@@ -189,8 +189,6 @@ def preset_names() -> list[str]:
 
 def preset(name: str) -> Hardware:
     """The preset called ``name``; HardwareError listing the known ones otherwise."""
-    from .hardware import HardwareError
-
     try:
         return PRESETS[name]
     except (KeyError, TypeError):

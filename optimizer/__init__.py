@@ -11,6 +11,6 @@
   calibration runs (``calibration``);
 - ``optimizer.cli``: the ``tapestry`` commands.
 
-Imports point from ``cli`` to ``campaign`` and ``realrun``, and from those to ``search``; nothing in
+Imports point one way: ``cli`` -> ``campaign`` -> ``realrun`` -> ``search``; nothing in
 ``search`` imports the others.
 """

@@ -17,8 +17,8 @@ import time
 
 
 def campaign(name: str, db: str, strategy: str, workers: int, evaluations: int | None, seconds: float | None) -> dict:
-    from optimizer.campaign import run_campaign
-    from optimizer.config import parse_config
+    from optimizer.campaign.config import parse_config
+    from optimizer.campaign.lifecycle import run_campaign
     from storage import Archive
 
     cfg = parse_config({

@@ -17,7 +17,7 @@ Three parts, each printed as a table, then one JSON line with everything:
    plan devices mapped onto this machine's GPU(s), transfers as the lowering says), checked
    against the unsharded program and timed (median of ``--repeats``). Predicted: the serial
    time on the *calibrated* hardware (every shard one after another, as one GPU runs them;
-   ``optimizer.sampling.serial_prediction``), also with the modelled transfers added. Reported:
+   ``costmodel.evaluate.serial_prediction``), also with the modelled transfers added. Reported:
    the Spearman rank correlation of predicted vs measured plan times.
 
 Without a GPU (``--backend cupy`` where CuPy or ``cupy.cuda.is_available()`` is missing) the script
@@ -98,7 +98,7 @@ def device_label(backend: str) -> str:
 
 
 def part_roofline(backend: str, hw, repeats: int, quick: bool) -> list[dict]:
-    from optimizer.calibration import kernel_spread, measure_spread
+    from optimizer.realrun.calibration import kernel_spread, measure_spread
 
     cases = [c for c in kernel_spread(backend, quick) if c.kernel in ("matmul", "add", "relu", "gelu")]
     recs = measure_spread(cases, backend, repeats=repeats, warmup=2)
@@ -141,14 +141,14 @@ def quickstart_plans(n: int, seed: int, n_devices: int):
 def part_plans(backend: str, hw_cal, n: int, repeats: int, seed: int) -> dict:
     from scipy.stats import spearmanr
 
-    from costmodel.hardware import load_hardware
+    from costmodel.evaluate import serial_prediction
+    from costmodel.hardware_io import load_hardware
     from costmodel.lowering import Lowerer
     from costmodel.transfers import transfer_plan
     from executor.device_run import run_on_devices
     from executor.run import execute, outputs, random_inputs
     from executor.verify import TOLERANCE, rel_error
     from ir.rewrites import unshard
-    from optimizer.sampling import serial_prediction
 
     cfg_hw = _quickstart_hardware()
     cfg, plans = quickstart_plans(n, seed, load_hardware(cfg_hw).n_devices)
@@ -220,8 +220,8 @@ def main() -> int:
             Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
         return 0
 
-    from costmodel.hardware import load_hardware
-    from optimizer.calibration import calibrate_records, kernel_spread, measure_spread
+    from costmodel.hardware_io import load_hardware
+    from optimizer.realrun.calibration import calibrate_records, kernel_spread, measure_spread
 
     hw_name = a.hardware or ("h100-sxm-8" if a.backend == "cupy" else "cpu")
     hw = load_hardware(hw_name)

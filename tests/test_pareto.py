@@ -1,4 +1,4 @@
-"""Tests for optimizer.pareto: every fast routine is checked against an
+"""Tests for optimizer.search.pareto: every fast routine is checked against an
 independent brute-force reference written here."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from optimizer.pareto import (
+from optimizer.search.pareto import (
     ArchiveChanges,
     EpsilonBoxArchive,
     crowding_distance,

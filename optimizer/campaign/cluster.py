@@ -97,3 +97,13 @@ def dask_client(scheduler: str | None, workers: int | None = None, threads: int 
     finally:
         client.close()
         cluster.close()
+
+
+@contextlib.contextmanager
+def grid_client(scheduler: str | None, workers: int | None, backend: str = "numpy",
+                n_devices: int = 1) -> Iterator[Any]:
+    """A client for running a plan: local workers default to one per plan device (at most the
+    CPU count and 8), each advertising a GPU when the backend is CuPy."""
+    n = workers or max(1, min(n_devices, os.cpu_count() or 1, 8))
+    with dask_client(scheduler, n, 1, {"GPU": 1} if backend == "cupy" else None) as client:
+        yield client

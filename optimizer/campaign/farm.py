@@ -28,12 +28,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from optimizer.search.pareto import EpsilonBoxArchive, hypervolume
 from optimizer.campaign.progress import Progress
+from optimizer.search.pareto import EpsilonBoxArchive, hypervolume
 from optimizer.search.strategies.base import Strategy
+from optimizer.search.worker import EvaluateTaskSpec, SearchTaskSpec, evaluate_task, search_task
 
 log = logging.getLogger("tapestry.farm")
 MAX_RETRIES = 3
+#: task functions by name, with their spec types (checkpoints name them)
+TASKS: dict[str, tuple[Callable, type]] = {"search_task": (search_task, SearchTaskSpec),
+                                           "evaluate_task": (evaluate_task, EvaluateTaskSpec)}
 
 
 @dataclass
@@ -70,8 +74,8 @@ class Farm:
         self.progress = progress
         self.sampler = sampler
         self.stop_reason: str | None = None
-        self._pending: list[tuple[Callable, dict, dict, int]] = []  # resubmissions first
-        self._in_flight: dict[Any, tuple[Callable, dict, dict, int]] = {}
+        self._pending: list[tuple[Callable, Any, dict, int]] = []  # (fn, spec, meta, tries); resubmissions first
+        self._in_flight: dict[Any, tuple[Callable, Any, dict, int]] = {}
         self._last_ckpt = time.monotonic()
         self._t0 = time.monotonic()
         self._wall0 = 0.0
@@ -104,15 +108,13 @@ class Farm:
             st = checkpoint["state"]
             self.rng.bit_generator.state = st["rng"]
             self.strategy.load_json(st["strategy"], fetch_graph)
-            from optimizer.search.worker import evaluate_task, search_task
-
-            fns = {"search_task": search_task, "evaluate_task": evaluate_task}
-            self._pending = [(fns[t["fn"]], t["spec"], t["meta"], 0) for t in st.get("in_flight", [])]
+            self._pending = [(TASKS[t["fn"]][0], TASKS[t["fn"]][1].from_json(t["spec"]), t["meta"], 0)
+                             for t in st.get("in_flight", [])]
 
     def checkpoint(self) -> None:
         state = {"rng": self.rng.bit_generator.state, "strategy": self.strategy.to_json(),
                  "counters": self.counters, "reference": self.reference.tolist(),
-                 "in_flight": [{"fn": fn.__name__, "spec": spec, "meta": meta}
+                 "in_flight": [{"fn": fn.__name__, "spec": spec.to_json(), "meta": meta}
                                for fn, spec, meta, _ in list(self._in_flight.values()) + self._pending]}
         self.archive.save_checkpoint(self.campaign, int(self.counters["seq"]), json.loads(json.dumps(state)))
         self._last_ckpt = time.monotonic()
@@ -159,7 +161,7 @@ class Farm:
         return None
 
     # -- the loop ----------------------------------------------------------------------
-    def _submit(self, fn: Callable, spec: dict, meta: dict, tries: int) -> None:
+    def _submit(self, fn: Callable, spec: Any, meta: dict, tries: int) -> None:
         fut = self.client.submit(fn, spec, pure=False)
         self._in_flight[fut] = (fn, spec, meta, tries)
 

@@ -52,9 +52,10 @@ def make_strategy(cfg: CampaignConfig, ctx: Any) -> Any:
 def _context(cfg: CampaignConfig, hw: Any, base: Any, url: str) -> Any:
     from ir.serialize import dumps
     from optimizer.search.strategies.base import SearchContext
+    from optimizer.search.worker import TaskConstraints
 
-    return SearchContext(campaign=cfg.name, hardware=hw.to_dict(), objectives=list(cfg.objectives),
-                         constraints=cfg.constraints.model_dump(), search=cfg.search.model_dump(),
+    return SearchContext(campaign=cfg.name, hardware=hw.to_dict(), objectives=tuple(cfg.objectives),
+                         constraints=TaskConstraints(**cfg.constraints.model_dump()), search=cfg.search,
                          seed=cfg.search.seed, base_json=dumps(base, indent=None), base_digest=base.digest,
                          n_devices=hw.n_devices, storage_url=url)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import typer
 
@@ -12,31 +13,30 @@ try:  # typer >= 0.22 vendors click; older versions use the click package
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
+from optimizer.cli import campaign_cmds, eval_cmd, gpu_cmds, graph_cmds
 from optimizer.cli.errors import print_error, user_error_types
-from optimizer.cli.graph_cmds import graph_app, verify_cmd
+
+#: every ``tapestry`` command (in the order ``--help`` lists them); a new command is one row here
+COMMANDS: dict[str, Callable[..., None]] = {
+    "verify": graph_cmds.verify_cmd,
+    "eval": eval_cmd.eval_cmd,
+    "run": campaign_cmds.run_cmd,
+    "resume": campaign_cmds.resume_cmd,
+    "status": campaign_cmds.status_cmd,
+    "export": campaign_cmds.export_cmd,
+    "sql": campaign_cmds.sql_cmd,
+    "calibrate": gpu_cmds.calibrate_cmd,
+    "execute": gpu_cmds.execute_cmd,
+}
+#: command groups (``tapestry graph build|rewrite|show|validate|render``)
+GROUPS: dict[str, typer.Typer] = {"graph": graph_cmds.graph_app}
 
 app = typer.Typer(help="Tapestry farm: search sharding, fusion and placement plans for tensor programs.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-app.add_typer(graph_app, name="graph")
-app.command("verify")(verify_cmd)
-
-
-def _register_optional() -> None:
-    """Commands whose modules exist (added by later parts of the project)."""
-    import importlib
-
-    for mod in ("optimizer.cli.eval_cmd", "optimizer.cli.campaign_cmds", "optimizer.cli.sql_cmd",
-                "optimizer.cli.gpu_cmds"):
-        try:
-            m = importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
-            continue
-        m.register(app)
-
-
-_register_optional()
+for _name, _group in GROUPS.items():
+    app.add_typer(_group, name=_name)
+for _name, _fn in COMMANDS.items():
+    app.command(_name)(_fn)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,8 +20,8 @@ def run_cmd(
     quiet: Annotated[bool, typer.Option(help="no progress display")] = False,
 ) -> None:
     """Start a campaign and search until its budget is spent (Ctrl-C pauses; resume continues)."""
-    from optimizer.campaign.lifecycle import run_campaign
     from optimizer.campaign.config import load_config
+    from optimizer.campaign.lifecycle import run_campaign
 
     res = run_campaign(load_config(config), db, scheduler, workers, quiet)
     _report(res)
@@ -122,11 +122,3 @@ def sql_cmd(
         raise UserError(f"--format {format!r} must be table, csv or json")
     cols, rows = run_readonly_query(resolve_url("tapestry.db", db), query, limit=limit)
     print(format_rows(cols, rows, format))
-
-
-def register(app: typer.Typer) -> None:
-    app.command("run")(run_cmd)
-    app.command("resume")(resume_cmd)
-    app.command("status")(status_cmd)
-    app.command("export")(export_cmd)
-    app.command("sql")(sql_cmd)

@@ -105,7 +105,3 @@ def eval_cmd(
         print(json.dumps(r, indent=1))
     else:
         print_report(r)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("eval")(eval_cmd)

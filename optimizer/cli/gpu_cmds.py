@@ -116,7 +116,8 @@ def execute_cmd(
     Plan device i runs on worker i mod n; between workers move exactly the boxes of the cost model's transfers. Exit status 0 on PASS, 1 on FAIL.
     """
     from executor.device_run import IncompleteCommunication
-    from optimizer.realrun.grid import GridError, grid_client, run_plan_on_grid
+    from optimizer.campaign.cluster import grid_client
+    from optimizer.realrun.grid import GridError, run_plan_on_grid
 
     if workers is not None and workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")
@@ -139,8 +140,3 @@ def execute_cmd(
             json.dump(report.to_json(), f, indent=1)
     if not report.ok:
         raise typer.Exit(1)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("calibrate")(calibrate_cmd)
-    app.command("execute")(execute_cmd)

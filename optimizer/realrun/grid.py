@@ -24,12 +24,10 @@ arrays. Futures are dropped as soon as the outputs are gathered.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -240,14 +238,3 @@ def run_plan_on_grid(g: Any, client: Any, backend: str = "numpy", seed: int = 0,
     return GridReport(bool(worst <= tol), float(worst), tol, per, workers, device_worker, n_ops, n_extract,
                       tp.transfer_bytes, resident, time.perf_counter() - t0, backend)
 
-
-@contextlib.contextmanager
-def grid_client(scheduler: str | None, workers: int | None, backend: str = "numpy",
-                n_devices: int = 1) -> Iterator[Any]:
-    """A client for running a plan: local workers default to one per plan device (at most the
-    CPU count and 8), each advertising a GPU when the backend is CuPy."""
-    from optimizer.campaign.cluster import dask_client
-
-    n = workers or max(1, min(n_devices, os.cpu_count() or 1, 8))
-    with dask_client(scheduler, n, 1, {"GPU": 1} if backend == "cupy" else None) as client:
-        yield client

@@ -34,6 +34,7 @@ def measure_plan(g: Any, hw: Any, backend: str = "numpy", repeats: int = 3, warm
                  campaign: str | None = None, device_map: Any = None) -> list[dict[str, Any]]:
     """Measurement records (kinds ``plan``, ``shard``, ``transfer``) of plan ``g``; see the module
     docstring. ``hw``: a Hardware, preset name or YAML path (the model the predictions use)."""
+    from costmodel.evaluate import serial_prediction
     from costmodel.hardware_io import load_hardware
     from costmodel.lowering import Lowerer
     from costmodel.transfers import transfer_plan
@@ -41,7 +42,6 @@ def measure_plan(g: Any, hw: Any, backend: str = "numpy", repeats: int = 3, warm
     from executor.run import execute, outputs, random_inputs
     from executor.verify import TOLERANCE, rel_error
     from ir.rewrites import unshard
-    from costmodel.evaluate import serial_prediction
 
     hw = load_hardware(hw)
     hwp = _plan_hardware(g, hw)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,20 +25,32 @@ import numpy as np
 log = logging.getLogger("tapestry.sampling")
 
 
-def measure_task(spec: dict) -> list[dict]:
-    """Run one plan device-aware on this worker (``optimizer.realrun.measurement.measure_plan``: one buffer
-    set per plan device, only the lowering's transfer boxes moved), check it against the unsharded
-    program and time it; plain records out: one per shard, per transfer and one for the plan."""
+@dataclass(frozen=True)
+class MeasureTaskSpec:
+    """One sampled execution: the plan (its archive digest and JSON), the backend, timed runs per
+    shard, and the hardware the predictions use (all set from the campaign's ``sampling``)."""
+
+    digest: str
+    graph_json: str
+    backend: str
+    repeats: int
+    hardware: dict[str, Any]
+
+
+def measure_task(spec: MeasureTaskSpec) -> list[dict]:
+    """Run one plan device-aware on this worker (``optimizer.realrun.measurement.measure_plan``: one
+    buffer set per plan device, only the lowering's transfer boxes moved), check it against the
+    unsharded program and time it; plain records out: one per shard, per transfer and one for the plan."""
     from costmodel.hardware import Hardware
     from ir.serialize import from_json
     from optimizer.realrun.measurement import measure_plan
     from optimizer.search.worker import worker_name
 
-    g = from_json(json.loads(spec["graph_json"]), validate=False)
-    records = measure_plan(g, Hardware.from_dict(spec["hardware"]), spec["backend"], repeats=spec.get("repeats", 3))
+    g = from_json(json.loads(spec.graph_json), validate=False)
+    records = measure_plan(g, Hardware.from_dict(spec.hardware), spec.backend, repeats=spec.repeats)
     worker = worker_name()
     for r in records:
-        r["plan_digest"] = spec["digest"]  # the archive's key for the candidate
+        r["plan_digest"] = spec.digest  # the archive's key for the candidate
         if r["kind"] == "plan":
             r["details"]["worker"] = worker
     return records
@@ -59,8 +72,7 @@ class Sampler:
         for r in records:
             if len(self.sent) >= self.max_per_minute or self.rng.random() >= self.rate:
                 continue
-            spec = {"graph_json": r["graph_json"], "digest": r["digest"], "backend": self.backend,
-                    "repeats": self.repeats, "hardware": self.hw_dict}
+            spec = MeasureTaskSpec(r["digest"], r["graph_json"], self.backend, self.repeats, self.hw_dict)
             kw = {"resources": {"GPU": 1}} if self.backend == "cupy" else {}
             self.futures[self.client.submit(measure_task, spec, pure=False, **kw)] = r["digest"]
             self.sent.append(now)

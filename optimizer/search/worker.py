@@ -14,15 +14,93 @@ import json
 import os
 import socket
 import time
-from typing import Any
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
 
 import numpy as np
 
 from ir.graph import Graph
 from ir.rewrites import RewriteError
 from ir.serialize import dumps, from_json
+from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, OPERATORS, AdaptiveWeights, MutationContext
+from optimizer.search.pareto import crowding_distance
 
 _EVALUATORS: dict[str, Any] = {}
+
+#: steps of one random walk before the random-search baseline restarts from the program
+RANDOM_WALK_LENGTH = 30
+
+
+@dataclass(frozen=True)
+class TaskConstraints:
+    """The campaign's constraints as a task sees them (values from the config's ``constraints``)."""
+
+    feasible_only: bool
+    max_devices: int | None
+    max_peak_memory: float | None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TaskConstraints:
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class SearchTaskSpec:
+    """What one ``search_task`` runs. Every field is set by the strategy from the campaign config
+    (defaults live there, once); the spec crosses to a Dask worker and into checkpoints
+    (``to_json`` / ``from_json``).
+
+    ``parents``: (digest, graph JSON) pairs; ``seed``: entropy for ``SeedSequence``; ``steps``:
+    mutate-and-evaluate steps; ``weights``: operator weights; ``returns``: at most this many plans
+    come back (by crowding distance); ``mode``: ``"evolve"`` (parents chosen from the task's
+    front) or ``"random"`` (random walks of plain random rewrites restarting from the first
+    parent: the baseline)."""
+
+    parents: tuple[tuple[str, str], ...]
+    hardware: dict[str, Any]
+    objectives: tuple[str, ...]
+    constraints: TaskConstraints
+    max_shards_per_op: int | None
+    seed: tuple[int, ...]
+    steps: int
+    weights: dict[str, float]
+    adaptive: bool
+    returns: int
+    mode: Literal["evolve", "random"]
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SearchTaskSpec:
+        kw = {f.name: d[f.name] for f in fields(cls)}
+        kw.update(parents=tuple((str(a), str(b)) for a, b in d["parents"]), objectives=tuple(d["objectives"]),
+                  constraints=TaskConstraints.from_json(d["constraints"]), seed=tuple(d["seed"]))
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class EvaluateTaskSpec:
+    """What one ``evaluate_task`` runs: ``plans`` as (trial number, graph JSON), each refined by
+    ``refine_steps`` local mutations (the Optuna strategy's trials). Set from the config."""
+
+    plans: tuple[tuple[int, str], ...]
+    hardware: dict[str, Any]
+    objectives: tuple[str, ...]
+    constraints: TaskConstraints
+    max_shards_per_op: int | None
+    seed: tuple[int, ...]
+    refine_steps: int
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> EvaluateTaskSpec:
+        kw = {f.name: d[f.name] for f in fields(cls)}
+        kw.update(plans=tuple((int(a), str(b)) for a, b in d["plans"]), objectives=tuple(d["objectives"]),
+                  constraints=TaskConstraints.from_json(d["constraints"]), seed=tuple(d["seed"]))
+        return cls(**kw)
 
 
 def evaluator_for(hw_dict: dict) -> Any:
@@ -55,13 +133,13 @@ def objective_vector(ev: Any, names: list[str]) -> np.ndarray:
     return np.array([o[n] for n in names], dtype=np.float64)
 
 
-def acceptable(ev: Any, constraints: dict) -> bool:
+def acceptable(ev: Any, constraints: TaskConstraints) -> bool:
     """Whether an evaluated plan may enter a front under the campaign's constraints."""
-    if constraints.get("feasible_only", True) and not ev.feasible:
+    if constraints.feasible_only and not ev.feasible:
         return False
-    if constraints.get("max_devices") and ev.devices > constraints["max_devices"]:
+    if constraints.max_devices and ev.devices > constraints.max_devices:
         return False
-    if constraints.get("max_peak_memory") and ev.peak_memory > constraints["max_peak_memory"]:
+    if constraints.max_peak_memory and ev.peak_memory > constraints.max_peak_memory:
         return False
     return True
 
@@ -94,29 +172,20 @@ class LocalFront:
         return True
 
 
-def search_task(spec: dict) -> dict:
-    """Run ``spec["steps"]`` mutate-and-evaluate steps from ``spec["parents"]``.
-
-    ``spec`` keys: ``parents`` (list of (digest, graph JSON)), ``hardware`` (dict),
-    ``objectives``, ``constraints``, ``seed`` (list of ints for ``SeedSequence``), ``steps``,
-    ``weights`` (operator weights), ``adaptive``, ``max_shards_per_op``, ``returns``, and
-    ``mode``: ``"evolve"`` (parents chosen from the task's front) or ``"random"`` (random
-    walks of plain random rewrites restarting from the first parent: the baseline).
-    """
-    from optimizer.search.mutation import OPERATORS, AdaptiveWeights, MutationContext
-
+def search_task(spec: SearchTaskSpec) -> dict:
+    """Run ``spec.steps`` mutate-and-evaluate steps from ``spec.parents`` (see ``SearchTaskSpec``)."""
     t0 = time.perf_counter()
-    ev_fn = evaluator_for(spec["hardware"])
-    names = list(spec["objectives"])
-    constraints = spec.get("constraints", {})
-    rng = np.random.default_rng(np.random.SeedSequence(spec["seed"]))
+    ev_fn = evaluator_for(spec.hardware)
+    names = list(spec.objectives)
+    constraints = spec.constraints
+    rng = np.random.default_rng(np.random.SeedSequence(list(spec.seed)))
     n_dev = ev_fn.hw.n_devices
-    ctx = MutationContext(n_dev, spec.get("max_shards_per_op") or max(8, 4 * n_dev))
-    weights = AdaptiveWeights(dict(spec["weights"]), spec.get("adaptive", True))
+    ctx = MutationContext(n_dev, spec.max_shards_per_op or max(8, 4 * n_dev))
+    weights = AdaptiveWeights(dict(spec.weights), spec.adaptive)
     front = LocalFront()
     parents: list[tuple[Graph, str]] = []
     parent_digests = set()
-    for digest, text in spec["parents"]:
+    for digest, text in spec.parents:
         g = from_json(json.loads(text), validate=False)
         parents.append((g, digest))
         parent_digests.add(digest)
@@ -124,10 +193,10 @@ def search_task(spec: dict) -> dict:
         if acceptable(e, constraints):
             front.offer(objective_vector(e, names), (g, e, None, None, 0.0))
     evaluations = len(parents)
-    random_mode = spec.get("mode") == "random"
-    walk_len = max(1, int(spec.get("walk_length", 30)))
+    random_mode = spec.mode == "random"
+    walk_len = RANDOM_WALK_LENGTH
     current, cur_digest = parents[0]
-    for step in range(int(spec["steps"])):
+    for step in range(int(spec.steps)):
         if random_mode:
             if step % walk_len == 0:
                 current, cur_digest = parents[0]
@@ -161,37 +230,33 @@ def search_task(spec: dict) -> dict:
         if g.digest in parent_digests:
             continue
         out.append(record(g, e, parent.digest if isinstance(parent, Graph) else None, move, dt))
-    if len(out) > spec.get("returns", 16):
-        from optimizer.search.pareto import crowding_distance
-
+    if len(out) > spec.returns:
         F = np.array([[r["objectives"][n] for n in names] for r in out])
-        keep = np.argsort(-crowding_distance(F), kind="stable")[: spec["returns"]]
+        keep = np.argsort(-crowding_distance(F), kind="stable")[: spec.returns]
         out = [out[i] for i in sorted(keep)]
     return {"results": out, "evaluations": evaluations, "tries": weights.tries, "wins": weights.wins,
             "seconds": time.perf_counter() - t0, "worker": worker_name()}
 
 
-def evaluate_task(spec: dict) -> dict:
-    """Evaluate given plans (the Optuna strategy's trials), each optionally refined by
-    ``spec["refine_steps"]`` local mutations; returns one best record per plan."""
-    from optimizer.search.mutation import OPERATORS, DEFAULT_OPERATOR_WEIGHTS, AdaptiveWeights, MutationContext
-
+def evaluate_task(spec: EvaluateTaskSpec) -> dict:
+    """Evaluate given plans (the Optuna strategy's trials), each refined by ``spec.refine_steps``
+    local mutations; returns one best record per plan."""
     t0 = time.perf_counter()
-    ev_fn = evaluator_for(spec["hardware"])
-    names = list(spec["objectives"])
-    constraints = spec.get("constraints", {})
-    rng = np.random.default_rng(np.random.SeedSequence(spec["seed"]))
-    ctx = MutationContext(ev_fn.hw.n_devices, spec.get("max_shards_per_op") or max(8, 4 * ev_fn.hw.n_devices))
+    ev_fn = evaluator_for(spec.hardware)
+    names = list(spec.objectives)
+    constraints = spec.constraints
+    rng = np.random.default_rng(np.random.SeedSequence(list(spec.seed)))
+    ctx = MutationContext(ev_fn.hw.n_devices, spec.max_shards_per_op or max(8, 4 * ev_fn.hw.n_devices))
     weights = AdaptiveWeights(dict(DEFAULT_OPERATOR_WEIGHTS), False)
     out, evaluations = [], 0
-    for key, text in spec["plans"]:
+    for key, text in spec.plans:
         g = from_json(json.loads(text), validate=False)
         ts = time.perf_counter()
         best_e, best_g, best_move = ev_fn(g), g, None
         evaluations += 1
         dt = time.perf_counter() - ts
         scalar = lambda e: float(np.sum(np.log(np.maximum(objective_vector(e, names), 1e-30))))  # noqa: E731
-        for _ in range(int(spec.get("refine_steps", 0))):
+        for _ in range(int(spec.refine_steps)):
             op = weights.choose(rng)
             try:
                 child, move = OPERATORS[op](best_g, rng, ctx)

@@ -8,7 +8,7 @@ import pytest
 
 from costmodel import Evaluator, calibrate, measurements_for
 from costmodel.calibrate import CalibrationError, fit_classes
-from costmodel.hardware import load_hardware, save_hardware
+from costmodel.hardware_io import load_hardware, save_hardware
 from costmodel.presets import PRESETS
 from ir import workloads
 from ir.rewrites import retile

@@ -5,8 +5,8 @@ import pickle
 import numpy as np
 import pytest
 
-from costmodel.hardware import (DeviceSpec, Hardware, HardwareError, LinkSpec, hardware_from_yaml_text,
-                                load_hardware, save_hardware)
+from costmodel.hardware import DeviceSpec, Hardware, HardwareError, LinkSpec
+from costmodel.hardware_io import hardware_from_yaml_text, load_hardware, save_hardware
 from costmodel.presets import PRESETS, preset, preset_names
 
 

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from costmodel.hardware import load_hardware
+from costmodel.hardware_io import load_hardware
 from costmodel.presets import PRESETS
-from optimizer.calibration import errors, kernel_spread
 from optimizer.cli import main
+from optimizer.realrun.calibration import errors, kernel_spread
 
 
 def run_cli(*args: str) -> int:

@@ -1,4 +1,4 @@
-"""``tapestry execute`` / ``optimizer.grid``: a 4-device plan on a 2-worker local Dask cluster."""
+"""``tapestry execute`` / ``optimizer.realrun.grid``: a 4-device plan on a 2-worker local Dask cluster."""
 
 from __future__ import annotations
 
@@ -27,14 +27,14 @@ def four_device_plan():
 
 @pytest.fixture(scope="module")
 def client():
-    from optimizer.grid import grid_client
+    from optimizer.campaign.cluster import grid_client
 
     with grid_client(None, 2) as c:
         yield c
 
 
 def test_plan_passes_on_two_workers_and_moves_the_planned_boxes(client):
-    from optimizer.grid import run_plan_on_grid
+    from optimizer.realrun.grid import run_plan_on_grid
 
     g = four_device_plan()
     assert g.devices == {0, 1, 2, 3}
@@ -51,7 +51,7 @@ def test_plan_passes_on_two_workers_and_moves_the_planned_boxes(client):
 
 
 def test_a_dropped_transfer_fails_on_the_worker(client):
-    from optimizer.grid import run_plan_on_grid
+    from optimizer.realrun.grid import run_plan_on_grid
 
     g = four_device_plan()
     tp = transfer_plan(g)

@@ -1,14 +1,14 @@
-"""``optimizer.measurement``: shard, transfer and plan timings with predictions, stored."""
+"""``optimizer.realrun.measurement``: shard, transfer and plan timings with predictions, stored."""
 
 from __future__ import annotations
 
 import pytest
 
+from costmodel.evaluate import serial_prediction
 from costmodel.lowering import Lowerer
-from costmodel.transfers import transfer_plan
 from costmodel.presets import PRESETS
-from optimizer.measurement import measure_plan, store_measurements
-from optimizer.sampling import serial_prediction
+from costmodel.transfers import transfer_plan
+from optimizer.realrun.measurement import measure_plan, store_measurements
 from storage import Archive
 
 
@@ -53,16 +53,15 @@ def test_plans_wider_than_the_hardware_use_one_bigger_node(plans):
 
 
 def test_campaign_sampling_task_measures_and_predicts(plans):
-    """``optimizer.sampling.measure_task`` (sampled executions in campaigns) runs and its
+    """``optimizer.realrun.sampling.measure_task`` (sampled executions in campaigns) runs and its
     prediction is the serial shard sum of the lowering (``serial_prediction``)."""
     import json
 
-    from optimizer.sampling import measure_task
+    from optimizer.realrun.sampling import MeasureTaskSpec, measure_task
 
     g = plans.spread_plan("mlp", 1)
     hw = PRESETS["cpu"]
-    recs = measure_task({"graph_json": json.dumps(g.to_json()), "digest": g.digest, "backend": "numpy",
-                         "repeats": 1, "hardware": hw.to_dict()})
+    recs = measure_task(MeasureTaskSpec(g.digest, json.dumps(g.to_json()), "numpy", 1, hw.to_dict()))
     kinds = [r["kind"] for r in recs]
     assert kinds.count("plan") == 1 and kinds.count("shard") == g.n_shards
     assert kinds.count("transfer") == len(transfer_plan(g, 1 + max(g.devices)).transfers) > 0  # device-aware

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from optimizer.pareto import dominates
+from optimizer.search.pareto import dominates
 from tests.farm.conftest import cli, popen_cli, small_config, write_config
 
 
@@ -120,8 +120,8 @@ def test_campaign_survives_a_killed_worker(tmp_path, db):
 
     from distributed import Client, LocalCluster
 
-    from optimizer.campaign import run_campaign
-    from optimizer.config import parse_config
+    from optimizer.campaign.config import parse_config
+    from optimizer.campaign.lifecycle import run_campaign
     from storage import Archive
 
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from optimizer.config import ConfigError, load_config, parse_config
+from optimizer.campaign.config import ConfigError, load_config, parse_config
 from tests.farm.conftest import cli, small_config, write_config
 
 

@@ -11,8 +11,8 @@ from executor import verify
 from ir import workloads
 from ir.rewrites import RewriteError, parse_move
 from ir.validate import validate
-from optimizer.baselines import data_parallel, megatron_mlp
-from optimizer.mutation import OPERATORS, AdaptiveWeights, Crossover, MutationContext
+from optimizer.search.baselines import data_parallel, megatron_mlp
+from optimizer.search.mutation import OPERATORS, AdaptiveWeights, Crossover, MutationContext
 
 PROGRAMS = {
     "mlp": workloads.build("mlp", batch=8, widths=[16, 32, 16]),

@@ -8,20 +8,23 @@ import numpy as np
 from costmodel.presets import PRESETS
 from ir import workloads
 from ir.serialize import dumps
-from optimizer.strategies.base import SearchContext
-from optimizer.strategies.optuna_search import OptunaStrategy
+from optimizer.campaign.config import ConstraintsConfig, SearchConfig
+from optimizer.search.strategies.base import SearchContext
+from optimizer.search.strategies.optuna_search import OptunaStrategy
+from optimizer.search.worker import TaskConstraints
 
 
 def _ctx(url: str) -> SearchContext:
     g = workloads.mlp(batch=16, widths=(64, 128, 64))
-    return SearchContext(campaign="c", hardware=PRESETS["h100-sxm-8"].to_dict(), objectives=["makespan", "energy"],
-                         constraints={}, search={"population": 8}, seed=3, base_json=dumps(g), base_digest=g.digest,
+    return SearchContext(campaign="c", hardware=PRESETS["h100-sxm-8"].to_dict(), objectives=("makespan", "energy"),
+                         constraints=TaskConstraints(**ConstraintsConfig().model_dump()),
+                         search=SearchConfig(population=8), seed=3, base_json=dumps(g), base_digest=g.digest,
                          n_devices=8, storage_url=url)
 
 
 def _draws(s: OptunaStrategy) -> list[list[str]]:
     _fn, spec, _meta = s.next_task(np.random.default_rng(0))
-    return [p for _n, p in spec["plans"]]
+    return [p for _n, p in spec.plans]
 
 
 def test_resume_reseeds_the_sampler_from_the_checkpoint(tmp_path):

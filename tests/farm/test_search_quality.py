@@ -12,9 +12,9 @@ import pytest
 
 from costmodel import Evaluator
 from ir import workloads
-from optimizer.baselines import data_parallel, megatron_mlp
-from optimizer.campaign import run_campaign
-from optimizer.config import parse_config
+from optimizer.campaign.config import parse_config
+from optimizer.campaign.lifecycle import run_campaign
+from optimizer.search.baselines import data_parallel, megatron_mlp
 from storage import Archive
 
 HIDDEN = 1024

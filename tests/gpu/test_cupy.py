@@ -143,7 +143,7 @@ def test_time_plan_and_measure_on_cupy(cupy):
 
 
 def test_measure_plan_records_on_cupy(cupy):
-    from optimizer.measurement import measure_plan
+    from optimizer.realrun.measurement import measure_plan
 
     g = random_plan("mlp", 2)
     recs = measure_plan(g, "h100-sxm-8", backend="cupy", repeats=3)
@@ -152,7 +152,7 @@ def test_measure_plan_records_on_cupy(cupy):
 
 
 def test_calibrate_quick_on_cupy(tmp_path, cupy):
-    from costmodel.hardware import load_hardware
+    from costmodel.hardware_io import load_hardware
     from optimizer.cli import main
 
     out = tmp_path / "gpu.yaml"
@@ -163,7 +163,8 @@ def test_calibrate_quick_on_cupy(tmp_path, cupy):
 
 
 def test_grid_on_gpu_workers(real_cupy):
-    from optimizer.grid import grid_client, run_plan_on_grid
+    from optimizer.campaign.cluster import grid_client
+    from optimizer.realrun.grid import run_plan_on_grid
 
     g = place(split(workloads.mlp(**SMALL["mlp"]), "fc1", "n", 2), "fc1", (0, 1))
     with grid_client(None, 2, backend="cupy") as client:

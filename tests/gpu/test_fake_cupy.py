@@ -74,13 +74,12 @@ def test_plan_devices_on_two_gpus_copy_between_them_explicitly(fake):
 
 
 def test_gpu_names_reach_the_measurement_records(fake):
-    from optimizer.sampling import measure_task
+    from optimizer.realrun.sampling import MeasureTaskSpec, measure_task
 
     assert device_name("cupy", 1) == "Fake GPU 1"
     assert device_name("numpy").startswith("cpu")
     g = place(split(workloads.mlp(batch=6, widths=(12, 20, 10)), "fc1", "n", 2), "fc1", (0, 1))
-    recs = measure_task({"graph_json": json.dumps(g.to_json()), "digest": g.digest, "backend": "cupy",
-                         "repeats": 1, "hardware": PRESETS["h100-sxm-8"].to_dict()})
+    recs = measure_task(MeasureTaskSpec(g.digest, json.dumps(g.to_json()), "cupy", 1, PRESETS["h100-sxm-8"].to_dict()))
     plan = recs[-1]
     assert plan["kind"] == "plan" and plan["device_name"] == "Fake GPU 0" and plan["verified"]
     assert {r["device_name"] for r in recs if r["kind"] == "shard"} == {"Fake GPU 0", "Fake GPU 1"}
@@ -88,7 +87,7 @@ def test_gpu_names_reach_the_measurement_records(fake):
 
 
 def test_local_gpus_follow_cuda_visible_devices_then_cupy(fake, monkeypatch):
-    from optimizer.cluster import local_gpus
+    from optimizer.campaign.cluster import local_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, GPU-7f1e,")
     assert local_gpus() == ["3", "GPU-7f1e"]
@@ -103,7 +102,7 @@ def test_local_gpus_follow_cuda_visible_devices_then_cupy(fake, monkeypatch):
 def test_local_gpu_workers_are_pinned_round_robin():
     """Each local GPU worker process sees one GPU (CUDA_VISIBLE_DEVICES), several sharing one when
     there are more workers than GPUs, and advertises the GPU resource."""
-    from optimizer.cluster import dask_client
+    from optimizer.campaign.cluster import dask_client
 
     with dask_client(None, 3, 1, {"GPU": 1}, gpus=["0", "1"]) as client:
         seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -9,20 +9,25 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from optimizer.search.worker import TaskConstraints
 
-@dataclass
+if TYPE_CHECKING:  # the config imports the search core, not the other way round
+    from optimizer.campaign.config import SearchConfig
+
+
+@dataclass(frozen=True)
 class SearchContext:
-    """What every strategy needs from the campaign (frozen inputs)."""
+    """What every strategy needs from the campaign (frozen inputs; values from the config)."""
 
     campaign: str
     hardware: dict
-    objectives: list[str]
-    constraints: dict
-    search: dict            # the config's search section
+    objectives: tuple[str, ...]
+    constraints: TaskConstraints
+    search: SearchConfig    # the config's search section (its defaults are the only ones)
     seed: int
     base_json: str          # the unsharded program
     base_digest: str
@@ -38,16 +43,16 @@ class Strategy(ABC):
         self.task_index = 0
 
     def common_spec(self) -> dict[str, Any]:
-        return {"hardware": self.ctx.hardware, "objectives": self.ctx.objectives,
-                "constraints": self.ctx.constraints,
-                "max_shards_per_op": self.ctx.search.get("max_shards_per_op")}
+        """The task spec fields every strategy sets the same way (keyword arguments)."""
+        return {"hardware": self.ctx.hardware, "objectives": tuple(self.ctx.objectives),
+                "constraints": self.ctx.constraints, "max_shards_per_op": self.ctx.search.max_shards_per_op}
 
     @abstractmethod
     def seed_population(self, records: list[dict]) -> None:
         """Start from evaluated initial plans (baselines) as records with graph JSON."""
 
     @abstractmethod
-    def next_task(self, rng: np.random.Generator) -> tuple[Callable, dict, dict] | None:
+    def next_task(self, rng: np.random.Generator, front: list[dict] | None = None) -> tuple[Callable, Any, dict] | None:
         """The next task to submit, or ``None`` if the strategy has nothing to run now."""
 
     @abstractmethod

@@ -16,7 +16,7 @@ import numpy as np
 from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, AdaptiveWeights
 from optimizer.search.pareto import rank_and_crowding, select_nsga2
 from optimizer.search.strategies.base import SearchContext, Strategy
-from optimizer.search.worker import search_task
+from optimizer.search.worker import SearchTaskSpec, search_task
 
 
 def _member(r: dict, names: list[str]) -> dict:
@@ -30,13 +30,13 @@ class IslandStrategy(Strategy):
     def __init__(self, ctx: SearchContext) -> None:
         super().__init__(ctx)
         s = ctx.search
-        self.n_islands = int(s.get("islands", 2))
-        self.population = int(s.get("population", 24))
+        self.n_islands = s.islands
+        self.population = s.population
         self.islands: list[list[dict]] = [[] for _ in range(self.n_islands)]
         self.island_tasks = [0] * self.n_islands
         base = dict(DEFAULT_OPERATOR_WEIGHTS)
-        base.update(s.get("mutation_weights") or {})
-        self.weights = AdaptiveWeights(base, bool(s.get("adaptive_weights", True)))
+        base.update(s.mutation_weights)
+        self.weights = AdaptiveWeights(base, s.adaptive_weights)
         self.next_island = 0
 
     def seed_population(self, records: list[dict]) -> None:
@@ -58,24 +58,25 @@ class IslandStrategy(Strategy):
                 break
         return [pop[i] for i in chosen]
 
-    def next_task(self, rng: np.random.Generator, front: list[dict] | None = None) -> tuple[Callable, dict, dict]:
+    def next_task(self, rng: np.random.Generator, front: list[dict] | None = None) -> tuple[Callable, SearchTaskSpec,
+                                                                                            dict]:
         i = self.next_island
         self.next_island = (i + 1) % self.n_islands
         pop = self.islands[i]
-        k = int(self.ctx.search.get("parents_per_task", 4))
+        k = self.ctx.search.parents_per_task
         parents = self._parents(rng, pop, k)
-        if front and self.island_tasks[i] % int(self.ctx.search.get("migration_interval", 4)) == 0:
+        if front and self.island_tasks[i] % self.ctx.search.migration_interval == 0:
             parents.append(front[int(rng.integers(len(front)))])
         if self.mode == "random":
             parents = [{"digest": self.ctx.base_digest, "graph_json": self.ctx.base_json}]
         self.island_tasks[i] += 1
         self.task_index += 1
         names, p = self.weights.probabilities()
-        spec = {**self.common_spec(), "parents": [(m["digest"], m["graph_json"]) for m in parents],
-                "seed": [self.ctx.seed, i, self.task_index], "steps": int(self.ctx.search.get("steps_per_task", 200)),
-                "weights": dict(zip(names, p.tolist())) if self.mode == "evolve" else {"rewrite": 1.0},
-                "adaptive": bool(self.ctx.search.get("adaptive_weights", True)),
-                "returns": int(self.ctx.search.get("returns_per_task", 16)), "mode": self.mode}
+        spec = SearchTaskSpec(**self.common_spec(), parents=tuple((m["digest"], m["graph_json"]) for m in parents),
+                              seed=(self.ctx.seed, i, self.task_index), steps=self.ctx.search.steps_per_task,
+                              weights=dict(zip(names, p.tolist())) if self.mode == "evolve" else {"rewrite": 1.0},
+                              adaptive=self.ctx.search.adaptive_weights, returns=self.ctx.search.returns_per_task,
+                              mode=self.mode)
         return search_task, spec, {"island": i, "task": self.task_index}
 
     def on_result(self, meta: dict, result: dict, front: list[dict]) -> list[dict]:

@@ -21,7 +21,7 @@ from ir.graph import Graph
 from ir.rewrites import RewriteError, retile, split_reduction
 from ir.serialize import dumps, loads
 from optimizer.search.strategies.base import SearchContext, Strategy
-from optimizer.search.worker import evaluate_task
+from optimizer.search.worker import EvaluateTaskSpec, evaluate_task
 
 TRIALS_PER_TASK = 4
 
@@ -85,19 +85,20 @@ class OptunaStrategy(Strategy):
         with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use; only labels the dashboard
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study.set_metric_names(list(ctx.objectives))
-        self.refine = max(0, int(ctx.search.get("steps_per_task", 200)) // (TRIALS_PER_TASK * 4))
+        self.refine = max(0, ctx.search.steps_per_task // (TRIALS_PER_TASK * 4))
 
     def _sampler(self, seed: int) -> Any:
         import optuna
 
         if self.sampler_name == "tpe":
             return optuna.samplers.TPESampler(seed=seed, multivariate=True)
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(8, self.ctx.search.get("population", 24)))
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(8, self.ctx.search.population))
 
     def seed_population(self, records: list[dict]) -> None:
         pass  # the sampler starts from its own random trials
 
-    def next_task(self, rng: np.random.Generator, front: list[dict] | None = None) -> tuple[Callable, dict, dict]:
+    def next_task(self, rng: np.random.Generator, front: list[dict] | None = None) -> tuple[Callable, EvaluateTaskSpec,
+                                                                                            dict]:
         plans, trials = [], []
         for _ in range(TRIALS_PER_TASK):
             trial = self.study.ask()
@@ -109,8 +110,8 @@ class OptunaStrategy(Strategy):
             plans.append((trial.number, dumps(g, indent=None)))
             trials.append(trial.number)
         self.task_index += 1
-        spec = {**self.common_spec(), "plans": plans, "seed": [self.ctx.seed, 0, self.task_index],
-                "refine_steps": self.refine}
+        spec = EvaluateTaskSpec(**self.common_spec(), plans=tuple(plans), seed=(self.ctx.seed, 0, self.task_index),
+                                refine_steps=self.refine)
         return evaluate_task, spec, {"trials": trials, "task": self.task_index}
 
     def on_result(self, meta: dict, result: dict, front: list[dict]) -> list[dict]:
