@@ -270,3 +270,10 @@ def fused_attentions(g: Graph) -> list[str]:
     """Attention ops that ``unfuse_attention`` can restore."""
     return [n for n, o in g.ops.items() if o.kernel == "attention" and o.params.get("origin")
             and not o.params.get("split")]
+
+
+def substitution_summary(g: Graph) -> dict[str, int]:
+    """Counts of substituted ops in a plan (``attention``: patterns replaced by fused attention) and
+    of patterns still unfused (``attention_sites``): what a campaign summary reports."""
+    fused = sum(1 for o in g.ops.values() if o.kernel == "attention" and o.params.get("origin"))
+    return {"attention": fused, "attention_sites": len(attention_sites(g))}

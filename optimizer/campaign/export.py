@@ -56,6 +56,7 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
     from costmodel.evaluate import Evaluator
     from costmodel.hardware import Hardware
     from ir.dot import RenderError, render_svg, to_dot
+    from ir.rewrites.substitute_attention import substitution_summary
     from ir.serialize import loads
     from optimizer.search.baselines import baselines
     from optimizer.campaign.lifecycle import resolve_url
@@ -73,10 +74,12 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
         (outdir / "plans").mkdir(parents=True, exist_ok=True)
         archive.export_front_parquet(name, outdir / "front.parquet")
     have_dot = shutil.which("dot") is not None
+    substituted: list[dict[str, int]] = []
     for i, r in enumerate(front):
         stem = outdir / "plans" / f"{i:02d}_{r['digest'][:12]}"
         stem.with_suffix(".json").write_text(graphs[r["digest"]])
         g = loads(graphs[r["digest"]], f"plan {r['digest'][:12]}")
+        substituted.append(substitution_summary(g))
         dot = to_dot(g)
         try:
             if not have_dot:
@@ -94,8 +97,21 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
             base_evals[bname] = {**e.objectives(), "gap": e.gap, "feasible": e.feasible}
     _plot(outdir / "pareto.png", objectives, front, base_evals)
     corr = rank_correlation(measurements)
-    (outdir / "summary.md").write_text(_summary(name, row, hw, front, base_evals, corr))
+    (outdir / "summary.md").write_text(_summary(name, row, hw, front, base_evals, corr) + _substitutions(substituted))
     return {"out": str(outdir), "plans": len(front), "have_svg": have_dot}
+
+
+def _substitutions(per_plan: list[dict[str, int]]) -> str:
+    """The substitutions the front plans use (fused attention), or nothing when none could apply."""
+    fused = [s["attention"] for s in per_plan]
+    total = [s["attention"] + s["attention_sites"] for s in per_plan]
+    if not any(total):
+        return ""
+    n = sum(1 for f in fused if f)
+    return "\n".join(["", "## Substitutions", "",
+                      f"{n} of {len(per_plan)} front plans run fused attention (`fuse_attention`: the scores and "
+                      f"probabilities are never materialised); per plan, fused/attention blocks: "
+                      + ", ".join(f"{f}/{t}" for f, t in zip(fused, total)) + ".", ""])
 
 
 def _summary(name: str, row: dict, hw: Any, front: list[dict], base: dict[str, dict], corr: dict | None) -> str:
