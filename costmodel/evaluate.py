@@ -21,7 +21,18 @@ under this cost model. It is the larger of
 
 Both terms are valid bounds. (Summing per-op roofline times along the longest path is not: a
 fused op overlaps one stage's memory traffic with another's compute, a pipelined plan overlaps
-the ops.)
+the ops.) For a training step the work term holds the forward, backward and optimizer FLOPs.
+
+Memory floor (``ProgramFacts.memory_floor``): the loop-carried state (parameters, optimizer
+states) of a training step must live somewhere for the whole step, so some device holds at least
+``total state bytes / n_devices``; a program whose floor exceeds a device's capacity is
+infeasible on that fleet however it is sharded (``Evaluation.feasible`` is then false).
+
+Model FLOPs and MFU: ``model_flops`` is the FLOP count of the logical program (every op of the
+step once, as the kernels declare it); ``mfu`` = model FLOPs / (makespan × peak of the devices
+used), with each op's FLOPs taken at the peak of its dtype (for a one-dtype program exactly
+``model_flops / (makespan · n_used · peak[dtype])``, the model FLOPs utilisation practitioners
+compare, PaLM appendix B). A recomputation rewrite adds hardware FLOPs, not model FLOPs.
 ``Evaluation.gap`` = makespan / lower bound (1.0 would be at the limit).
 """
 
@@ -42,8 +53,9 @@ from ir.kernels import ELEMENTWISE, ITEMSIZE, get_kernel
 
 OBJECTIVES = ("makespan", "energy", "peak_memory", "devices")
 
-__all__ = ["OBJECTIVES", "Breakdown", "Evaluation", "Evaluator", "breakdown", "evaluate", "lower_bound",
-           "program_key", "serial_prediction"]
+__all__ = ["OBJECTIVES", "Breakdown", "Evaluation", "Evaluator", "ProgramFacts", "breakdown", "evaluate",
+           "lower_bound", "program_facts", "program_key",
+           "serial_prediction"]
 
 
 @dataclass
@@ -59,6 +71,9 @@ class Evaluation:
     lowered: Lowered | None = field(default=None, repr=False)
     schedule: Schedule | None = field(default=None, repr=False)
     hardware: Hardware | None = field(default=None, repr=False)
+    model_flops: float = 0.0  # FLOPs of the logical program per step
+    mfu: float = 0.0  # model FLOPs / (makespan x peak of the devices used)
+    memory_floor: float = 0.0  # bytes: total loop-carried state / n_devices
 
     @property
     def gap(self) -> float:
@@ -75,6 +90,7 @@ class Evaluation:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.objectives(), "feasible": self.feasible, "lower_bound": self.lower_bound, "gap": self.gap,
+                "model_flops": self.model_flops, "mfu": self.mfu, "memory_floor": self.memory_floor,
                 "peak_memory_per_device": self.peak_memory_per_device.tolist()}
 
     def breakdown(self) -> "Breakdown":
@@ -160,7 +176,7 @@ class Evaluator:
     def __init__(self, hw: Hardware | str) -> None:
         self.hw = load_hardware(hw) if not isinstance(hw, Hardware) else hw
         self.lowerer = Lowerer(self.hw)
-        self._bounds: dict[int, float] = {}
+        self._bounds: dict[int, ProgramFacts] = {}
         self._capacity = self.hw.device.mem_capacity
 
     def __call__(self, g: Graph, keep: bool = False) -> Evaluation:
@@ -172,20 +188,52 @@ class Evaluator:
         energy = energy_breakdown(s.makespan, s.busy_compute, s.used, self.hw.device, low.alloc[nc:],
                                   low.transfer_epb).total
         peak = s.peak_mem
-        lb = self._bounds.get(low.program)
-        if lb is None:
-            lb = self.lower_bound(g)
-            self._bounds[low.program] = lb
+        facts = self._bounds.get(low.program)
+        if facts is None:
+            from ir.rewrites import unshard
+
+            facts = self._bounds[low.program] = program_facts(unshard(g), self.hw)
+        lb = facts.lower_bound
+        used = int(np.count_nonzero(s.used))
+        mfu = facts.ideal_seconds / (s.makespan * used) if s.makespan > 0 and used else 0.0
         return Evaluation(
             makespan=s.makespan, energy=energy, peak_memory=float(peak.max()) if peak.size else 0.0,
-            devices=int(np.count_nonzero(s.used)), bytes_moved=s.bytes_moved,
-            feasible=bool((peak <= self._capacity).all()), lower_bound=lb, peak_memory_per_device=peak,
-            lowered=low if keep else None, schedule=s if keep else None, hardware=self.hw)
+            devices=used, bytes_moved=s.bytes_moved,
+            feasible=bool((peak <= self._capacity).all()) and facts.memory_floor <= self._capacity, lower_bound=lb,
+            peak_memory_per_device=peak, lowered=low if keep else None, schedule=s if keep else None,
+            hardware=self.hw, model_flops=facts.model_flops, mfu=mfu, memory_floor=facts.memory_floor)
 
     def lower_bound(self, g: Graph) -> float:
         from ir.rewrites import unshard
 
         return lower_bound(unshard(g), self.hw)
+
+
+@dataclass(frozen=True)
+class ProgramFacts:
+    """What a logical program implies on a fleet, whatever the plan: ``lower_bound`` (s),
+    ``model_flops``, ``ideal_seconds`` (Σ op FLOPs / peak of its dtype on one device: the
+    numerator of MFU in device-seconds), ``state_bytes`` (loop-carried state) and
+    ``memory_floor`` = ``state_bytes / n_devices``."""
+
+    lower_bound: float
+    model_flops: float
+    ideal_seconds: float
+    state_bytes: float
+    memory_floor: float
+
+
+def program_facts(program: Graph, hw: Hardware) -> ProgramFacts:
+    """:class:`ProgramFacts` of ``program`` (the unsharded logical program) on ``hw``."""
+    flops = ideal = 0.0
+    for o in program.ops.values():
+        sig = program.signature(o)
+        f = float(np.prod(sig.extents, dtype=np.float64)) * sig.flops_per_point
+        flops += f
+        ideal += f / hw.peak_flops(program.tensors[o.output].dtype)
+    state = sum(float(np.prod(program.tensors[p].shape, dtype=np.float64)) * ITEMSIZE[program.tensors[p].dtype]
+                for p in program.carried)
+    return ProgramFacts(lower_bound(program, hw), flops, ideal, state, state / hw.n_devices)
 
 
 def lower_bound(program: Graph, hw: Hardware) -> float:
