@@ -270,6 +270,10 @@ class Graph:
             args = ", ".join(f"{p}=%{x}" for p, x in o.inputs)
             if o.kernel == "fused":
                 params = "[" + " → ".join(st["kernel"] for st in o.params["stages"]) + "]"
+            elif o.kernel == "attention" and o.params.get("origin"):  # the replaced ops, not their records
+                shown = {k: v for k, v in o.params.items() if k != "origin"}
+                was = " → ".join(r["kernel"] for r in o.params["origin"]["ops"])
+                params = f"[{json.dumps(shown, sort_keys=True, separators=(',', ':'))}; was {was}]"
             else:
                 params = f"[{o.params_key}]" if o.params else ""
             devs = sorted(set(o.shards.device.tolist()))
