@@ -22,8 +22,11 @@ def archive_bytes(s: Session) -> int | None:
     bind = s.get_bind()
     dialect = bind.dialect.name
     if dialect == "sqlite":
-        path = bind.url.database
-        if not path or path == ":memory:":
+        # The main database's file as SQLite itself resolved it (read-only engines open a
+        # ``file:...?mode=ro`` URI, so the URL is not a path); empty for in-memory databases.
+        rows = s.execute(text("PRAGMA database_list"))
+        path = next((row[2] for row in rows if row[1] == "main"), "")
+        if not path:
             return None
         return sum(os.path.getsize(p) for p in (path, f"{path}-wal") if os.path.exists(p))
     if dialect == "postgresql":
