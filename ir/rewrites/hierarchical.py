@@ -28,24 +28,40 @@ from ir.rewrites.shard import get_op
 from ir.zspace import split_points
 
 
-def _partial_devices(g: Graph, tensor: str, k: int) -> list[list[int]]:
-    """For each block ``i < k`` of a partials tensor, the devices writing it (in shard order)."""
-    prod_name = g.producers.get(tensor)
+def block_owners(shards: Shards, col: int, k: int) -> list[list[int]]:
+    """For each block ``i < k`` along index column ``col`` of a partial op's shards, the devices
+    computing it (in shard order)."""
     out: list[list[int]] = [[] for _ in range(k)]
-    if prod_name is None:
-        return out
-    o = g.ops[prod_name]
-    sig = g.signature(o)
-    row = sig.output.A[0]
-    col = next((c for c, v in enumerate(row) if v), None)
-    if col is None:
-        return out
-    sh = o.shards
-    for lo, hi, d in zip(sh.lo[:, col], sh.hi[:, col], sh.device):
-        for i in range(int(lo), int(hi)):
-            if 0 <= i < k and int(d) not in out[i]:
+    for lo, hi, d in zip(shards.lo[:, col], shards.hi[:, col], shards.device):
+        for i in range(max(0, int(lo)), min(k, int(hi))):
+            if int(d) not in out[i]:
                 out[i].append(int(d))
     return out
+
+
+def stage_one_shards(owners: list[list[int]], group: int, out_ext: tuple[int, ...], fallback: int) -> Shards:
+    """First-level shards: block ``j`` (partials ``j*group .. (j+1)*group - 1``) on the devices that
+    own those partials, split among them along the longest output dim."""
+    n_groups = len(owners) // group
+    d = int(np.argmax(out_ext)) if out_ext else None
+    lo_rows, hi_rows, devs = [], [], []
+    for j in range(n_groups):
+        members: list[int] = []
+        for i in range(j * group, (j + 1) * group):
+            members += [x for x in owners[i] if x not in members]
+        members = members or [fallback]
+        parts = 1 if d is None else max(1, min(len(members), out_ext[d]))
+        cuts = split_points(0, out_ext[d], parts) if d is not None else [0, 0]
+        for p in range(parts):
+            lo = [j] + [0] * len(out_ext)
+            hi = [j + 1] + list(out_ext)
+            if d is not None:
+                lo[1 + d], hi[1 + d] = cuts[p], cuts[p + 1]
+            lo_rows.append(lo)
+            hi_rows.append(hi)
+            devs.append(members[p])
+    n = len(devs)
+    return Shards(np.array(lo_rows, np.int64).reshape(n, -1), np.array(hi_rows, np.int64).reshape(n, -1), devs)
 
 
 def two_level(g: Graph, acc: str, group: int) -> Graph:
@@ -59,33 +75,18 @@ def two_level(g: Graph, acc: str, group: int) -> Graph:
     if not isinstance(group, (int, np.integer)) or group < 2 or k % group or group >= k:
         raise RewriteError(f"{acc}: {k} partials do not fall into groups of {group} (need 2 <= group < {k}, "
                            f"dividing {k})")
-    n_groups = k // group
-    owners = _partial_devices(g, o.inputs[0][1], k)
+    producer = g.producers.get(o.inputs[0][1])
+    owners: list[list[int]] = [[] for _ in range(k)]
+    if producer is not None:
+        row = g.signature(producer).output.A[0]
+        col = next((c for c, v in enumerate(row) if v), None)
+        if col is not None:
+            owners = block_owners(g.ops[producer].shards, col, k)
     old = o.shards
-    g = split_reduction(g, acc, n_groups)
+    g = split_reduction(g, acc, k // group)
     sig = g.signature(acc)  # (kb, *out dims)
-    out_ext = sig.extents[1:]
-    d = int(np.argmax(out_ext)) if out_ext else None
-    lo_rows, hi_rows, devs = [], [], []
-    for j in range(n_groups):
-        members: list[int] = []
-        for i in range(j * group, (j + 1) * group):
-            members += [x for x in owners[i] if x not in members]
-        if not members:
-            members = [int(old.device[0])]
-        parts = 1 if d is None else min(len(members), out_ext[d])
-        cuts = split_points(0, out_ext[d], parts) if d is not None else [0, 0]
-        for p in range(parts):
-            lo = [j] + [0] * len(out_ext)
-            hi = [j + 1] + list(out_ext)
-            if d is not None:
-                lo[1 + d], hi[1 + d] = cuts[p], cuts[p + 1]
-            lo_rows.append(lo)
-            hi_rows.append(hi)
-            devs.append(members[p])
-    stage1 = Shards(np.array(lo_rows, np.int64).reshape(len(devs), -1),
-                    np.array(hi_rows, np.int64).reshape(len(devs), -1), devs)
-    return g.with_ops({acc: g.ops[acc].replace(shards=stage1)})
+    return g.with_ops({acc: g.ops[acc].replace(shards=stage_one_shards(owners, group, sig.extents[1:],
+                                                                       int(old.device[0])))})
 
 
-__all__ = ["two_level"]
+__all__ = ["block_owners", "stage_one_shards", "two_level"]

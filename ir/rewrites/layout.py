@@ -43,12 +43,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ir.graph import STATE_ROLES, Graph, Shards
-from ir.kernels import Signature
+from ir.graph import STATE_ROLES, Graph, Op, Shards, Tensor
+from ir.kernels import Signature, cached_signature
 from ir.mesh import Mesh
 from ir.rewrites.errors import RewriteError
-from ir.rewrites.hierarchical import two_level
-from ir.rewrites.reduction import acc_name, merge_reduction, split_reduction
+from ir.rewrites.hierarchical import block_owners, stage_one_shards
+from ir.rewrites.reduction import acc_name, merge_reduction, partial_name
 from ir.zspace import split_points
 
 USES = ("b", "s", "t")
@@ -130,7 +130,7 @@ class _Assign:
         return True
 
 
-def _param_dims(g: Graph, name: str, sig: Signature) -> list[int]:
+def _param_dims(g: Graph | _View, name: str, sig: Signature) -> list[int]:
     """Index dims that only weight/state inputs see (one-to-one), in index order."""
     o = g.ops[name]
     seen_by_act: set[int] = set()
@@ -148,7 +148,7 @@ def _out_dim_col(sig: Signature, r: int) -> int | None:
     return _unit_col(sig.output.A[r])
 
 
-def _decide(g: Graph, name: str, mesh: Mesh, use: Sequence[str],
+def _decide(g: Graph | _View, name: str, mesh: Mesh, use: Sequence[str],
             T: dict[str, dict[int, list[int]]], allow_reduction: bool) -> _Assign:
     o = g.ops[name]
     sig = g.signature(o)
@@ -231,6 +231,52 @@ def _out_sharding(sig: Signature, dims: dict[int, list[int]]) -> dict[int, list[
     return out
 
 
+class _View:
+    """A mutable overlay of a graph's ops and tensors, so that a layout over thousands of ops
+    builds one new graph at the end instead of one per op."""
+
+    def __init__(self, g: Graph) -> None:
+        self.ops: dict[str, Op] = dict(g.ops)
+        self.tensors: dict[str, Tensor] = dict(g.tensors)
+        self.after: dict[str, list[str]] = {}  # new op names, inserted after an op
+
+    def signature(self, op: str | Op) -> Signature:
+        o = self.ops[op] if isinstance(op, str) else op
+        return cached_signature(o.kernel, o.params_key, tuple((p, self.tensors[t].spec) for p, t in o.inputs))
+
+    def insert(self, after: str, op: Op) -> None:
+        self.ops[op.name] = op
+        self.after.setdefault(after, []).append(op.name)
+
+    def graph(self, g: Graph) -> Graph:
+        ops: dict[str, Op] = {}
+
+        def put(n: str) -> None:
+            if n in self.ops:
+                ops[n] = self.ops[n]
+            for m in self.after.get(n, ()):
+                put(m)
+
+        for n in g.ops:
+            put(n)
+        return Graph(self.tensors, ops)
+
+
+def _split(v: _View, name: str, parts: int, red: str) -> str:
+    """``split_reduction`` on the overlay (same result); returns the accumulate's name."""
+    o = v.ops[name]
+    out = v.tensors[o.output]
+    if acc_name(name) in v.ops or partial_name(name) in v.tensors:
+        raise RewriteError(f"{name}: names {acc_name(name)!r}/{partial_name(name)!r} are taken")
+    monoid = next(r.monoid for r in v.signature(o).reductions if r.name == red)
+    v.tensors[partial_name(name)] = Tensor(partial_name(name), (int(parts),) + out.shape, out.dtype, "intermediate")
+    v.ops[name] = o.replace(params={**o.params, "split": {"reduction": red, "parts": int(parts)}},
+                            output=partial_name(name))
+    v.insert(name, Op(acc_name(name), "accumulate", (("p", partial_name(name)),), o.output, {"monoid": monoid},
+                      o.shards))
+    return acc_name(name)
+
+
 def layout(g: Graph, ops: str | Sequence[str], mesh: Mesh, use: Sequence[str],
            hierarchical: bool = True) -> Graph:
     """Lay out the region ``ops`` (a region text or op names) on ``mesh`` with one use per axis."""
@@ -243,7 +289,7 @@ def layout(g: Graph, ops: str | Sequence[str], mesh: Mesh, use: Sequence[str],
         raise RewriteError("layout region is empty")
     before = g
     g, names = _merge_region(g, names)
-    region = set(names)
+    v = _View(g)
     produced_in = {g.ops[n].output for n in names}
     T: dict[str, dict[int, list[int]]] = {}
     for n in names:  # seeds: activations entering the region
@@ -260,41 +306,49 @@ def layout(g: Graph, ops: str | Sequence[str], mesh: Mesh, use: Sequence[str],
                         s.setdefault(r, []).append(a)
             T[t] = s
     work = list(names)
+    twos: list[tuple[str, int, Shards]] = []
     i = 0
-    hier: list[tuple[str, list[int]]] = []
     while i < len(work):
         name = work[i]
         i += 1
-        asg = _decide(g, name, mesh, use, T, allow_reduction=True)
+        asg = _decide(v, name, mesh, use, T, allow_reduction=True)
+        two = None
         if asg.red is not None:
             red, axes = asg.red
-            k = prod(mesh.shape[a] for a in axes)
-            try:
-                g = split_reduction(g, name, k, red)
-            except RewriteError:
-                asg.red = None
-            else:
-                dims = {c + 1: v for c, v in asg.dims.items()}
-                dims[0] = axes
-                asg.dims = dims
-                asg.sig = g.signature(name)
-                work.insert(i, acc_name(name))
-                region.add(acc_name(name))
-                if hierarchical and len(axes) >= 2 and any(mesh.crosses_nodes(a) for a in axes) \
-                        and not all(mesh.crosses_nodes(a) for a in axes):
-                    hier.append((acc_name(name), axes))
-        o = g.ops[name]
-        g = g.with_ops({name: o.replace(shards=_grid_shards(asg.sig, mesh, asg.dims))})
+            acc = _split(v, name, prod(mesh.shape[a] for a in axes), red)
+            asg.dims = {0: axes, **{c + 1: x for c, x in asg.dims.items()}}
+            asg.sig = v.signature(name)
+            work.insert(i, acc)
+            inner = prod(mesh.shape[a] for a in axes if not mesh.crosses_nodes(a))
+            if hierarchical and 1 < inner < prod(mesh.shape[a] for a in axes):
+                two = (acc, inner)
+        o = v.ops[name]
+        shards = _grid_shards(asg.sig, mesh, asg.dims)
+        v.ops[name] = o.replace(shards=shards)
         T[o.output] = _out_sharding(asg.sig, asg.dims)
-    for acc, axes in hier:  # two levels: inside the node first, then across nodes
-        inner = prod(mesh.shape[a] for a in axes if not mesh.crosses_nodes(a))
-        try:
-            g = two_level(g, acc, inner)
-        except RewriteError:
-            pass
-    if g.digest == before.digest:
+        if two is not None:
+            twos.append((two[0], two[1], shards))
+    for acc, inner, psh in twos:  # inside the node first, then across nodes
+        _two_level_view(v, acc, inner, psh)
+    out = v.graph(g)
+    if all(n in before.ops and before.ops[n].shards == o.shards and before.ops[n].params_key == o.params_key
+           for n, o in out.ops.items()) and len(out.ops) == len(before.ops):
         raise RewriteError(f"the region is already laid out like this on mesh {mesh.text}")
-    return g
+    return out
+
+
+def _two_level_view(v: _View, acc: str, group: int, producer_shards: Shards) -> None:
+    """``hierarchical.two_level`` on the overlay, for an accumulate just laid out."""
+    o = v.ops[acc]
+    k = v.tensors[o.inputs[0][1]].shape[0]
+    if k % group or group >= k:
+        return
+    owners = block_owners(producer_shards, 0, k)
+    old = o.shards
+    _split(v, acc, k // group, "k")
+    sig = v.signature(acc)
+    v.ops[acc] = v.ops[acc].replace(shards=stage_one_shards(owners, group, sig.extents[1:], int(old.device[0])))
+    v.ops[acc_name(acc)] = v.ops[acc_name(acc)].replace(shards=old)
 
 
 __all__ = ["USES", "layout", "select_ops"]
