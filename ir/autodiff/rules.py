@@ -185,6 +185,19 @@ def _rope(c: VJP, dy: str) -> dict[str, str]:
                         inverse=not c.params.get("inverse", False))}
 
 
+@rule("attention")
+def _attention(c: VJP, dy: str) -> dict[str, str]:
+    # FlashAttention's backward (Dao et al. 2022, Alg. 4): recompute the scores from q, k and each
+    # row's log-sum-exp; kernels in ir/kernels/attention.py.
+    p = {k: c.params[k] for k in ("scale", "causal", "offset") if k in c.params}
+    q, k, v, o = c.name("q"), c.name("k"), c.name("v"), c.name("y")
+    lse = c.emit("attention_lse", {"q": q, "k": k}, "lse", **p)
+    rows = {"q": q, "k": k, "v": v, "o": o, "dy": dy, "lse": lse}
+    grads = {"q": ("attention_grad_q", rows), "k": ("attention_grad_k", rows),
+             "v": ("attention_grad_v", {"q": q, "k": k, "dy": dy, "lse": lse})}
+    return {port: c.emit(kernel, ins, port, **p) for port, (kernel, ins) in grads.items() if port in c.need}
+
+
 # -- row-wise -------------------------------------------------------------------------------------
 
 @rule("softmax")

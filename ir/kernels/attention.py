@@ -232,4 +232,206 @@ class AttentionCombine(Kernel):
         return combine_partials(xp, blocks["p"])
 
 
-KERNELS = (Attention, AttentionCombine)
+# -- backward: recompute the scores, never store them (Dao et al. 2022, Alg. 4 and App. B.4) ------------
+#
+# ``attention_lse`` recomputes each query row's log-sum-exp L = m + log l (FlashAttention keeps it
+# from the forward; here the forward writes only its output, so the backward pays one more
+# q·kᵀ); then P = exp(scale·q·kᵀ − L) block by block, D = rowsum(dy ∘ o), dS = P ∘ (dy·vᵀ − D) and
+#
+#     dq = scale · dS · k    (index: query rows, like the forward),
+#     dk = scale · dSᵀ · q   (index: key rows; sums over query rows and groups),
+#     dv = Pᵀ · dy           (index: key rows).
+#
+# dk and dv declare the query rows a splittable ``sum`` reduction: their partial sums over query
+# blocks are sequence-parallel (ring) attention's backward.
+
+
+class _GradBase(Kernel):
+    kernel_class = "matmul"
+    params_defaults = {"scale": 1.0, "causal": False, "offset": 0}
+
+    def _shapes(self, ins):
+        """Forward shapes; a kernel without a ``v`` port takes ``ev`` from ``dy`` (or ``e``)."""
+        v = ins.get("v")
+        if v is None:
+            ev = ins["dy"].shape[-1] if "dy" in ins else ins["k"].shape[-1]
+            v = TensorSpec(tuple(ins["k"].shape[:-1]) + (ev,), ins["k"].dtype)
+        return attention_shapes({"q": ins["q"], "k": ins["k"], "v": v})
+
+    def _check_rows(self, ins, lead, s, ev):
+        for port, want in (("o", lead + (s, ev)), ("dy", lead + (s, ev)), ("lse", lead + (s,))):
+            if port in ins and tuple(ins[port].shape) != want:
+                raise SignatureError(f"{self.name} input {port!r} must have shape {list(want)} (from q and v), "
+                                     f"got {list(ins[port].shape)}")
+
+
+class AttentionLse(_GradBase):
+    """``L[*L, s] = log Σ_t exp(scale · q·kᵀ + mask)``: each query row's log-sum-exp."""
+
+    name = "attention_lse"
+    inputs = ("q", "k")
+
+    def base_signature(self, ins, params):
+        lead, nk, s, e, t, _ = self._shapes(ins)
+        n = len(lead) + 1
+        rows = tuple(unit_row(n, c) for c in range(n))
+        kv = tuple(unit_row(n, c) for c in range(nk)) + (zero_row(n), zero_row(n))
+        seen = visible_keys(s, t, params["causal"], params["offset"]) / s
+        return Signature(lead_dim_names(len(lead)) + ("s",), lead + (s,),
+                         {"q": Projection(rows + (zero_row(n),), (0,) * (n + 1), (1,) * n + (e,)),
+                          "k": Projection(kv, (0,) * (nk + 2), (1,) * nk + (t, e))},
+                         Projection(rows, (0,) * n, (1,) * n), TensorSpec(lead + (s,), ins["q"].dtype),
+                         seen * (2.0 * e + 3.0))
+
+    def run(self, xp, blocks, params, box, sig):
+        q, k = blocks["q"], blocks["k"]
+        v = xp.zeros(k.shape[:-1] + (1,), dtype=k.dtype)  # the loop's P·v is one column: negligible
+        _, lse = flash_forward(xp, q, k, v, params["scale"], params["causal"], box.start[-1], 0, params["offset"])
+        return lse.astype(q.dtype)
+
+    def compute(self, xp, blocks, params):
+        raise SignatureError("attention_lse needs its index box (absolute query rows): call run()")
+
+
+def _probs(xp: Any, q: Any, k: Any, lse: Any, scale: float, causal: bool, q0: int, k0: int, offset: int) -> Any:
+    """``P = exp(scale·q·kᵀ − L)`` (masked) for these query rows and keys; rows that see no key give 0."""
+    ct = xp.promote_types(q.dtype, xp.float32)
+    S = (q.astype(ct) * ct.type(scale)) @ xp.swapaxes(_broadcast_kv(k.astype(ct), q.ndim), -1, -2)
+    if causal:
+        rows = q0 + xp.arange(q.shape[-2])
+        cols = k0 + xp.arange(k.shape[-2])
+        S = xp.where(cols[None, :] <= rows[:, None] + offset, S, -xp.inf)
+    lse = lse.astype(ct)
+    return xp.exp(S - xp.where(xp.isfinite(lse), lse, ct.type(0))[..., None])
+
+
+def _sum_groups(x: Any, nk: int, n_lead: int) -> Any:
+    """Sum q's extra (group) dims ``nk .. n_lead-1`` out of ``x[*L, ...]``."""
+    return x.sum(axis=tuple(range(nk, n_lead))) if n_lead > nk else x
+
+
+class AttentionGradQ(_GradBase):
+    """``dq = scale · (P ∘ (dy·vᵀ − rowsum(dy ∘ o))) · k`` over query rows."""
+
+    name = "attention_grad_q"
+    inputs = ("q", "k", "v", "o", "dy", "lse")
+
+    def base_signature(self, ins, params):
+        lead, nk, s, e, t, ev = attention_shapes(ins)
+        self._check_rows(ins, lead, s, ev)
+        n = len(lead) + 1
+        rows = tuple(unit_row(n, c) for c in range(n))
+        kv = tuple(unit_row(n, c) for c in range(nk)) + (zero_row(n), zero_row(n))
+        zb = (0,) * (n + 1)
+        seen = visible_keys(s, t, params["causal"], params["offset"]) / s
+        return Signature(lead_dim_names(len(lead)) + ("s",), lead + (s,),
+                         {"q": Projection(rows + (zero_row(n),), zb, (1,) * n + (e,)),
+                          "k": Projection(kv, (0,) * (nk + 2), (1,) * nk + (t, e)),
+                          "v": Projection(kv, (0,) * (nk + 2), (1,) * nk + (t, ev)),
+                          "o": Projection(rows + (zero_row(n),), zb, (1,) * n + (ev,)),
+                          "dy": Projection(rows + (zero_row(n),), zb, (1,) * n + (ev,)),
+                          "lse": Projection(rows, (0,) * n, (1,) * n)},
+                         Projection(rows + (zero_row(n),), zb, (1,) * n + (e,)), TensorSpec(lead + (s, e), ins["q"].dtype),
+                         seen * (4.0 * e + 2.0 * ev + 5.0) + 2.0 * ev)
+
+    def run(self, xp, blocks, params, box, sig):
+        q, k, v, o, dy = (blocks[p] for p in ("q", "k", "v", "o", "dy"))
+        P = _probs(xp, q, k, blocks["lse"], params["scale"], params["causal"], box.start[-1], 0, params["offset"])
+        ct = P.dtype
+        dy32 = dy.astype(ct)
+        D = (dy32 * o.astype(ct)).sum(axis=-1)
+        dS = P * (dy32 @ xp.swapaxes(_broadcast_kv(v.astype(ct), q.ndim), -1, -2) - D[..., None])
+        return (ct.type(params["scale"]) * (dS @ _broadcast_kv(k.astype(ct), q.ndim))).astype(q.dtype)
+
+    def compute(self, xp, blocks, params):
+        raise SignatureError("attention_grad_q needs its index box (absolute query rows): call run()")
+
+
+class _GradKV(_GradBase):
+    """Shared signature of ``attention_grad_k`` / ``_v``: index over key rows, query rows hidden."""
+
+    out_port: str  # "k" or "v": the gradient's shape follows this input
+
+    def base_signature(self, ins, params):
+        lead, nk, s, e, t, ev = self._shapes(ins)
+        self._check_rows(ins, lead, s, ev)
+        nL = len(lead)
+        n = nk + 1  # index dims: *Lk, t
+        lk = tuple(unit_row(n, c) for c in range(nk))
+        groups = tuple(zero_row(n) for _ in range(nL - nk))
+        g_ext = tuple(lead[nk:])
+
+        def q_like(last: int) -> Projection:  # [*L, s, last]: all groups and query rows of these heads
+            return Projection(lk + groups + (zero_row(n), zero_row(n)), (0,) * (nL + 2),
+                              (1,) * nk + g_ext + (s, last))
+
+        def key_rows(last: int) -> Projection:  # [*Lk, t, last]: these key rows
+            return Projection(lk + (unit_row(n, nk), zero_row(n)), (0,) * (nk + 2), (1,) * (nk + 1) + (last,))
+
+        inputs = {"q": q_like(e), "k": key_rows(e), "v": key_rows(ev), "o": q_like(ev), "dy": q_like(ev),
+                  "lse": Projection(lk + groups + (zero_row(n),), (0,) * (nL + 1), (1,) * nk + g_ext + (s,))}
+        inputs = {p: inputs[p] for p in self.inputs}
+        width = e if self.out_port == "k" else ev
+        per_pair = (4.0 * e + 2.0 * ev + 5.0) if self.out_port == "k" else (2.0 * e + 2.0 * ev + 3.0)
+        seen = visible_keys(s, t, params["causal"], params["offset"]) / t * float(np.prod(g_ext, dtype=np.int64))
+        red = Reduction("s", s, "sum", tuple((p, nL) for p in ("q", "o", "dy", "lse") if p in self.inputs))
+        return Signature(lead_dim_names(nk) + ("t",), tuple(lead[:nk]) + (t,), inputs, key_rows(width),
+                         TensorSpec(tuple(lead[:nk]) + (t, width), ins["q"].dtype), seen * per_pair, (red,))
+
+    def run(self, xp, blocks, params, box, sig):
+        split = params.get("split")
+        k0 = box.start[-1]
+        if not split:
+            return self._grad(xp, blocks, params, 0, k0).astype(blocks["q"].dtype)
+        chunk = sig.split_from.extent // split["parts"]
+        spans = dict(sig.split_from.spans)
+        parts = []
+        for j in range(box.start[0], box.end[0]):
+            local = slice((j - box.start[0]) * chunk, (j - box.start[0] + 1) * chunk)
+            sub = {}
+            for port, arr in blocks.items():
+                if port in spans:
+                    idx = [slice(None)] * arr.ndim
+                    idx[spans[port]] = local
+                    arr = arr[tuple(idx)]
+                sub[port] = arr
+            parts.append(self._grad(xp, sub, params, j * chunk, k0).astype(blocks["q"].dtype))
+        return xp.stack(parts, axis=0)
+
+    def compute(self, xp, blocks, params):
+        raise SignatureError(f"{self.name} needs its index box (absolute key rows): call run()")
+
+
+class AttentionGradK(_GradKV):
+    """``dk = scale · Σ_(groups, s) dSᵀ · q`` over key rows."""
+
+    name = "attention_grad_k"
+    inputs = ("q", "k", "v", "o", "dy", "lse")
+    out_port = "k"
+
+    def _grad(self, xp, b, params, q0, k0):
+        q, k, v = b["q"], b["k"], b["v"]
+        P = _probs(xp, q, k, b["lse"], params["scale"], params["causal"], q0, k0, params["offset"])
+        ct = P.dtype
+        dy = b["dy"].astype(ct)
+        D = (dy * b["o"].astype(ct)).sum(axis=-1)
+        dS = P * (dy @ xp.swapaxes(_broadcast_kv(v.astype(ct), q.ndim), -1, -2) - D[..., None])
+        dk = ct.type(params["scale"]) * (xp.swapaxes(dS, -1, -2) @ q.astype(ct))
+        return _sum_groups(dk, k.ndim - 2, q.ndim - 2)
+
+
+class AttentionGradV(_GradKV):
+    """``dv = Σ_(groups, s) Pᵀ · dy`` over key rows."""
+
+    name = "attention_grad_v"
+    inputs = ("q", "k", "dy", "lse")
+    out_port = "v"
+
+    def _grad(self, xp, b, params, q0, k0):
+        q, k = b["q"], b["k"]
+        P = _probs(xp, q, k, b["lse"], params["scale"], params["causal"], q0, k0, params["offset"])
+        dv = xp.swapaxes(P, -1, -2) @ b["dy"].astype(P.dtype)
+        return _sum_groups(dv, k.ndim - 2, q.ndim - 2)
+
+
+KERNELS = (Attention, AttentionCombine, AttentionLse, AttentionGradQ, AttentionGradK, AttentionGradV)

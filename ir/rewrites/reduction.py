@@ -18,6 +18,7 @@ from ir.graph import Graph, Op, Shards, Tensor
 from ir.kernels import get_kernel
 from ir.kernels.attention import COMBINE_KERNEL, SOFTMAX_MONOID
 from ir.rewrites.errors import RewriteError
+from ir.zspace import ZRange, partition_problem, project_boxes
 from ir.rewrites.shard import get_op
 
 
@@ -60,7 +61,13 @@ def split_reduction(g: Graph, op: str, parts: int, reduction: str | None = None)
     new_op = o.replace(params=params, output=partial.name, shards=Shards(lo, hi, sh.device))
     kernel, acc_params = ((COMBINE_KERNEL, {}) if red.monoid == SOFTMAX_MONOID
                           else ("accumulate", {"monoid": red.monoid}))
-    acc = Op(acc_name(op), kernel, (("p", partial.name),), o.output, acc_params, Shards(sh.lo, sh.hi, sh.device))
+    acc_rank = len(get_kernel(kernel).signature({"p": part_spec}, acc_params).dims)
+    if acc_rank == sh.ndim:
+        acc_shards = Shards(sh.lo, sh.hi, sh.device)
+    else:  # an op whose output keeps a dim whole (attention's gradients): the accumulate tiles its output boxes
+        out_lo, out_hi = project_boxes(sig.output, sh.lo, sh.hi)
+        acc_shards = Shards(out_lo[:, :acc_rank], out_hi[:, :acc_rank], sh.device)
+    acc = Op(acc_name(op), kernel, (("p", partial.name),), o.output, acc_params, acc_shards)
     return g.with_ops({op: new_op}, insert_after={op: [acc]}, tensors={partial.name: partial})
 
 
@@ -76,5 +83,14 @@ def merge_reduction(g: Graph, op: str) -> Graph:
     if acc.params.get("split"):  # a two-level reduction: its output is the accumulate's partials
         raise RewriteError(f"{op}: its accumulate {acc.name} is itself split (merge_reduction {acc.name} first)")
     params = {k: v for k, v in o.params.items() if k != "split"}
-    new_op = o.replace(params=params, output=acc.output, shards=acc.shards)
+    n_op = o.shards.ndim - 1  # the index dims without the block dim
+    shards = acc.shards
+    if shards.ndim != n_op:  # the accumulate tiles the output, which keeps more dims than the op's index
+        _, idx = np.unique(acc.shards.lo[:, :n_op], axis=0, return_index=True)
+        idx = np.sort(idx)  # first shard of each box, in the accumulate's order
+        lo, hi = acc.shards.lo[idx, :n_op], acc.shards.hi[idx, :n_op]
+        whole = ZRange.of_shape(o.shards.hi.max(axis=0)[1:])
+        shards = (Shards(lo, hi, acc.shards.device[idx]) if partition_problem((lo, hi), whole) is None
+                  else Shards.whole(whole.shape, int(acc.shards.device[0])))
+    new_op = o.replace(params=params, output=acc.output, shards=shards)
     return g.with_ops({op: new_op, acc.name: None}, tensors={o.output: None})

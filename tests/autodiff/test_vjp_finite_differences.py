@@ -99,6 +99,8 @@ CASES = {
     "conv2d": lambda: one_op("conv2d", {"x": (2, 2, 4, 4), "w": (3, 2, 3, 3)}, padding=1),
     "conv2d_stride2_weights": lambda: one_op("conv2d", {"x": (1, 2, 5, 5), "w": (2, 2, 3, 3)}, inputs=("x",),
                                              stride=2),
+    "attention_gqa_causal": lambda: one_op("attention", {"q": (1, 2, 2, 3, 2), "k": (1, 2, 3, 2), "v": (1, 2, 3, 2)},
+                                           scale=0.7, causal=True, offset=1),
 }
 POSITIVE = {"div_bcast": ("p_b",)}
 

@@ -22,6 +22,34 @@ def attention_ref(q, k, v, scale, causal=False, offset=0):
     return np.einsum("...st,...te->...se", scipy.special.softmax(s, axis=-1), v)
 
 
+def _scores(q, k, scale, causal, offset):
+    extra = q.ndim - k.ndim
+    k = k.reshape(k.shape[:-2] + (1,) * extra + k.shape[-2:])
+    s = scale * np.einsum("...se,...te->...st", q, k)
+    if causal:
+        s = np.where(np.arange(k.shape[-2])[None, :] <= np.arange(q.shape[-2])[:, None] + offset, s, -np.inf)
+    return s
+
+
+def grad_ref(which, scale, causal=False, offset=0):
+    """The backward formulas written out with einsums, for arbitrary o, dy and lse (FlashAttention
+    Alg. 4: P = exp(S - L), D = rowsum(dy ∘ o), dS = P ∘ (dy·vᵀ - D))."""
+    def ref(i):
+        q, k = i["q"], i["k"]
+        extra = q.ndim - k.ndim
+        ax = tuple(range(k.ndim - 2, q.ndim - 2))  # q's group dims, summed for k and v
+        P = np.exp(_scores(q, k, scale, causal, offset) - i["lse"][..., None])
+        if which == "v":
+            return np.einsum("...st,...se->...te", P, i["dy"]).sum(axis=ax)
+        v = i["v"].reshape(i["v"].shape[:-2] + (1,) * extra + i["v"].shape[-2:])
+        kk = k.reshape(k.shape[:-2] + (1,) * extra + k.shape[-2:])
+        dS = P * (np.einsum("...se,...te->...st", i["dy"], v) - (i["dy"] * i["o"]).sum(-1)[..., None])
+        if which == "q":
+            return scale * np.einsum("...st,...te->...se", dS, kk)
+        return (scale * np.einsum("...st,...se->...te", dS, q)).sum(axis=ax)
+    return ref
+
+
 def attention_cases(Case):
     return [
         Case("attention", "attention", {"q": (2, 3, 5, 4), "k": (2, 3, 6, 4), "v": (2, 3, 6, 3)}, {"scale": 0.4},
@@ -34,6 +62,13 @@ def attention_cases(Case):
              lambda i: attention_ref(i["q"], i["k"], i["v"], 1.0, True, 0)),
         Case("attention_combine", "attention_combine", {"p": (3, 2, 4, 5)}, {},
              lambda i: (scipy.special.softmax(i["p"][..., -1], axis=0)[..., None] * i["p"][..., :-1]).sum(axis=0)),
+        Case("attention_lse", "attention_lse", {"q": (2, 2, 5, 3), "k": (2, 6, 3)}, {"scale": 0.5, "causal": True},
+             lambda i: scipy.special.logsumexp(_scores(i["q"], i["k"], 0.5, True, 0), axis=-1)),
+        *[Case(f"attention_grad_{w}", f"attention_grad_{w}",
+               {"q": (2, 2, 5, 3), "k": (2, 6, 3), "v": (2, 6, 4), "o": (2, 2, 5, 4), "dy": (2, 2, 5, 4),
+                "lse": (2, 2, 5)} if w != "v" else
+               {"q": (2, 2, 5, 3), "k": (2, 6, 3), "dy": (2, 2, 5, 4), "lse": (2, 2, 5)},
+               {"scale": 0.5, "causal": True, "offset": 1}, grad_ref(w, 0.5, True, 1)) for w in "qkv"],
     ]
 
 
