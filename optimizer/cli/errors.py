@@ -22,6 +22,8 @@ USER_ERRORS = (
     "storage.errors.StorageError",
     "optimizer.campaign.config.ConfigError",
     "optimizer.campaign.cluster.ClusterError",
+    "ir.importers.errors.ImportFailure",
+    "executor.codegen.program.CodegenError",
 )
 
 

@@ -85,14 +85,22 @@ def verify_cmd(
     plan: Annotated[str, typer.Argument(help="plan file (JSON)")],
     seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
     backend: Annotated[str, typer.Option(help="numpy or cupy")] = "numpy",
+    values: Annotated[Optional[str], typer.Option(
+        help="parameter values (.npz from 'tapestry import'); default: <plan stem>.npz when it exists")] = None,
 ) -> None:
     """Run a plan and its unsharded original on the same random inputs and compare outputs.
 
     Exit status 0 when the outputs agree within the dtype's tolerance, 1 when they do not.
     """
-    from executor import verify
+    from pathlib import Path
 
-    report = verify(load_plan(plan), seed=seed, backend=backend)
+    from executor import verify
+    from ir.importers.values import load_values, values_file
+
+    if values is not None and not Path(values).is_file():
+        raise UserError(f"--values {values!r} does not exist; 'tapestry import' writes it beside the program")
+    vfile = values or (str(values_file(plan)) if values_file(plan).is_file() else None)
+    report = verify(load_plan(plan), seed=seed, backend=backend, values=load_values(vfile) if vfile else None)
     console.print(str(report))
     if not report.ok:
         raise typer.Exit(1)

@@ -1,0 +1,139 @@
+"""``tapestry import MODEL -o program.json`` and ``tapestry codegen PLAN -o run_plan.py``.
+
+``import`` reads an ONNX file (or ``module.py:factory`` for a PyTorch module, exported through
+ONNX) and writes the program as graph JSON plus its parameter values beside it (same stem,
+``.npz``). ``codegen`` writes, for a plan, a standalone multi-process Python program that runs it
+(``executor.codegen``) and the DTensor placements of its tensors (``<stem>.placements.json``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from optimizer.cli.common import console, load_plan, parse_settings, write_text
+from optimizer.cli.errors import UserError
+
+
+def _example_inputs(items: list[str]) -> list[tuple[str, str, list[int]]]:
+    """``["x:float32[8,64]"]`` -> ``[("x", "float32", [8, 64])]``."""
+    import re
+
+    out = []
+    for item in items:
+        m = re.fullmatch(r"\s*([A-Za-z_][\w.]*)\s*:\s*(float32|float16|int64|int32)\s*\[\s*([\d,\s]+)\]\s*", item)
+        if not m:
+            raise UserError(f"--example-input {item!r} must look like NAME:DTYPE[d0,d1,...], e.g. x:float32[8,64] "
+                            f"(dtypes float32, float16, int64, int32)")
+        out.append((m.group(1), m.group(2), [int(d) for d in m.group(3).split(",") if d.strip()]))
+    return out
+
+
+def import_program(model: str, params: dict[str, Any], example_inputs: list[str] | None = None) -> tuple[Any, dict]:
+    """(graph, parameter values) of an ONNX file or a ``module.py:factory`` PyTorch model."""
+    if ".py:" in model:
+        from ir.importers.torch_export import import_torch_factory
+
+        if not example_inputs:
+            raise UserError("a PyTorch model needs --example-input NAME:DTYPE[dims] for each forward argument, "
+                            "e.g. --example-input x:float32[8,64]")
+        return import_torch_factory(model, _example_inputs(example_inputs), params)
+    if example_inputs:
+        raise UserError("--example-input is for PyTorch models (module.py:factory); an ONNX file declares its "
+                        "inputs; bind symbolic dims with --set NAME=N")
+    from ir.importers.onnx import import_onnx
+
+    return import_onnx(model, params)
+
+
+def import_cmd(
+    model: Annotated[str, typer.Argument(help="model.onnx, or module.py:factory returning a torch.nn.Module")],
+    out: Annotated[str, typer.Option("-o", "--out", help="program file to write (JSON); values go to <stem>.npz")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="symbolic dim, NAME=N (e.g. batch=8)")] = None,
+    example_input: Annotated[Optional[list[str]], typer.Option(
+        "--example-input", help="PyTorch only: NAME:DTYPE[d0,d1,...] per forward argument")] = None,
+) -> None:
+    """Import an ONNX (or PyTorch) model as a program; its weights are written beside it (.npz)."""
+    from ir.importers.values import save_values, values_file
+    from ir.serialize import dumps
+
+    if not out.endswith(".json"):
+        raise UserError(f"--out {out!r} must end in .json (the values are written beside it as .npz)")
+    g, values = import_program(model, parse_settings(set_), example_input)
+    write_text(out, dumps(g) + "\n")
+    save_values(values, values_file(out))
+    kinds: dict[str, int] = {}
+    for o in g.ops.values():
+        kinds[o.kernel] = kinds.get(o.kernel, 0) + 1
+    console.print(f"wrote {out}: {len(g.ops)} ops ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}), "
+                  f"{sum(1 for t in g.tensors.values() if t.role == 'parameter')} parameters in "
+                  f"{values_file(out)}, digest {g.digest[:12]}")
+
+
+def simulated_order(g: Any, hw: Any) -> dict[int, list[tuple[str, int]]]:
+    """Each device's shards in the cost model's simulated start order (ties: topological)."""
+    from costmodel import evaluate
+
+    ev = evaluate(g, hw, keep=True)
+    low, s = ev.lowered, ev.schedule
+    topo = {n: k for k, n in enumerate(g.topo_order)}
+    steps = []
+    for i, name in enumerate(low.op_names):
+        a = int(low.op_offsets[i])
+        for j in range(len(g.ops[name].shards)):
+            steps.append((float(s.start[a + j]), topo[name], j, name, int(g.ops[name].shards.device[j])))
+    order: dict[int, list[tuple[str, int]]] = {}
+    for _, _, j, name, d in sorted(steps):
+        order.setdefault(d, []).append((name, j))
+    return order
+
+
+def write_plan_program(g: Any, out: str | Path, hardware: str | None = None) -> tuple[Path, Path, dict]:
+    """Write the generated program for plan ``g`` and its DTensor placements beside it.
+
+    With ``hardware`` the steps run in the simulated schedule's order on it; without, in
+    topological order. Returns (program path, placements path, placements).
+    """
+    from costmodel.transfers import transfer_plan
+    from executor.codegen import generate_program
+    from executor.codegen.dtensor import dtensor_placements
+
+    hw = None
+    if hardware:
+        from costmodel import load_hardware
+
+        hw = load_hardware(hardware)
+    n = hw.n_devices if hw is not None else max(g.devices) + 1
+    tp = transfer_plan(g, hw if hw is not None else n)
+    if getattr(tp, "state_transfers", None):
+        raise UserError("this plan moves loop-carried training state between steps; generated programs run "
+                        "forward plans (one step, no state homes) for now")
+    plain = tp.to_json()
+    order = simulated_order(g, hw) if hw is not None else None
+    src = generate_program(g, plain["transfers"], plain["residency"], order,
+                           title=f"Plan {g.digest[:12]}" + (f" on {hw.name}" if hw is not None else ""))
+    out = Path(out)
+    write_text(str(out), src)
+    placements = dtensor_placements(g, plain["residency"])
+    ppath = out.with_suffix(".placements.json")
+    write_text(str(ppath), json.dumps(placements, indent=1) + "\n")
+    return out, ppath, placements
+
+
+def codegen_cmd(
+    plan: Annotated[str, typer.Argument(help="plan file (JSON)")],
+    out: Annotated[str, typer.Option("-o", "--out", help="program to write (.py)")],
+    hardware: Annotated[Optional[str], typer.Option(
+        help="preset or YAML: order each device's steps as the cost model's schedule does")] = None,
+) -> None:
+    """Write a standalone program that runs a plan, one process per device, and its DTensor placements."""
+    if not out.endswith(".py"):
+        raise UserError(f"--out {out!r} must end in .py")
+    g = load_plan(plan)
+    prog, ppath, placements = write_plan_program(g, out, hardware)
+    note = "all tensors expressible as DTensor placements" if placements["expressible"] else \
+        f"{len(placements['not_expressible'])} tensors not expressible as DTensor placements (see the file)"
+    console.print(f"wrote {prog} ({len(g.devices)} device processes; run: python {prog} --check) and {ppath}: {note}")
