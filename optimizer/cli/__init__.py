@@ -13,7 +13,7 @@ try:  # typer >= 0.22 vendors click; older versions use the click package
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
-from optimizer.cli import campaign_cmds, eval_cmd, gpu_cmds, graph_cmds
+from optimizer.cli import campaign_cmds, eval_cmd, gpu_cmds, graph_cmds, import_cmds
 from optimizer.cli.errors import print_error, user_error_types
 
 #: every ``tapestry`` command (in the order ``--help`` lists them); a new command is one row here
@@ -27,6 +27,8 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "sql": campaign_cmds.sql_cmd,
     "calibrate": gpu_cmds.calibrate_cmd,
     "execute": gpu_cmds.execute_cmd,
+    "import": import_cmds.import_cmd,
+    "codegen": import_cmds.codegen_cmd,
 }
 #: command groups (``tapestry graph build|rewrite|show|validate|render``)
 GROUPS: dict[str, typer.Typer] = {"graph": graph_cmds.graph_app}
