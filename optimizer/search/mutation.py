@@ -10,6 +10,8 @@ Each operator takes ``(g, rng, ctx)`` and returns ``(child, move)`` where ``move
 - ``fuse_chain``: fuse a producer with its elementwise consumers along a chain;
 - ``reduce_spread``: split a hidden reduction k ways and spread the partials over k devices;
 - ``layout_all``: the same (dim 0, k devices) spread for every op (a data-parallel jump);
+- ``layout`` / ``two_level`` (``optimizer.search.layouts``): a region laid out on a device mesh
+  (TP x DP, DP x CP, FSDP, ... in one move), and a reduction split in two levels;
 - ``crossover``: recombination with a mate from the task's front: each op that is the same
   operation in both plans (kernel, params, tensors) takes the mate's shards with probability ½.
   Shards of one op never constrain another's, so the child is valid by construction.
@@ -25,6 +27,7 @@ import numpy as np
 from ir.graph import Graph
 from ir.rewrites import RewriteError, fusable, random_rewrite
 from ir.rewrites import moves as M
+from optimizer.search.layouts import op_layout, op_two_level
 
 
 @dataclass
@@ -33,6 +36,7 @@ class MutationContext:
     max_shards_per_op: int
     rewrite_weights: dict[str, float] | None = None
     mates: list[Graph] = field(default_factory=list)  # crossover partners (the task's front)
+    devices_per_node: int | None = None  # for node-aligned meshes (None: 8 where it divides)
 
 
 @dataclass(frozen=True)
@@ -171,9 +175,11 @@ Operator = Callable[[Graph, np.random.Generator, MutationContext], tuple[Graph, 
 OPERATORS: dict[str, Operator] = {
     "rewrite": op_rewrite, "spread": op_spread, "align": op_align, "fuse_chain": op_fuse_chain,
     "reduce_spread": op_reduce_spread, "layout_all": op_layout_all, "crossover": op_crossover,
+    "layout": op_layout, "two_level": op_two_level,
 }
 DEFAULT_OPERATOR_WEIGHTS = {"rewrite": 4.0, "spread": 2.0, "align": 2.0, "fuse_chain": 0.7,
-                            "reduce_spread": 0.8, "layout_all": 0.3, "crossover": 1.5}
+                            "reduce_spread": 0.8, "layout_all": 0.3, "crossover": 1.5, "layout": 2.0,
+                            "two_level": 0.4}
 
 
 @dataclass

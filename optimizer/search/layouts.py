@@ -1,0 +1,94 @@
+"""Mesh-layout mutation operators: one move to TP x DP, DP x CP, FSDP, ... from any plan.
+
+- ``layout``: a node-aligned mesh of the fleet (or of a node, or of whole nodes), one use per
+  axis (``b`` batch, ``s`` sequence, ``t`` tensor), and a region: every op (``all``, so every
+  layer alike), the ops of one layer (``l3.*``), or a topological range of ops;
+- ``two_level``: reduce an accumulate's partials inside groups of devices first (a node), then
+  across groups.
+
+Meshes are drawn from ``ir.mesh.enumerate_meshes`` for the fleet's nodes; the hardware's
+``devices_per_node`` arrives in ``MutationContext.devices_per_node``.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import numpy as np
+
+from ir.graph import Graph
+from ir.mesh import Mesh, enumerate_meshes
+from ir.rewrites import RewriteError
+from ir.rewrites import moves as M
+from ir.rewrites.layout import USES
+
+_LAYER = re.compile(r"^(l\d+)\.")
+
+
+def devices_per_node(ctx: object) -> int:
+    """The context's devices per node (8 on fleets of multiples of 8 when it does not say)."""
+    n = int(getattr(ctx, "n_devices"))
+    d = getattr(ctx, "devices_per_node", None)
+    return int(d) if d else (8 if n % 8 == 0 else n)
+
+
+@lru_cache(maxsize=64)
+def meshes_for(n_devices: int, per_node: int, max_axes: int = 3) -> tuple[Mesh, ...]:
+    """Node-aligned meshes of the fleet, of a node and of whole groups of nodes (from device 0)."""
+    nodes = max(1, n_devices // per_node)
+    return tuple(enumerate_meshes(nodes, min(per_node, n_devices), max_axes))
+
+
+def _layers(g: Graph) -> list[str]:
+    seen: dict[str, None] = {}
+    for n in g.ops:
+        m = _LAYER.match(n)
+        if m:
+            seen.setdefault(m.group(1), None)
+    return list(seen)
+
+
+def draw_layout(g: Graph, rng: np.random.Generator, n_devices: int, per_node: int) -> M.Layout:
+    """A random layout move: mesh (whole fleet more often), uses, region."""
+    meshes = meshes_for(n_devices, per_node)
+    full = [m for m in meshes if m.size == n_devices]
+    pool = full if (full and rng.random() < 0.7) else list(meshes)
+    mesh = pool[int(rng.integers(len(pool)))]
+    use = tuple(USES[int(rng.integers(len(USES)))] for _ in range(mesh.ndim))
+    r = rng.random()
+    layers = _layers(g)
+    if r < 0.6:
+        region = "all"
+    elif r < 0.8 and layers:
+        region = f"{layers[int(rng.integers(len(layers)))]}.*"
+    else:
+        order = g.topo_order
+        i = int(rng.integers(len(order)))
+        j = min(len(order) - 1, i + int(rng.integers(1, 12)))
+        region = f"{order[i]}:{order[j]}"
+    return M.Layout(region, mesh.text, ".".join(use), per_node)
+
+
+def op_layout(g: Graph, rng: np.random.Generator, ctx: object) -> tuple[Graph, M.Move]:
+    move = draw_layout(g, rng, int(getattr(ctx, "n_devices")), devices_per_node(ctx))
+    return move.apply(g), move
+
+
+def op_two_level(g: Graph, rng: np.random.Generator, ctx: object) -> tuple[Graph, M.Move]:
+    per_node = devices_per_node(ctx)
+    cands = []
+    for n, o in g.ops.items():
+        if o.kernel == "accumulate" and not o.params.get("split"):
+            k = g.tensors[o.inputs[0][1]].shape[0]
+            groups = [x for x in (per_node, 2, 4, 8) if 2 <= x < k and k % x == 0]
+            if groups:
+                cands.append((n, groups))
+    if not cands:
+        raise RewriteError("no accumulate of four or more partials")
+    name, groups = cands[int(rng.integers(len(cands)))]
+    move = M.TwoLevel(name, groups[0] if rng.random() < 0.6 else groups[int(rng.integers(len(groups)))])
+    return move.apply(g), move
+
+
+__all__ = ["devices_per_node", "draw_layout", "meshes_for", "op_layout", "op_two_level"]
