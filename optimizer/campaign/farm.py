@@ -12,7 +12,9 @@ Loop (Dask "futures" pattern: bounded in-flight, refill as results land, plain d
    in one short transaction (results, front changes, counters);
 5. every ``checkpoint_seconds`` and on Ctrl-C/SIGTERM: a checkpoint of the strategy state,
    the driver's RNG state, counters and the specs of tasks in flight, so ``resume`` continues
-   with the same random streams.
+   with the same random streams;
+6. every ``retention.every_seconds`` (when the lifecycle sets a ``compactor``): a checkpoint,
+   then the retention policy (``optimizer.campaign.retention``), so the archive stays bounded.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Farm:
         self._t0 = time.monotonic()
         self._wall0 = 0.0
         self._best_gap = math.inf
+        self.compactor: Any = None  # optimizer.campaign.retention.Compactor, set by the lifecycle
 
     # -- state ------------------------------------------------------------------------
     @property
@@ -120,8 +123,12 @@ class Farm:
         self._last_ckpt = time.monotonic()
 
     # -- merging -----------------------------------------------------------------------
-    def merge(self, records: list[dict], evaluations: int, worker: str | None = None) -> list[str]:
-        """Archive a batch of evaluated plans; returns the digests that entered the front."""
+    def merge(self, records: list[dict], evaluations: int, worker: str | None = None,
+              seconds: float | None = None) -> list[str]:
+        """Archive a batch of evaluated plans; returns the digests that entered the front.
+
+        ``worker`` and ``seconds`` (the task's busy time) feed the per-worker counters that
+        ``status`` turns into evaluations/s per worker."""
         c = self.counters
         for r in records:
             c["seq"] += 1
@@ -129,6 +136,11 @@ class Farm:
             if worker and "worker" not in r:
                 r["worker"] = worker
         c["evaluations"] += int(evaluations)
+        c["wall_seconds"] = self._wall0 + (time.monotonic() - self._t0)
+        if worker and worker != "driver":
+            w = c.setdefault("workers", {}).setdefault(worker, {"evaluations": 0, "seconds": 0.0})
+            w["evaluations"] += int(evaluations)
+            w["seconds"] += float(seconds or 0.0)
         items = [(r["digest"], [r["objectives"][n] for n in self.objectives],
                   {"graph_json": r["graph_json"], "gap": r.get("gap")}) for r in records]
         changes = self.front.update(items)
@@ -136,18 +148,34 @@ class Farm:
         if hv > c["hv_best"] * (1 + 1e-9):
             c["hv_best"] = hv
             c["hv_improved_at"] = c["evaluations"]
-            hist = c.setdefault("hv_history", [])  # (evaluations, hypervolume), thinned to <= 256 points
-            hist.append([c["evaluations"], hv])
+            c["hv_improved_wall"] = c["wall_seconds"]
+            # [evaluations, hypervolume, wall seconds, best makespan], thinned to <= 256 points
+            hist = c.setdefault("hv_history", [])
+            hist.append([c["evaluations"], hv, round(c["wall_seconds"], 3), self._best_makespan()])
             if len(hist) > 256:
                 c["hv_history"] = hist[::2] + ([hist[-1]] if len(hist) % 2 == 0 else [])
         for r in records:
             if r.get("gap") is not None and r["digest"] in self.front:
                 self._best_gap = min(self._best_gap, float(r["gap"]))
-        c["wall_seconds"] = self._wall0 + (time.monotonic() - self._t0)
         # One transaction: after a crash, stored evaluations, front and counters still agree.
         self.archive.record_merge(self.campaign, records, entered=list(changes.entered), left=list(changes.left),
                                   front_seq=c["seq"], counters=c)
         return list(changes.entered)
+
+    def _best_makespan(self) -> float | None:
+        if "makespan" not in self.objectives:
+            return None
+        F = self.front.objectives()
+        return float(F[:, self.objectives.index("makespan")].min()) if len(F) else None
+
+    def compact(self) -> None:
+        """Apply the retention policy (``self.compactor``, set by the lifecycle) now: checkpoint
+        first, so the populations the strategy holds are named by the newest checkpoint and
+        kept; the front is kept by name too."""
+        self.checkpoint()
+        keep = [digest for digest, _f, _p in self.front.members()]
+        self.compactor.run(self.archive, self.campaign, keep)
+        self.counters["retention"] = self.compactor.counters()
 
     # -- budget ------------------------------------------------------------------------
     def exhausted(self) -> str | None:
@@ -227,7 +255,7 @@ class Farm:
                         fut.release()
                     self.counters["tasks_done"] += 1
                     records = self.strategy.on_result(meta, res, self.front_members())
-                    entered = self.merge(records, res.get("evaluations", 0), res.get("worker"))
+                    entered = self.merge(records, res.get("evaluations", 0), res.get("worker"), res.get("seconds"))
                     if self.sampler is not None and entered:
                         self.sampler.offer([r for r in records if r["digest"] in set(entered)])
                 if self.sampler is not None:
@@ -236,6 +264,8 @@ class Farm:
                     self.stop_reason = self.exhausted()
                 if time.monotonic() - self._last_ckpt >= self.checkpoint_seconds:
                     self.checkpoint()
+                if self.compactor is not None and self.compactor.due():
+                    self.compact()
                 if self.progress:
                     self.progress.update(self)
                 if self.stop_reason and self.stop_reason.startswith("stopped by"):

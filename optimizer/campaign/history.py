@@ -1,0 +1,119 @@
+"""Progress over days: what ``tapestry status`` shows about a campaign's course, and the
+``progress.png`` that ``tapestry export`` draws.
+
+Everything comes from committed data: the driver's counters (``hv_history`` points
+``[evaluations, hypervolume, wall_seconds, best_makespan]`` appended whenever the hypervolume
+grows; ``workers``: evaluations and busy seconds per worker; ``hv_improved_wall``) and the
+archive's size (:meth:`storage.Archive.storage_stats`). Older campaigns whose history points
+hold only ``[evaluations, hypervolume]`` show what they have.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = ["eta_seconds", "plot_progress", "progress_report"]
+
+
+def _points(counters: dict[str, Any]) -> list[dict[str, float | None]]:
+    out = []
+    for p in counters.get("hv_history") or []:
+        out.append({"evaluations": float(p[0]), "hypervolume": float(p[1]),
+                    "wall_seconds": float(p[2]) if len(p) > 2 and p[2] is not None else None,
+                    "best_makespan": float(p[3]) if len(p) > 3 and p[3] is not None else None})
+    return out
+
+
+def eta_seconds(counters: dict[str, Any], budget: dict[str, Any]) -> float | None:
+    """Seconds of search left when the budget is evaluation- or time-bound (the sooner of the
+    two); None when only a stall criterion bounds it or nothing has run yet."""
+    wall = float(counters.get("wall_seconds") or 0.0)
+    evaluations = int(counters.get("evaluations") or 0)
+    left = []
+    if budget.get("wall_time") is not None:
+        left.append(max(0.0, float(budget["wall_time"]) - wall))
+    if budget.get("evaluations") is not None and wall > 0 and evaluations > 0:
+        rate = evaluations / wall
+        left.append(max(0.0, (int(budget["evaluations"]) - evaluations) / rate))
+    return min(left) if left else None
+
+
+def progress_report(row: dict[str, Any], stats: dict[str, Any] | None,
+                    now: datetime | None = None) -> dict[str, Any]:
+    """Plain-data progress of a campaign row (``Archive.get_campaign``) and its storage stats."""
+    c = row["counters"]
+    budget = (row.get("config") or {}).get("config", {}).get("budget", {})
+    wall = float(c.get("wall_seconds") or 0.0)
+    evaluations = int(c.get("evaluations") or 0)
+    points = _points(c)
+    improved = c.get("hv_improved_wall")
+    since = None if improved is None else max(0.0, wall - float(improved))
+    if since is not None and row.get("status") == "running":  # counters lag the live driver
+        now = now or datetime.now(UTC)
+        since += max(0.0, (now - row["updated_at"]).total_seconds())
+    workers = {}
+    for name, w in sorted((c.get("workers") or {}).items()):
+        busy = float(w.get("seconds") or 0.0)
+        workers[name] = {"evaluations": int(w.get("evaluations") or 0),
+                         "evals_per_s": int(w.get("evaluations") or 0) / wall if wall > 0 else None,
+                         "evals_per_busy_s": int(w.get("evaluations") or 0) / busy if busy > 0 else None}
+    return {
+        "evaluations": evaluations,
+        "wall_seconds": wall,
+        "evals_per_s": evaluations / wall if wall > 0 else None,
+        "workers": workers,
+        "history": points,
+        "seconds_since_improvement": since,
+        "eta_seconds": eta_seconds(c, budget),
+        "archive_bytes": None if stats is None else stats.get("bytes"),
+        "archive_rows": None if stats is None else stats.get("rows"),
+        "retention": c.get("retention"),
+    }
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``93784`` → ``1d 2h 03m``; None → ``-``."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    s = int(round(seconds))
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}d {hours}h {minutes:02d}m"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {s:02d}s" if minutes else f"{s}s"
+
+
+def plot_progress(report: dict[str, Any], path: str | Path, title: str) -> bool:
+    """Hypervolume and best makespan against wall time (evaluations where the history has no
+    times); returns False (and writes nothing) when there is no history yet."""
+    pts = report["history"]
+    if not pts:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = all(p["wall_seconds"] is not None for p in pts)
+    xs = [p["wall_seconds"] / 3600.0 if timed else p["evaluations"] for p in pts]
+    end = report["wall_seconds"] / 3600.0 if timed else report["evaluations"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    ax.step(xs + [end], [p["hypervolume"] for p in pts] + [pts[-1]["hypervolume"]], where="post", color="C0")
+    ax.set_xlabel("wall time (h)" if timed else "evaluations")
+    ax.set_ylabel("hypervolume", color="C0")
+    best = [(x, p["best_makespan"]) for x, p in zip(xs, pts) if p["best_makespan"] is not None]
+    if best:
+        ax2 = ax.twinx()
+        ax2.step([x for x, _ in best] + [end], [b for _, b in best] + [best[-1][1]], where="post", color="C1")
+        ax2.set_ylabel("best makespan (s)", color="C1")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
