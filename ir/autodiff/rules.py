@@ -157,6 +157,39 @@ RULES["relu"] = _unary("relu_grad", "x")
 RULES["gelu"] = _unary("gelu_grad", "x")
 RULES["silu"] = _unary("silu_grad", "x")
 RULES["tanh"] = _unary("tanh_grad", "y")  # reads the forward output: 1 - y²
+# Kernels of imported programs (``ir.kernels.mathfn``); the gradient kernels are in ``mathfn_grads``.
+RULES["sigmoid"] = _unary("sigmoid_grad", "y")
+RULES["sqrt"] = _unary("sqrt_grad", "y")
+RULES["reciprocal"] = _unary("reciprocal_grad", "y")
+RULES["erf"] = _unary("erf_grad", "x")
+RULES["gelu_erf"] = _unary("gelu_erf_grad", "x")
+
+
+@rule("pow")
+def _pow(c: VJP, dy: str) -> dict[str, str]:
+    return {"x": c.emit("pow_grad", {"dy": dy, "x": c.name("x")}, "x", exponent=c.params.get("exponent", 2.0))}
+
+
+@rule("where")
+def _where(c: VJP, dy: str) -> dict[str, str]:
+    out = {}
+    for port in ("a", "b"):
+        if port in c.need:
+            out[port] = c.sum_to(c.emit("where_grad", {"dy": dy, "c": c.name("c")}, port, take=port), port)
+    return out
+
+
+@rule("concat")
+def _concat(c: VJP, dy: str) -> dict[str, str]:
+    axis = c.params.get("axis", 0) % len(c.t("a").shape)
+    na = c.t("a").shape[axis]
+    bounds = {"a": (0, na), "b": (na, na + c.t("b").shape[axis])}
+    return {p: c.emit("slice", {"x": dy}, p, axis=axis, start=bounds[p][0], stop=bounds[p][1]) for p in c.need}
+
+
+@rule("reshape")
+def _reshape(c: VJP, dy: str) -> dict[str, str]:
+    return {"x": c.emit("reshape", {"x": dy}, "x", shape=list(c.t("x").shape), **{"from": list(c.t("y").shape)})}
 
 
 @rule("exp")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ir.kernels import (attention, contraction, conv, elementwise, embedding, fused, layout, loss, optim, position,
-                        reduce, rowwise)
-from ir.kernels import batchnorm, mathfn, pooling, select, shape  # kernels that imported programs use
+                        prenorm, reduce, rowwise)
+from ir.kernels import batchnorm, mathfn, mathfn_grads, pooling, select, shape  # kernels that imported programs use
 from ir.kernels.base import (DTYPES, ELEMENTWISE, FLOAT_DTYPES, INDEX_DTYPE, ITEMSIZE, MONOIDS, Kernel, Reduction,
                              Signature, SignatureError,
                              TensorSpec)
@@ -14,7 +14,7 @@ from ir.kernels.base import (DTYPES, ELEMENTWISE, FLOAT_DTYPES, INDEX_DTYPE, ITE
 REGISTRY: dict[str, Kernel] = {
     cls.name: cls()
     for family in (elementwise, contraction, rowwise, reduce, layout, conv, fused, embedding, position, loss, optim,
-                   mathfn, select, shape, pooling, batchnorm, attention)
+                   mathfn, mathfn_grads, select, shape, pooling, batchnorm, attention, prenorm)
     for cls in family.KERNELS
 }
 

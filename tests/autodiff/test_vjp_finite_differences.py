@@ -28,12 +28,14 @@ def _inputs64(step: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def fd_check(g: Graph, loss: str = "mse", positive: tuple[str, ...] = (), rtol: float = 1e-6) -> int:
+def fd_check(g: Graph, loss: str = "mse", positive: tuple[str, ...] = (), rtol: float = 1e-6,
+             values: dict[str, np.ndarray] | None = None) -> int:
     """Compare every parameter's ``.grad`` with central differences; returns the elements checked."""
     step = training_step(g, loss=loss, optimizer="sgd")
     ins = _inputs64(step)
     for p in positive:
         ins[p] = np.abs(ins[p]) + 0.5
+    ins.update(values or {})
     env = execute(step, ins, precision="float64")
     checked = 0
     for p, t in step.tensors.items():
@@ -179,5 +181,28 @@ def test_property_rowwise(rows, n, kind):
 
 def test_every_differentiable_forward_kernel_is_checked():
     kernels = {CASES[n]().ops["f"].kernel for n in CASES} | {"causal_mask", "embedding", "bmm", "permute"}
+    kernels |= {IMPORTED[n]().ops["f"].kernel for n in IMPORTED}
     forward = set(RULES) - {"cast"}  # cast: checked in the mixed-precision test (fp32 <-> bf16 copies)
     assert forward <= kernels, sorted(forward - kernels)
+
+
+IMPORTED = {
+    "sigmoid": lambda: one_op("sigmoid", {"x": (3, 4)}),
+    "sqrt": lambda: one_op("sqrt", {"x": (3, 4)}),
+    "reciprocal": lambda: one_op("reciprocal", {"x": (3, 4)}),
+    "erf": lambda: one_op("erf", {"x": (3, 4)}),
+    "gelu_erf": lambda: one_op("gelu_erf", {"x": (3, 4)}),
+    "pow3": lambda: one_op("pow", {"x": (3, 4)}, exponent=3.0),
+    "pow2": lambda: one_op("pow", {"x": (3, 4)}),
+    "where": lambda: one_op("where", {"c": (3, 1), "a": (3, 4), "b": (4,)}, inputs=("c",)),
+    "concat": lambda: one_op("concat", {"a": (2, 3), "b": (2, 2)}, axis=1),
+    "reshape": lambda: one_op("reshape", {"x": (2, 6)}, shape=[3, 4], **{"from": [2, 6]}),
+}
+IMPORTED_POSITIVE = {"sqrt": ("p_x",), "reciprocal": ("p_x",), "pow3": ("p_x",)}
+
+
+@pytest.mark.parametrize("name", list(IMPORTED))
+def test_vjp_of_imported_program_kernels(name):
+    g = IMPORTED[name]()
+    values = {"in_c": np.array([[1.0], [0.0], [1.0]])} if name == "where" else None  # rows pick a, b, a
+    assert fd_check(g, positive=IMPORTED_POSITIVE.get(name, ()), values=values) > 0

@@ -153,4 +153,19 @@ def training_cases(Case):
              {"lr": 0.01, "step": 3, "weight_decay": 0.1},
              lambda i: i["p"] - 0.01 * 0.1 * i["p"]
              - 0.01 * (i["m"] / (1 - 0.9**3)) / (np.sqrt(i["v"] / (1 - 0.999**3)) + 1e-8), positive=("v",)),
+        # gradients of the imported-program kernels (port x carries the forward output for sigmoid,
+        # sqrt and reciprocal)
+        Case("sigmoid_grad", "sigmoid_grad", {"dy": (3, 4), "x": (3, 4)}, {}, lambda i: i["dy"] * i["x"] * (1 - i["x"])),
+        Case("sqrt_grad", "sqrt_grad", {"dy": (3, 4), "x": (3, 4)}, {}, lambda i: i["dy"] / (2 * i["x"]),
+             positive=("x",)),
+        Case("reciprocal_grad", "reciprocal_grad", {"dy": (3, 4), "x": (3, 4)}, {}, lambda i: -i["dy"] * i["x"] ** 2),
+        Case("erf_grad", "erf_grad", {"dy": (3, 4), "x": (3, 4)}, {},
+             lambda i: i["dy"] * complex_step_elementwise(scipy.special.erf, i["x"])),
+        Case("gelu_erf_grad", "gelu_erf_grad", {"dy": (3, 4), "x": (3, 4)}, {},
+             lambda i: i["dy"] * complex_step_elementwise(lambda z: 0.5 * z * (1 + scipy.special.erf(z / np.sqrt(2))),
+                                                          i["x"])),
+        Case("pow_grad", "pow_grad", {"dy": (3, 4), "x": (3, 4)}, {"exponent": 3.0},
+             lambda i: i["dy"] * complex_step_elementwise(lambda z: z**3, i["x"]), positive=("x",)),
+        Case("where_grad", "where_grad", {"dy": (3, 4), "c": (3, 1)}, {"take": "b"},
+             lambda i: np.where(i["c"] == 0, i["dy"], 0.0)),
     ]

@@ -1,0 +1,96 @@
+"""Gradients of the imported-program math kernels (``ir.kernels.mathfn``) and of ``where``.
+
+Each ``*_grad(dy, x)`` computes ``dy · f'(·)`` elementwise from the forward input, or from the
+forward output where that is cheaper (the port is still called ``x``; the rule in
+``ir.autodiff.rules`` says which tensor it passes): sigmoid ``y(1-y)``, sqrt ``1/(2y)``,
+reciprocal ``-y²``, erf ``2/√π·e^{-x²}``, exact GELU ``Φ(x) + x·φ(x)``, pow ``p·x^{p-1}``.
+``where_grad(dy, c)`` passes ``dy`` where the condition picks the branch (``take="a"``:
+``c != 0``; ``"b"``: ``c == 0``) and 0 elsewhere, with ``c`` broadcast to ``dy``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ir.kernels.base import ELEMENTWISE, Kernel, Signature, SignatureError, TensorSpec
+from ir.kernels.elementwise import GradBinary, broadcast_projection, elementwise_dims
+from ir.kernels.mathfn import erf
+from ir.zspace import identity_projection
+
+
+class SigmoidGrad(GradBinary):
+    name = "sigmoid_grad"
+
+    def compute(self, xp, blocks, params):
+        y = blocks["x"]
+        return blocks["dy"] * y * (1.0 - y)
+
+
+class SqrtGrad(GradBinary):
+    name = "sqrt_grad"
+
+    def compute(self, xp, blocks, params):
+        return blocks["dy"] * 0.5 / blocks["x"]
+
+
+class ReciprocalGrad(GradBinary):
+    name = "reciprocal_grad"
+
+    def compute(self, xp, blocks, params):
+        y = blocks["x"]
+        return -blocks["dy"] * y * y
+
+
+class ErfGrad(GradBinary):
+    name = "erf_grad"
+
+    def compute(self, xp, blocks, params):
+        x = blocks["x"]
+        return blocks["dy"] * (2.0 / math.sqrt(math.pi)) * xp.exp(-x * x)
+
+
+class GeluErfGrad(GradBinary):
+    name = "gelu_erf_grad"
+
+    def compute(self, xp, blocks, params):
+        x = blocks["x"]
+        cdf = 0.5 * (1.0 + erf(xp, x * (1.0 / math.sqrt(2.0))))
+        pdf = xp.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+        return blocks["dy"] * (cdf + x * pdf)
+
+
+class PowGrad(GradBinary):
+    name = "pow_grad"
+    params_defaults = {"exponent": 2.0}
+
+    def compute(self, xp, blocks, params):
+        e = params["exponent"]
+        x = blocks["x"]
+        return blocks["dy"] * (e * x if e == 2 else e * xp.power(x, x.dtype.type(e - 1)))
+
+
+class WhereGrad(Kernel):
+    name = "where_grad"
+    inputs = ("dy", "c")
+    properties = frozenset({ELEMENTWISE})
+    kernel_class = "elementwise"
+    params_defaults = {"take": "a"}
+
+    def base_signature(self, ins, params):
+        dy, c = ins["dy"].shape, ins["c"].shape
+        if params["take"] not in ("a", "b"):
+            raise SignatureError(f"where_grad take {params['take']!r} must be 'a' or 'b'")
+        try:
+            proj = broadcast_projection(c, dy)
+        except (ValueError, IndexError):
+            raise SignatureError(f"where_grad condition {list(c)} does not broadcast to dy {list(dy)}") from None
+        n = len(dy)
+        return Signature(elementwise_dims(n), dy, {"dy": identity_projection(n), "c": proj}, identity_projection(n),
+                         TensorSpec(dy, ins["dy"].dtype), 1.0)
+
+    def compute(self, xp, blocks, params):
+        keep = blocks["c"] != 0 if params["take"] == "a" else blocks["c"] == 0
+        return xp.where(keep, blocks["dy"], xp.zeros_like(blocks["dy"]))
+
+
+KERNELS = (SigmoidGrad, SqrtGrad, ReciprocalGrad, ErfGrad, GeluErfGrad, PowGrad, WhereGrad)
