@@ -72,7 +72,7 @@ def recompute(g: Graph, ops: Iterable[str]) -> Graph:
             needed.add(n)
     if not needed:
         raise RewriteError(f"no backward op reads the outputs of {names}; nothing to recompute")
-    replace, insert, tensors = {}, {}, {}
+    replace, tensors, copies = {}, {}, []
     for n in order:
         if n not in needed:
             continue
@@ -80,7 +80,13 @@ def recompute(g: Graph, ops: Iterable[str]) -> Graph:
         ins = tuple((p, copy[t] if t in copy and g.producers[t] in needed else t) for p, t in o.inputs)
         t = g.tensors[o.output]
         tensors[copy[o.output]] = Tensor(copy[o.output], t.shape, t.dtype, "intermediate")
-        insert[n] = [o.replace(name=n + SUFFIX, output=copy[o.output], inputs=ins)]
+        copies.append(o.replace(name=n + SUFFIX, output=copy[o.output], inputs=ins))
+    # In program order the copies go just before the first backward op that reads one of them, so
+    # a runtime (and the simulator's bounded lookahead) recomputes when the backward gets there.
+    names_in_order = list(g.ops)
+    readers = {r for n in needed for r, _ in g.consumers.get(g.ops[n].output, []) if r in bwd}
+    first = min(names_in_order.index(r) for r in readers)
+    insert = {names_in_order[first - 1]: copies}
     for r in bwd:
         o = g.ops[r]
         ins = tuple((p, copy[t] if t in copy and g.producers[t] in needed else t) for p, t in o.inputs)
