@@ -274,6 +274,8 @@ class Graph:
                 shown = {k: v for k, v in o.params.items() if k != "origin"}
                 was = " → ".join(r["kernel"] for r in o.params["origin"]["ops"])
                 params = f"[{json.dumps(shown, sort_keys=True, separators=(',', ':'))}; was {was}]"
+            elif o.kernel == "norm_matmul":
+                params = f"[{o.params['norm']['kernel']} → {o.params['inner']['kernel']}]"
             else:
                 params = f"[{o.params_key}]" if o.params else ""
             devs = sorted(set(o.shards.device.tolist()))

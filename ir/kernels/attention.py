@@ -331,7 +331,8 @@ class AttentionGradQ(_GradBase):
                           "o": Projection(rows + (zero_row(n),), zb, (1,) * n + (ev,)),
                           "dy": Projection(rows + (zero_row(n),), zb, (1,) * n + (ev,)),
                           "lse": Projection(rows, (0,) * n, (1,) * n)},
-                         Projection(rows + (zero_row(n),), zb, (1,) * n + (e,)), TensorSpec(lead + (s, e), ins["q"].dtype),
+                         Projection(rows + (zero_row(n),), zb, (1,) * n + (e,)),
+                         TensorSpec(lead + (s, e), ins["q"].dtype),
                          seen * (4.0 * e + 2.0 * ev + 5.0) + 2.0 * ev)
 
     def run(self, xp, blocks, params, box, sig):

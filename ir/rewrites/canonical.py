@@ -1,7 +1,7 @@
 """``unshard``: the logical program behind any plan (the reference that ``verify`` runs).
 
-Undoes every fusion, reduction split, substitution (``unfuse_attention``) and activation
-recomputation, and puts each op
+Undoes every fusion, reduction split, substitution (``unfuse_attention``, ``unfuse_norm``) and
+activation recomputation, and puts each op
 back to one whole shard on device 0.
 Two plans of one program have equal ``unshard`` digests.
 """
@@ -13,6 +13,7 @@ from ir.rewrites.fusion import unfuse
 from ir.rewrites.recompute import recomputed, unrecompute
 from ir.rewrites.reduction import merge_reduction
 from ir.rewrites.substitute_attention import fused_attentions, unfuse_attention
+from ir.rewrites.substitute_norm import fused_norms, unfuse_norm
 
 
 def unshard(g: Graph) -> Graph:
@@ -26,6 +27,8 @@ def unshard(g: Graph) -> Graph:
         g = merge_reduction(g, n)
     for n in fused_attentions(g):  # substitutions last: their ops may have been split or fused since
         g = unfuse_attention(g, n)
+    for n in fused_norms(g):
+        g = unfuse_norm(g, n)
     if recomputed(g):
         g = unrecompute(g)
     return g.with_ops({n: o.replace(shards=Shards.whole(g.signature(o).extents)) for n, o in g.ops.items()})

@@ -37,6 +37,8 @@ def fusable(g: Graph, producer: str, consumer: str) -> str | None:
         return f"{consumer} ({c.kernel}) is not an elementwise kernel"
     if p.params.get("split"):
         return f"{producer} produces partials; only its accumulate may read them"
+    if p.kernel != "fused" and not get_kernel(p.kernel).inputs:  # a substitution's op (norm_matmul)
+        return f"{producer} ({p.kernel}) has named stage ports of its own; it cannot be a fused stage"
     t = p.output
     if g.tensors[t].role == "output":
         return f"{t} is a graph output and must stay materialised"

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from ir.graph import Graph
 from ir.mesh import parse_mesh
-from ir.rewrites import fusion, hierarchical, layout, recompute, reduction, shard, substitute_attention
+from ir.rewrites import fusion, hierarchical, layout, recompute, reduction, shard, substitute_attention, substitute_norm
 from ir.rewrites.align import align as align_shards
 from ir.rewrites.errors import RewriteError
 
@@ -183,6 +183,29 @@ class Unrecompute(Move):
 
 
 @dataclass(frozen=True)
+class FuseNorm(Move):
+    """Fuse the layernorm/rmsnorm ``norm`` into its reader ``op`` (default: into every reader)."""
+
+    norm: str
+    op: str | None = None
+    kind: ClassVar[str] = "fuse_norm"
+
+    def apply(self, g: Graph) -> Graph:
+        return substitute_norm.fuse_norm(g, self.norm, self.op)
+
+
+@dataclass(frozen=True)
+class UnfuseNorm(Move):
+    """Restore the contraction (and norm) a ``norm_matmul`` op replaced."""
+
+    op: str
+    kind: ClassVar[str] = "unfuse_norm"
+
+    def apply(self, g: Graph) -> Graph:
+        return substitute_norm.unfuse_norm(g, self.op)
+
+
+@dataclass(frozen=True)
 class Sequence(Move):
     """Several moves applied in order (structured search moves are sequences)."""
 
@@ -226,7 +249,8 @@ class TwoLevel(Move):
 
 MOVES: dict[str, type[Move]] = {c.kind: c for c in (Split, Merge, Retile, Place, MoveShard, SplitReduction,
                                                       MergeReduction, Fuse, Unfuse, Align, FuseAttention,
-                                                      UnfuseAttention, Recompute, Unrecompute, Layout, TwoLevel)}
+                                                      UnfuseAttention, Recompute, Unrecompute, Layout, TwoLevel,
+                                                      FuseNorm, UnfuseNorm)}
 _MOVE_RE = re.compile(r"^\s*(\w+)\{(.*)\}\s*$")
 _ARG_RE = re.compile(r"(\w+)=(\[[^\]]*\]|[^,\]]+)")
 

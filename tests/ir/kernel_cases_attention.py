@@ -1,4 +1,5 @@
-"""Cases for the fused-attention kernels, with references written here: attention with the
+"""Cases for the substitutions' kernels (fused attention and its backward, norm_matmul), with
+references written here: attention with the
 scores materialised (``scipy.special.softmax`` over a -inf mask), and the combine as a softmax
 over the blocks' log-sum-exps. ``check_softmax_split`` is the split-reduction check for the
 softmax monoid, whose partials carry one more channel than the output."""
@@ -20,6 +21,10 @@ def attention_ref(q, k, v, scale, causal=False, offset=0):
         keep = np.arange(k.shape[-2])[None, :] <= np.arange(q.shape[-2])[:, None] + offset
         s = np.where(keep, s, -np.inf)
     return np.einsum("...st,...te->...se", scipy.special.softmax(s, axis=-1), v)
+
+
+def _layernorm(x, g, b, eps):
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * g + b
 
 
 def _scores(q, k, scale, causal, offset):
@@ -64,6 +69,15 @@ def attention_cases(Case):
              lambda i: (scipy.special.softmax(i["p"][..., -1], axis=0)[..., None] * i["p"][..., :-1]).sum(axis=0)),
         Case("attention_lse", "attention_lse", {"q": (2, 2, 5, 3), "k": (2, 6, 3)}, {"scale": 0.5, "causal": True},
              lambda i: scipy.special.logsumexp(_scores(i["q"], i["k"], 0.5, True, 0), axis=-1)),
+        Case("norm_matmul", "norm_matmul", {"x": (4, 6), "n.gamma": (6,), "n.beta": (6,), "m.b": (6, 3)},
+             {"norm": {"op": "ln", "kernel": "layernorm", "params": {"eps": 1e-3}, "output": "ln.out"},
+              "inner": {"op": "mm", "kernel": "matmul", "params": {"alpha": 0.5}, "chain": "a"}},
+             lambda i: 0.5 * _layernorm(i["x"], i["n.gamma"], i["n.beta"], 1e-3) @ i["m.b"]),
+        Case("norm_matmul_rms_linear", "norm_matmul", {"x": (2, 3, 6), "n.gamma": (6,), "m.W": (6, 2), "m.b": (2,)},
+             {"norm": {"op": "n", "kernel": "rmsnorm", "params": {}, "output": "n.out"},
+              "inner": {"op": "l", "kernel": "linear", "params": {}, "chain": "x"}},
+             lambda i: i["x"] / np.sqrt((i["x"] ** 2).mean(-1, keepdims=True) + 1e-6) * i["n.gamma"] @ i["m.W"]
+             + i["m.b"]),
         *[Case(f"attention_grad_{w}", f"attention_grad_{w}",
                {"q": (2, 2, 5, 3), "k": (2, 6, 3), "v": (2, 6, 4), "o": (2, 2, 5, 4), "dy": (2, 2, 5, 4),
                 "lse": (2, 2, 5)} if w != "v" else

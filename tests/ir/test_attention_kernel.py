@@ -143,7 +143,8 @@ def test_flops_and_bytes_by_hand():
     assert read[0] == 2 * (rows * e + 2 * (2 * 2 * t * e))  # its q rows, its heads' k and v, once
     assert written[0] == 2 * rows * e
     causal = k.signature(ins, {"scale": 0.25, "causal": True})
-    assert causal.flops_per_point * s == pytest.approx(s * (s + 1) / 2 * (4 * e + 5))  # half the scores, plus the diagonal
+    # Causal: half the scores plus the diagonal.
+    assert causal.flops_per_point * s == pytest.approx(s * (s + 1) / 2 * (4 * e + 5))
     assert visible_keys(4, 6, True, 1) == 2 + 3 + 4 + 5 and visible_keys(4, 6, True, -5) == 0
     # The split form: same total work, and the partial holds no s × t tensor.
     sp = k.signature(ins, {"scale": 0.25, "split": {"reduction": "t", "parts": 4}})
