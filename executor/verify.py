@@ -53,5 +53,6 @@ def verify(g: Graph, seed: int = 0, reference: Graph | None = None, backend: str
     per = {n: rel_error(to_numpy(plan[n]), to_numpy(ref[n])) for n in outputs(ref_graph)}
     dtypes = {ref_graph.tensors[n].dtype for n in per}
     tol = max(TOLERANCE[d] for d in dtypes) if dtypes else TOLERANCE["float32"]
-    worst = max(per.values()) if per else 0.0
+    # NaN compares false with everything: max() would skip it and a NaN output would PASS
+    worst = max(per.values(), key=lambda v: (np.isnan(v), v)) if per else 0.0
     return VerifyReport(bool(worst <= tol), worst, tol, per)

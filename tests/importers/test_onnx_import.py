@@ -148,3 +148,16 @@ def test_dims_that_cannot_be_bound():
         import_onnx(m, {"batch": 2, "seq": 4, "sequence": 4})
     with pytest.raises(ImportFailure, match="positive integers"):
         import_onnx(m, {"batch": 0, "seq": 4})
+
+
+def test_verify_fails_on_nan_outputs():
+    """A plan producing NaN must not PASS (max() over floats skips NaN)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Sqrt", ["x"], ["s"], name="sqrt")],
+        "g", [x], [helper.make_tensor_value_info("r", 1, [4, 8]), helper.make_tensor_value_info("s", 1, [4, 8])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    g, values = import_onnx(m)
+    with np.errstate(invalid="ignore"):
+        rep = verify(g, values=values)  # sqrt of negative random inputs: NaN in output s
+    assert not rep.ok
