@@ -187,6 +187,18 @@ def _concat(c: VJP, dy: str) -> dict[str, str]:
     return {p: c.emit("slice", {"x": dy}, p, axis=axis, start=bounds[p][0], stop=bounds[p][1]) for p in c.need}
 
 
+@rule("slice")
+def _slice(c: VJP, dy: str) -> dict[str, str]:
+    n = len(c.t("x").shape)
+    axis = c.params.get("axis", 0) % n
+    ext = c.t("x").shape[axis]
+    start, stop, step = c.params.get("start", 0), c.params.get("stop"), c.params.get("step", 1)
+    stop = ext if stop is None else stop
+    if step != 1:
+        raise AutodiffError(f"op {c.op.name!r}: the gradient of a strided slice (step {step}) is not supported")
+    return {"x": c.emit("pad", {"x": dy}, "x", axis=axis, before=start, after=ext - stop)}
+
+
 @rule("reshape")
 def _reshape(c: VJP, dy: str) -> dict[str, str]:
     return {"x": c.emit("reshape", {"x": dy}, "x", shape=list(c.t("x").shape), **{"from": list(c.t("y").shape)})}

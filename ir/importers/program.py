@@ -71,7 +71,9 @@ class Program:
         specs = {p: self.tensors[t].spec for p, t in inputs.items()}
         sig = k.signature(specs, params)
         op = self.op_name(name or out or kernel)
-        out = self.tensor_name(out or f"{op}.out")
+        # Intermediate names follow op-name rules (ONNX's "/h.0/attn/Add_output_0" would leak into
+        # names derived from them, e.g. autodiff's ops); graph outputs get their ONNX names back.
+        out = self.tensor_name(_BAD.sub("_", out).strip("_.+-") or f"{op}.out" if out else f"{op}.out")
         self.tensors[out] = Tensor(out, sig.out_spec.shape, sig.out_spec.dtype, "intermediate")
         self.ops[op] = PendingOp(op, kernel, {p: inputs[p] for p in k.inputs}, params, out)
         return out

@@ -8,6 +8,9 @@
   tensors are chains of two-input concats.
 - ``slice(x, axis, start, stop, step)``: index space = output shape; the input projection along
   ``axis`` is ``step·i + start`` (affine), so any shard reads exactly the cells it needs.
+- ``pad(x, axis, before, after)``: zeros around ``x`` along ``axis`` (the gradient of a slice).
+  The input projection is ``i - before``: cells outside ``x`` read as zeros, as conv halos do,
+  so the block function is the identity.
 """
 
 from __future__ import annotations
@@ -106,4 +109,27 @@ class Slice(Kernel):
         return x[tuple(idx)]
 
 
-KERNELS = (Where, Concat, Slice)
+class Pad(Kernel):
+    name = "pad"
+    inputs = ("x",)
+    properties = frozenset({ELEMENTWISE})
+    kernel_class = "elementwise"
+    params_defaults = {"axis": 0, "before": 0, "after": 0}
+
+    def base_signature(self, ins, params):
+        shape = ins["x"].shape
+        ax = _axis(params, len(shape), "pad")
+        before, after = params["before"], params["after"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (before, after)):
+            raise SignatureError(f"pad needs integers before, after >= 0, got before={before!r}, after={after!r}")
+        n = len(shape)
+        out = shape[:ax] + (shape[ax] + before + after,) + shape[ax + 1:]
+        b = tuple(-before if k == ax else 0 for k in range(n))
+        return Signature(elementwise_dims(n), out, {"x": Projection(identity_projection(n).A, b, (1,) * n)},
+                         identity_projection(n), TensorSpec(out, ins["x"].dtype), 0.0)
+
+    def compute(self, xp, blocks, params):
+        return blocks["x"]  # the executor already read zeros outside x
+
+
+KERNELS = (Where, Concat, Slice, Pad)
