@@ -21,6 +21,7 @@ from ir.kernels import REGISTRY, SignatureError, TensorSpec, get_kernel
 from ir.kernels.base import Signature
 from ir.zspace import ZRange
 from tests.ir.kernel_cases_attention import attention_cases, check_softmax_split
+from tests.ir.kernel_cases_import import import_cases
 from tests.ir.kernel_cases_training import training_cases
 
 # -- independent references ----------------------------------------------------------------------
@@ -124,6 +125,7 @@ CASES = [
     _fused_softmax_mul_add(),
     *training_cases(Case),
     *attention_cases(Case),
+    *import_cases(Case),
 ]
 IDS = [c.id for c in CASES]
 

@@ -1,0 +1,52 @@
+"""Cases for the kernels imported programs use (``ir/kernels/{mathfn,select,shape,pooling,batchnorm}``),
+each with a reference written here independently (SciPy's erf, NumPy slicing, padding and loops)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.special
+
+
+def _pool(x, k, st, pad, fn):
+    x = np.pad(x, [(0, 0), (0, 0), (pad, pad), (pad, pad)])
+    oh, ow = (x.shape[2] - k) // st + 1, (x.shape[3] - k) // st + 1
+    return np.stack([np.stack([fn(x[:, :, i * st:i * st + k, j * st:j * st + k], axis=(2, 3)) for j in range(ow)],
+                              -1) for i in range(oh)], -2)
+
+
+def import_cases(Case):
+    """The cases, built with the test module's ``Case`` class."""
+    erf = scipy.special.erf
+    return [
+        Case("sigmoid", "sigmoid", {"x": (4, 5)}, {}, lambda i: scipy.special.expit(i["x"])),
+        Case("sqrt", "sqrt", {"x": (4, 5)}, {}, lambda i: np.sqrt(i["x"]), positive=("x",)),
+        Case("reciprocal", "reciprocal", {"x": (3, 4)}, {}, lambda i: 1.0 / i["x"], positive=("x",)),
+        Case("erf", "erf", {"x": (3, 4)}, {}, lambda i: erf(i["x"])),
+        Case("gelu_erf", "gelu_erf", {"x": (2, 3, 4)}, {},
+             lambda i: 0.5 * i["x"] * (1 + erf(i["x"] / math.sqrt(2)))),
+        Case("pow3", "pow", {"x": (3, 4)}, {"exponent": 3.0}, lambda i: i["x"] ** 3),
+        Case("where", "where", {"c": (1, 4), "a": (3, 4), "b": (3, 1)}, {},
+             lambda i: np.where(i["c"] != 0, i["a"], i["b"])),
+        Case("concat", "concat", {"a": (3, 2, 4), "b": (3, 5, 4)}, {"axis": 1},
+             lambda i: np.concatenate([i["a"], i["b"]], axis=1)),
+        Case("slice_step", "slice", {"x": (3, 10)}, {"axis": 1, "start": 0, "stop": 10, "step": 3},
+             lambda i: i["x"][:, 0:10:3]),
+        Case("pad", "pad", {"x": (3, 4)}, {"axis": 1, "before": 2, "after": 1},
+             lambda i: np.pad(i["x"], [(0, 0), (2, 1)]), pads=True),
+        Case("reshape_heads", "reshape", {"x": (2, 3, 8)}, {"shape": [2, 3, 2, 4], "from": [2, 3, 8]},
+             lambda i: i["x"].reshape(2, 3, 2, 4)),
+        Case("reshape_merge", "reshape", {"x": (2, 3, 2, 4)}, {"shape": [2, 3, 8], "from": [2, 3, 2, 4]},
+             lambda i: i["x"].reshape(2, 3, 8)),
+        Case("reshape_blocked", "reshape", {"x": (6, 4)}, {"shape": [4, 6], "from": [6, 4]},
+             lambda i: i["x"].reshape(4, 6)),
+        Case("maxpool2d", "maxpool2d", {"x": (2, 3, 6, 6)}, {"window": [2, 2], "stride": [2, 2]},
+             lambda i: _pool(i["x"], 2, 2, 0, np.max)),
+        Case("avgpool2d_pad", "avgpool2d", {"x": (1, 2, 5, 5)}, {"window": [3, 3], "stride": [1, 1], "padding": 1},
+             lambda i: _pool(i["x"], 3, 1, 1, np.mean), pads=True),
+        Case("batchnorm2d", "batchnorm2d", {"x": (2, 3, 2, 2), "scale": (3,), "bias": (3,), "mean": (3,),
+                                            "var": (3,)}, {"eps": 1e-5},
+             lambda i: (i["x"] - i["mean"][:, None, None]) / np.sqrt(i["var"][:, None, None] + 1e-5)
+             * i["scale"][:, None, None] + i["bias"][:, None, None], positive=("var",)),
+    ]
