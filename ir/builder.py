@@ -54,18 +54,20 @@ class GraphBuilder:
     def tensor(self, name: str) -> Tensor:
         return self._tensors[name]
 
-    def rename_output(self, tensor: str, new: str, copy: bool = False) -> str:
-        """Give produced tensor ``tensor`` the name ``new``; a copy (``scale`` by 1) where ops read it
-        (or ``copy`` is set: another name must keep it)."""
-        if copy or any(t == tensor for o in self._ops.values() for _, t in o.inputs) or tensor not in {
-                o.output for o in self._ops.values()}:
-            return self.op("scale", new, {"x": tensor}, out=new, alpha=1.0)
-        t = self._tensors.pop(tensor)
-        self._add_tensor(Tensor(new, t.shape, t.dtype, t.role))
-        for n, o in self._ops.items():
-            if o.output == tensor:
-                self._ops[n] = o.replace(output=new)
-        return new
+    def rename_outputs(self, names: dict[str, str]) -> None:
+        """Give produced tensors new names (``old -> new``); where ops read the old tensor (or no op
+        produces it), a copy (``scale`` by 1) gets the new name instead."""
+        read = {t for o in self._ops.values() for _, t in o.inputs}
+        producer = {o.output: n for n, o in self._ops.items()}
+        for old, new in names.items():
+            if old in read or old not in producer:
+                self.op("scale", new, {"x": old}, out=new, alpha=1.0)
+                continue
+            t = self._tensors.pop(old)
+            self._add_tensor(Tensor(new, t.shape, t.dtype, t.role))
+            n = producer.pop(old)
+            self._ops[n] = self._ops[n].replace(output=new)
+            producer[new] = n
 
     def op(self, kernel: str, name: str, inputs: dict[str, str], out: str | None = None, **params: Any) -> str:
         """Add an op reading ``inputs`` (port → tensor); returns its output tensor's name

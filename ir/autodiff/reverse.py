@@ -59,5 +59,12 @@ def backward(b: GraphBuilder, g: Graph, seeds: dict[str, str], wrt: list[str]) -
         for port, gname in grads.items():
             contrib.setdefault(o.input_map[port], []).append(gname)
     totals = {p: total(p) for p in wrt if p in contrib}
-    shared = {g for g in totals.values() if list(totals.values()).count(g) > 1}
-    return {p: b.rename_output(g, f"{p}.grad", copy=g in shared) for p, g in totals.items()}
+    count: dict[str, int] = {}
+    for g in totals.values():
+        count[g] = count.get(g, 0) + 1
+    # A tensor that is the gradient of one source is renamed; one shared by several is copied.
+    b.rename_outputs({g: f"{p}.grad" for p, g in totals.items() if count[g] == 1})
+    for p, g in totals.items():
+        if count[g] > 1:
+            b.op("scale", f"{p}.grad", {"x": g}, out=f"{p}.grad", alpha=1.0)
+    return {p: f"{p}.grad" for p in totals}

@@ -182,6 +182,8 @@ def test_property_rowwise(rows, n, kind):
 def test_every_differentiable_forward_kernel_is_checked():
     kernels = {CASES[n]().ops["f"].kernel for n in CASES} | {"causal_mask", "embedding", "bmm", "permute"}
     kernels |= {IMPORTED[n]().ops["f"].kernel for n in IMPORTED}
+    kernels |= {"attention"}  # tests/ir/test_attention_grad.py: against finite differences too
+    kernels |= {"slice"}  # below
     forward = set(RULES) - {"cast"}  # cast: checked in the mixed-precision test (fp32 <-> bf16 copies)
     assert forward <= kernels, sorted(forward - kernels)
 
@@ -197,6 +199,7 @@ IMPORTED = {
     "where": lambda: one_op("where", {"c": (3, 1), "a": (3, 4), "b": (4,)}, inputs=("c",)),
     "concat": lambda: one_op("concat", {"a": (2, 3), "b": (2, 2)}, axis=1),
     "reshape": lambda: one_op("reshape", {"x": (2, 6)}, shape=[3, 4], **{"from": [2, 6]}),
+    "slice": lambda: one_op("slice", {"x": (3, 7)}, axis=1, start=1, stop=6),
 }
 IMPORTED_POSITIVE = {"sqrt": ("p_x",), "reciprocal": ("p_x",), "pow3": ("p_x",)}
 
