@@ -1,12 +1,28 @@
-"""Hand-built reference plans: single device, data parallel, Megatron tensor parallel (MLP).
+"""Hand-built reference plans (the experts' recipes), each only where it is valid:
 
-They seed the search's first population and are the yardsticks in ``summary.md`` and tests.
+- ``single_device``; ``data_parallel`` (batch rows over the devices; in a training step the
+  weight gradients are reduced to device 0, which updates and holds all state: plain DP, whose
+  memory is the whole model's state on one device);
+- ``zero3`` (FSDP / ZeRO-3: batch-parallel compute, gradients reduce-scattered, the optimizer
+  update and so every parameter and state sharded, gathered where read). ZeRO-1/2 (state
+  sharded, parameters replicated) have no plan of their own here: a parameter has one home (the
+  shards of its update op), so sharding the update shards the parameter too;
+- ``megatron`` (Megatron-LM tensor parallelism inside each node x data parallel across nodes;
+  ``megatron_mlp`` is the hand-written MLP form);
+- ``dp_cp`` (data parallel across nodes x context parallel inside a node: sequence split, keys
+  and values gathered), for programs with a sequence (attention).
+
+The mesh recipes are ``ir.rewrites.layout`` layouts, so each is one ``layout`` move away from any
+plan. They seed the search's first population (unless ``search.seed_baselines: false``) and are
+the yardsticks in ``summary.md``, the benchmarks and tests.
 """
 
 from __future__ import annotations
 
 from ir.graph import Graph
+from ir.mesh import Mesh
 from ir.rewrites import RewriteError, place, retile, split_reduction, unshard
+from ir.rewrites.layout import layout
 
 
 def single_device(g: Graph) -> Graph:
@@ -52,9 +68,82 @@ def megatron_mlp(g: Graph, n: int) -> Graph:
     return g
 
 
-def baselines(g: Graph, n_devices: int) -> dict[str, Graph]:
-    """The baselines that apply to ``g`` (Megatron only for MLPs with an even layer count)."""
-    out = {"single-device": single_device(g), f"data-parallel-{n_devices}": data_parallel(g, n_devices)}
+def _mesh(n: int, per_node: int, inner: str, outer: str) -> tuple[Mesh, tuple[str, ...]]:
+    """Nodes x devices per node, uses (outer, inner); one node: the inner use alone."""
+    per_node = min(per_node, n)
+    if n <= per_node:
+        return Mesh((n,), per_node), (inner,)
+    return Mesh((n // per_node, per_node), per_node), (outer, inner)
+
+
+def _training(g: Graph) -> bool:
+    return bool(g.carried)
+
+
+def zero3(g: Graph, n: int, per_node: int = 8) -> Graph:
+    """FSDP / ZeRO-3 over ``n`` devices: every mesh axis splits the batch; the weight gradients'
+    accumulates are reduce-scattered and the update ops (the state's home) inherit that split."""
+    mesh, use = _mesh(n, per_node, "b", "b")
+    return layout(unshard(g), "all", mesh, use)
+
+
+def _home_on_device0(g: Graph) -> Graph:
+    """Optimizer updates (and the accumulates of the gradients they read) whole on device 0."""
+    upd = [g.producers[nxt] for nxt in g.carried.values()]
+    todo = set(upd)
+    for u in upd:
+        for _, t in g.ops[u].inputs:
+            p = g.producers.get(t)
+            if p is not None and g.ops[p].kernel == "accumulate":
+                todo.add(p)
+    for name in todo:
+        nd = len(g.signature(name).dims)
+        if len(g.ops[name].shards) > 1 or int(g.ops[name].shards.device[0]) != 0:
+            g = retile(g, name, [1] * nd, [0])
+    return g
+
+
+def data_parallel_step(g: Graph, n: int, per_node: int = 8) -> Graph:
+    """Plain data parallelism of a training step: batch-parallel compute, every gradient reduced
+    to device 0, which runs the optimizer and holds all parameters and state (read from there)."""
+    return _home_on_device0(zero3(g, n, per_node))
+
+
+def megatron(g: Graph, n: int, per_node: int = 8) -> Graph:
+    """Megatron-LM tensor parallelism inside each node (weights split by heads / columns, row-
+    parallel layers reduced) x data parallelism across nodes."""
+    mesh, use = _mesh(n, per_node, "t", "b")
+    return layout(unshard(g), "all", mesh, use)
+
+
+def dp_cp(g: Graph, n: int, per_node: int = 8) -> Graph:
+    """Data parallelism across nodes x context parallelism inside a node (sequence split)."""
+    mesh, use = _mesh(n, per_node, "s", "b")
+    return layout(unshard(g), "all", mesh, use)
+
+
+def _has_sequence(g: Graph) -> bool:
+    return any(o.kernel in ("softmax", "attention") for o in g.ops.values())
+
+
+def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> dict[str, Graph]:
+    """The baselines that apply to ``g`` on ``n_devices`` (nodes of ``devices_per_node``, 8 where
+    it divides): single device, data parallel, ZeRO-3 (training steps), Megatron TP x DP,
+    DP x CP (programs with attention), and the hand-written Megatron MLP (MLPs)."""
+    per = devices_per_node or (8 if n_devices % 8 == 0 else n_devices)
+    nodes = max(1, n_devices // per)
+    train = _training(g)
+    out = {"single-device": single_device(g)}
+    out[f"data-parallel-{n_devices}"] = data_parallel_step(g, n_devices, per) if train else data_parallel(g, n_devices)
+    recipes = [(f"zero3-{n_devices}", zero3, train),
+               (f"megatron-tp{min(per, n_devices)}-dp{nodes}", megatron, True),
+               (f"dp{nodes}-cp{min(per, n_devices)}", dp_cp, _has_sequence(g))]
+    for name, build, valid in recipes:
+        if n_devices > 1 and valid:
+            try:
+                out[name] = build(g, n_devices, per)
+            except RewriteError:
+                pass
     if all(o.kernel in ("linear", "relu", "gelu", "tanh") for o in unshard(g).ops.values()):
         try:
             out[f"megatron-{n_devices}"] = megatron_mlp(g, n_devices)
@@ -63,4 +152,5 @@ def baselines(g: Graph, n_devices: int) -> dict[str, Graph]:
     return out
 
 
-__all__ = ["baselines", "data_parallel", "megatron_mlp", "place", "single_device"]
+__all__ = ["baselines", "data_parallel", "data_parallel_step", "dp_cp", "megatron", "megatron_mlp", "place",
+           "single_device", "zero3"]
