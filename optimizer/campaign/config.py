@@ -28,16 +28,19 @@ class Strict(BaseModel):
 
 
 class WorkloadConfig(Strict):
-    """A built-in workload with parameters, or a plan/graph JSON file."""
+    """A built-in workload with parameters, a plan/graph JSON file, or an ONNX model whose
+    symbolic dims ``params`` binds (``{onnx: model.onnx, params: {batch: 8}}``)."""
 
     name: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     file: str | None = None
+    onnx: str | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> WorkloadConfig:
-        if (self.name is None) == (self.file is None):
-            raise ValueError("give exactly one of workload.name (a built-in workload) or workload.file (a graph JSON)")
+        if sum(v is not None for v in (self.name, self.file, self.onnx)) != 1:
+            raise ValueError("give exactly one of workload.name (a built-in workload), workload.file (a graph JSON) "
+                             "or workload.onnx (an ONNX model)")
         return self
 
 
@@ -164,6 +167,9 @@ def parse_config(data: Any, source: str = "config", base_dir: Path | None = None
     if base_dir is not None and cfg.workload.file and not Path(cfg.workload.file).is_absolute():
         wl = cfg.workload.model_copy(update={"file": str((base_dir / cfg.workload.file).resolve())})
         cfg = cfg.model_copy(update={"workload": wl})
+    if base_dir is not None and cfg.workload.onnx and not Path(cfg.workload.onnx).is_absolute():
+        wl = cfg.workload.model_copy(update={"onnx": str((base_dir / cfg.workload.onnx).resolve())})
+        cfg = cfg.model_copy(update={"workload": wl})
     check_references(cfg, source)
     return cfg
 
@@ -195,6 +201,9 @@ def check_references(cfg: CampaignConfig, source: str = "config") -> None:
             if k not in known:
                 raise ConfigError(f"{source}: workload.params.{k} is not a parameter of {wl.name!r}; "
                                   f"its parameters are {sorted(known)}")
+    elif wl.onnx is not None:
+        if not Path(wl.onnx).is_file():
+            raise ConfigError(f"{source}: workload.onnx {wl.onnx!r} does not exist")
     elif not Path(wl.file).exists():
         raise ConfigError(f"{source}: workload.file {wl.file!r} does not exist")
     try:

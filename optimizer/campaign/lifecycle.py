@@ -29,6 +29,10 @@ def base_program(cfg: CampaignConfig) -> tuple[Any, Any]:
     from ir.rewrites import unshard
     from ir.serialize import load
 
+    if cfg.workload.onnx is not None:  # symbolic dims bound by params; weights do not matter to the search
+        from ir.importers.onnx import import_onnx
+
+        return unshard(import_onnx(cfg.workload.onnx, cfg.workload.params)[0]), None
     if cfg.workload.name is not None:
         g = workloads.build(cfg.workload.name, **cfg.workload.params)
         return unshard(g), None

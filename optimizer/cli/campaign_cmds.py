@@ -99,12 +99,19 @@ def export_cmd(
     campaign: Annotated[str, typer.Argument(help="campaign name")],
     out: Annotated[str, typer.Option("--out", "-o", help="output folder")],
     db: Annotated[Optional[str], typer.Option(help=DB_HELP)] = None,
+    program: Annotated[bool, typer.Option("--program", help="also write each plan's generated program (.py) "
+                                          "and DTensor placements")] = False,
 ) -> None:
     """Write the front's plans (JSON + SVG), front.parquet, pareto.png and summary.md."""
     from optimizer.campaign.export import export_campaign
 
     res = export_campaign(campaign, out, db)
     console.print(f"exported {res['plans']} plans to {res['out']}")
+    if program:
+        from optimizer.cli.import_cmds import export_programs
+
+        n = export_programs(campaign, out, db)
+        console.print(f"wrote {n} generated programs beside the plans (run one: python PLAN.py --check)")
 
 
 def sql_cmd(
