@@ -1,8 +1,8 @@
 """``unshard``: the logical program behind any plan (the reference that ``verify`` runs).
 
-Undoes every fusion, reduction split, substitution (``unfuse_attention``, ``unfuse_norm``) and
-activation recomputation, and puts each op
-back to one whole shard on device 0.
+Undoes every fusion, reduction split, substitution (``unfuse_attention``, ``unfuse_norm``,
+``split_matmuls``) and activation recomputation, and puts each op back to one whole shard on
+device 0.
 Two plans of one program have equal ``unshard`` digests.
 """
 
@@ -13,6 +13,7 @@ from ir.rewrites.fusion import unfuse
 from ir.rewrites.recompute import recomputed, unrecompute
 from ir.rewrites.reduction import merge_reduction
 from ir.rewrites.substitute_attention import fused_attentions, unfuse_attention
+from ir.rewrites.substitute_merge import merged_matmuls, split_matmuls
 from ir.rewrites.substitute_norm import fused_norms, unfuse_norm
 
 
@@ -29,6 +30,8 @@ def unshard(g: Graph) -> Graph:
         g = unfuse_attention(g, n)
     for n in fused_norms(g):
         g = unfuse_norm(g, n)
+    for n in merged_matmuls(g):
+        g = split_matmuls(g, n)
     if recomputed(g):
         g = unrecompute(g)
     return g.with_ops({n: o.replace(shards=Shards.whole(g.signature(o).extents)) for n, o in g.ops.items()})

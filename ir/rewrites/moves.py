@@ -12,7 +12,8 @@ from typing import ClassVar
 
 from ir.graph import Graph
 from ir.mesh import parse_mesh
-from ir.rewrites import fusion, hierarchical, layout, recompute, reduction, shard, substitute_attention, substitute_norm
+from ir.rewrites import (fusion, hierarchical, layout, recompute, reduction, shard, substitute_attention,
+                         substitute_merge, substitute_norm)
 from ir.rewrites.align import align as align_shards
 from ir.rewrites.errors import RewriteError
 
@@ -206,6 +207,28 @@ class UnfuseNorm(Move):
 
 
 @dataclass(frozen=True)
+class MergeMatmuls(Move):
+    """Merge contractions that share their input into one over concatenated weights (QKV)."""
+
+    ops: tuple[str, ...]
+    kind: ClassVar[str] = "merge_matmuls"
+
+    def apply(self, g: Graph) -> Graph:
+        return substitute_merge.merge_matmuls(g, self.ops)
+
+
+@dataclass(frozen=True)
+class SplitMatmuls(Move):
+    """Undo ``merge_matmuls`` on the merged op ``op``."""
+
+    op: str
+    kind: ClassVar[str] = "split_matmuls"
+
+    def apply(self, g: Graph) -> Graph:
+        return substitute_merge.split_matmuls(g, self.op)
+
+
+@dataclass(frozen=True)
 class Sequence(Move):
     """Several moves applied in order (structured search moves are sequences)."""
 
@@ -250,7 +273,7 @@ class TwoLevel(Move):
 MOVES: dict[str, type[Move]] = {c.kind: c for c in (Split, Merge, Retile, Place, MoveShard, SplitReduction,
                                                       MergeReduction, Fuse, Unfuse, Align, FuseAttention,
                                                       UnfuseAttention, Recompute, Unrecompute, Layout, TwoLevel,
-                                                      FuseNorm, UnfuseNorm)}
+                                                      FuseNorm, UnfuseNorm, MergeMatmuls, SplitMatmuls)}
 _MOVE_RE = re.compile(r"^\s*(\w+)\{(.*)\}\s*$")
 _ARG_RE = re.compile(r"(\w+)=(\[[^\]]*\]|[^,\]]+)")
 

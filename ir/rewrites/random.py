@@ -15,12 +15,13 @@ from ir.rewrites import moves as M
 from ir.rewrites.errors import RewriteError
 from ir.rewrites.fusion import fusable
 from ir.rewrites.substitute_attention import attention_sites, fused_attentions
+from ir.rewrites.substitute_merge import merge_sites, merged_matmuls
 from ir.rewrites.substitute_norm import fused_norms, norm_sites
 
 DEFAULT_WEIGHTS: dict[str, float] = {
     "split": 3.0, "merge": 1.5, "place": 2.0, "move": 1.0, "split_reduction": 0.6,
     "merge_reduction": 0.3, "fuse": 0.6, "unfuse": 0.3, "fuse_attention": 0.4, "unfuse_attention": 0.1,
-    "fuse_norm": 0.2, "unfuse_norm": 0.05,
+    "fuse_norm": 0.2, "unfuse_norm": 0.05, "merge_matmuls": 0.1, "split_matmuls": 0.05,
 }
 
 
@@ -42,6 +43,8 @@ class Structure:
         self.attentions = fused_attentions(g)
         self.norm_sites = norm_sites(g)
         self.norms = fused_norms(g)
+        self.merge_sites = merge_sites(g)
+        self.merged = merged_matmuls(g)
 
 
 _STRUCTURES: dict[int, tuple[object, Structure]] = {}
@@ -118,6 +121,12 @@ def draw_move(g: Graph, rng: np.random.Generator, n_devices: int, kind: str,
     if kind == "unfuse_norm":
         cands = structure(g).norms
         return M.UnfuseNorm(_choice(rng, cands)) if cands else None
+    if kind == "merge_matmuls":
+        cands = structure(g).merge_sites
+        return M.MergeMatmuls(_choice(rng, cands)) if cands else None
+    if kind == "split_matmuls":
+        cands = structure(g).merged
+        return M.SplitMatmuls(_choice(rng, cands)) if cands else None
     raise ValueError(f"unknown move kind {kind!r}; kinds are {sorted(DEFAULT_WEIGHTS)}")
 
 

@@ -29,7 +29,7 @@ EXAMPLES = [
 
 
 SAMPLE = {"str": "fc1+act1", "int": 3, "int | None": 2, "str | None": "f", "tuple[int, ...]": (2, 0, 5),
-          "tuple[int, ...] | None": (1, 4)}
+          "tuple[int, ...] | None": (1, 4), "tuple[str, ...]": ("q_proj", "l0.k_proj+x")}
 
 
 def sample_moves(cls: type) -> list:
