@@ -11,8 +11,9 @@
 
 It is ``split_reduction`` of the accumulate over its block dim (``accumulate`` declares that dim
 a splittable reduction), plus a placement: block ``j`` of the first level runs on the devices
-that produce its partials, split among them along the longest output dim (a reduce-scatter
-inside the group); the second level keeps the accumulate's old shards. Inter-node traffic
+that produce its partials, split among them (a reduce-scatter inside the group) along the dim the
+final sum is split along, so that each second-level shard (the accumulate's old shards) reads one
+piece per group, from the same position in every node (rail-aligned). Inter-node traffic
 falls from ``(k-1)/k`` of the tensor per device to ``(G-1)/k`` (``G`` groups), as in NCCL's
 two-level reduce-scatter. ``merge_reduction(g, "fc2.acc")`` undoes it.
 """
@@ -39,11 +40,20 @@ def block_owners(shards: Shards, col: int, k: int) -> list[list[int]]:
     return out
 
 
-def stage_one_shards(owners: list[list[int]], group: int, out_ext: tuple[int, ...], fallback: int) -> Shards:
+def split_dim(final: Shards, out_ext: tuple[int, ...]) -> int | None:
+    """The output dim the first level splits along: the first one the final sum is split along
+    (so each second-level shard reads one piece per group), else the longest."""
+    for c in range(final.ndim):
+        if final.lo[:, c].min() != final.lo[:, c].max():
+            return c
+    return int(np.argmax(out_ext)) if out_ext else None
+
+
+def stage_one_shards(owners: list[list[int]], group: int, out_ext: tuple[int, ...], fallback: int,
+                     d: int | None) -> Shards:
     """First-level shards: block ``j`` (partials ``j*group .. (j+1)*group - 1``) on the devices that
-    own those partials, split among them along the longest output dim."""
+    own those partials, split among them along output dim ``d`` (whole when None)."""
     n_groups = len(owners) // group
-    d = int(np.argmax(out_ext)) if out_ext else None
     lo_rows, hi_rows, devs = [], [], []
     for j in range(n_groups):
         members: list[int] = []
@@ -85,8 +95,9 @@ def two_level(g: Graph, acc: str, group: int) -> Graph:
     old = o.shards
     g = split_reduction(g, acc, k // group)
     sig = g.signature(acc)  # (kb, *out dims)
-    return g.with_ops({acc: g.ops[acc].replace(shards=stage_one_shards(owners, group, sig.extents[1:],
-                                                                       int(old.device[0])))})
+    out_ext = sig.extents[1:]
+    first = stage_one_shards(owners, group, out_ext, int(old.device[0]), split_dim(old, out_ext))
+    return g.with_ops({acc: g.ops[acc].replace(shards=first)})
 
 
-__all__ = ["block_owners", "stage_one_shards", "two_level"]
+__all__ = ["block_owners", "split_dim", "stage_one_shards", "two_level"]

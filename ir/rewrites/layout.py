@@ -22,8 +22,11 @@ propagation, as GSPMD and DTensor propagate shardings:
 4. Each op gets a regular grid of near-equal tiles; tile coordinates are mesh coordinates
    (several axes on one dim split it outer-first), so consumers of equal extents line up.
 
-Reductions split over several mesh axes, one of which crosses nodes, are reduced in two levels
-(``ir.rewrites.hierarchical``): inside each node first, then across nodes.
+With ``hierarchical=True``, reductions split over several mesh axes, one of which crosses nodes,
+are reduced in two levels (``ir.rewrites.hierarchical``): inside each node first, then across
+nodes. Off by default: the cost model already prices a flat reduce-scatter over nodes as NCCL's
+hierarchical collective (``costmodel.collectives``), so the explicit form only adds a stage; the
+search can still try it (the ``two_level`` operator).
 
 Before the layout, split reductions whose accumulate lies in the region are merged back, so
 any plan of the region is one move away from any layout of it::
@@ -47,7 +50,7 @@ from ir.graph import STATE_ROLES, Graph, Op, Shards, Tensor
 from ir.kernels import Signature, cached_signature
 from ir.mesh import Mesh
 from ir.rewrites.errors import RewriteError
-from ir.rewrites.hierarchical import block_owners, stage_one_shards
+from ir.rewrites.hierarchical import block_owners, split_dim, stage_one_shards
 from ir.rewrites.reduction import acc_name, merge_reduction, partial_name
 from ir.zspace import split_points
 
@@ -278,7 +281,7 @@ def _split(v: _View, name: str, parts: int, red: str) -> str:
 
 
 def layout(g: Graph, ops: str | Sequence[str], mesh: Mesh, use: Sequence[str],
-           hierarchical: bool = True) -> Graph:
+           hierarchical: bool = False) -> Graph:
     """Lay out the region ``ops`` (a region text or op names) on ``mesh`` with one use per axis."""
     use = tuple(use)
     if len(use) != mesh.ndim or any(u not in USES for u in use):
@@ -347,7 +350,9 @@ def _two_level_view(v: _View, acc: str, group: int, producer_shards: Shards) -> 
     old = o.shards
     _split(v, acc, k // group, "k")
     sig = v.signature(acc)
-    v.ops[acc] = v.ops[acc].replace(shards=stage_one_shards(owners, group, sig.extents[1:], int(old.device[0])))
+    out_ext = sig.extents[1:]
+    v.ops[acc] = v.ops[acc].replace(shards=stage_one_shards(owners, group, out_ext, int(old.device[0]),
+                                                            split_dim(old, out_ext)))
     v.ops[acc_name(acc)] = v.ops[acc_name(acc)].replace(shards=old)
 
 
