@@ -303,8 +303,8 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
     Returns ``counts`` int64[3] = (L, T, Q), ``ints`` int64[L + T + Q, 3] holding L local edges
     (producer shard, reader, reader shard), T transfers (producer shard, destination device, first
     reader) and Q transfer→reader edges (transfer, reader, reader shard), and ``flts``
-    float64[T, 4] = (bytes, port seconds = bytes / bandwidth, joules per byte, latency seconds)
-    per transfer. One transfer per (producer shard, destination device) carries the union of what
+    float64[T, 5] = (bytes, port seconds = bytes / bandwidth, joules per byte, latency seconds,
+    link: 0 = intra-node port, 1 = inter-node port) per transfer. One transfer per (producer shard, destination device) carries the union of what
     that device's reader shards need from it.
     Reader shards are concatenated reader by reader (``r_counts[k]`` shards of reader ``k``).
     """
@@ -337,7 +337,7 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
                         seen[c_dev[cj]] = pi
                         T += 1
     ints = np.empty((L + T + Q, 3), np.int64)
-    flts = np.empty((T, 4), np.float64)
+    flts = np.empty((T, 5), np.float64)
     counts = np.empty(3, np.int64)
     counts[0] = L
     counts[1] = T
@@ -395,10 +395,12 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
                 dur = nbytes / bw_intra
                 lat = lat_intra
                 epb = epb_intra
+                lk = 0.0
             else:
                 dur = nbytes / bw_inter
                 lat = lat_inter
                 epb = epb_inter
+                lk = 1.0
             ints[t_row, 0] = pi
             ints[t_row, 1] = d
             ints[t_row, 2] = first[d]
@@ -406,6 +408,7 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
             flts[t, 1] = dur
             flts[t, 2] = epb
             flts[t, 3] = lat
+            flts[t, 4] = lk
             tid[d] = t
             t += 1
             t_row += 1
@@ -447,7 +450,8 @@ def resident_kernel(lo, hi, dev, n_dev, itemsize):
 
 
 @njit(cache=True, nogil=True)
-def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, res, n_dev, g_state, op_inplace):
+def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, res, n_dev, g_state, op_inplace,
+             g_coll, c_parts):
     """Flat simulator arrays from the per-op and per-group pieces (see ``Lowerer._assemble``).
 
     ``g_state[g]`` = 1 marks the group of a loop-carried state ``P`` read from its home (the
@@ -455,6 +459,13 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
     before the step starts) and its local edges are dropped (a local read of the state is free).
     ``op_inplace[i]`` = 1 marks the producer of a ``P.next``: it writes into ``P``'s resident
     buffer, so its compute nodes allocate nothing.
+
+    ``g_counts[g, 3]`` = K > 0 marks a group run as one collective (``costmodel.collectives``):
+    its T transfers become one node of kind 2 with ``g_coll[g]`` = (port seconds, latency, joules
+    per byte, link mask) and K participants, rows of ``c_parts`` (device, bytes received); edges
+    from every producer shard it reads (none for a state) and to every reader shard it feeds.
+    Also returned: ``link`` int8[n] and the participants' CSR ``part_ptr``, ``part_dev``,
+    ``part_alloc`` (the simulator's contract).
 
     Returns ``kind``, ``i32`` = rows (dev, dst), ``f64`` = rows (dur, alloc, lat), ``succ_ptr``,
     ``succ_idx``, ``resident``, ``ints`` = (op offsets [k+1], transfer_op [T], transfer_src_op [T])
@@ -469,14 +480,24 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
     L = 0
     T = 0
     Q = 0
+    KP = 0
     for g in range(G):
-        T += g_counts[g, 1]
+        if g_counts[g, 3] > 0:
+            T += 1
+            KP += g_counts[g, 3]
+        else:
+            T += g_counts[g, 1]
         Q += g_counts[g, 2]
         if g_state[g] == 0:
-            L += g_counts[g, 0] + g_counts[g, 1]  # local edges and producer -> transfer edges
+            L += g_counts[g, 0] + g_counts[g, 1]  # local edges and producer -> transfer edges (upper bound)
     n = nc + T
     m = L + Q
     kind = np.zeros(n, np.int8)
+    link = np.zeros(n, np.int8)
+    part_ptr = np.zeros(n + 1, np.int64)
+    part_dev = np.empty(KP, np.int32)
+    part_alloc = np.empty(KP, np.float64)
+    stamp = np.full(nc, -1, np.int64)  # dedupes a collective's edges
     i32 = np.empty((2, n), np.int32)  # rows: dev, dst
     f64 = np.empty((3, n), np.float64)  # rows: dur, alloc, lat
     ints = np.empty(k + 1 + 2 * T, np.int64)  # op offsets, transfer_op, transfer_src_op
@@ -508,12 +529,15 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
     src = np.empty(m, np.int64)
     tgt = np.empty(m, np.int64)
     e = 0
-    t_base = 0
+    t_base = 0  # node of the group's first transfer (or its collective), minus nc
+    f_base = 0  # row of the group's first transfer in g_flts
     row = 0
+    kp = 0
     for g in range(G):
         lg = g_counts[g, 0]
         tg = g_counts[g, 1]
         qg = g_counts[g, 2]
+        kg = g_counts[g, 3]
         p_off = off[g_prod[g]]
         r0 = g_rptr[g]
         state = g_state[g] != 0
@@ -523,15 +547,56 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
                 tgt[e] = off[g_rop[r0 + g_ints[row + x, 1]]] + g_ints[row + x, 2]
                 e += 1
         row += lg
+        if kg > 0:  # one collective for the group's tg transfers
+            node = nc + t_base
+            kind[node] = 2
+            dst[node] = -1
+            total = 0.0
+            for x in range(tg):
+                total += g_flts[f_base + x, 0]
+            dur[node] = g_coll[g, 0]
+            lat[node] = g_coll[g, 1]
+            alloc[node] = total
+            t_epb[t_base] = g_coll[g, 2]
+            link[node] = np.int8(g_coll[g, 3])
+            t_op[t_base] = g_rop[r0 + g_ints[row, 2]]
+            t_src_op[t_base] = g_prod[g]
+            dev[node] = np.int32(c_parts[kp, 0])
+            for x in range(kg):
+                part_dev[kp + x] = np.int32(c_parts[kp + x, 0])
+                part_alloc[kp + x] = c_parts[kp + x, 1]
+            kp += kg
+            part_ptr[node + 1] = kg
+            if not state:
+                for x in range(tg):
+                    s = p_off + g_ints[row + x, 0]
+                    if stamp[s] != g:
+                        stamp[s] = g
+                        src[e] = s
+                        tgt[e] = node
+                        e += 1
+            row += tg
+            for x in range(qg):  # a second stamp pass: reader shards (stamp value -2 - g)
+                r = off[g_rop[r0 + g_ints[row + x, 1]]] + g_ints[row + x, 2]
+                if stamp[r] != -2 - g:
+                    stamp[r] = -2 - g
+                    src[e] = node
+                    tgt[e] = r
+                    e += 1
+            row += qg
+            t_base += 1
+            f_base += tg
+            continue
         for x in range(tg):
             node = nc + t_base + x
             kind[node] = 1
             dev[node] = dev[p_off + g_ints[row + x, 0]]
             dst[node] = np.int32(g_ints[row + x, 1])
-            dur[node] = g_flts[t_base + x, 1]
-            lat[node] = g_flts[t_base + x, 3]
-            alloc[node] = g_flts[t_base + x, 0]
-            t_epb[t_base + x] = g_flts[t_base + x, 2]
+            dur[node] = g_flts[f_base + x, 1]
+            lat[node] = g_flts[f_base + x, 3]
+            alloc[node] = g_flts[f_base + x, 0]
+            link[node] = np.int8(g_flts[f_base + x, 4])
+            t_epb[t_base + x] = g_flts[f_base + x, 2]
             t_op[t_base + x] = g_rop[r0 + g_ints[row + x, 2]]
             t_src_op[t_base + x] = g_prod[g]
             if not state:
@@ -545,6 +610,10 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
             e += 1
         row += qg
         t_base += tg
+        f_base += tg
+    for i in range(n):
+        part_ptr[i + 1] += part_ptr[i]
+    m = e
     # CSR by a stable counting sort on the source
     ptr = np.zeros(n + 1, np.int64)
     for x in range(m):
@@ -561,4 +630,4 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
     for s in range(res.shape[0] // n_dev):  # one row of n_dev per input tensor, added in order
         for d in range(n_dev):
             resident[d] += res[s * n_dev + d]
-    return kind, i32, f64, ptr, idx, resident, ints, flts
+    return kind, i32, f64, ptr, idx, resident, ints, flts, link, part_ptr, part_dev, part_alloc

@@ -47,15 +47,15 @@ from costmodel.energy import energy_breakdown
 from costmodel.hardware import Hardware
 from costmodel.hardware_io import load_hardware
 from costmodel.lowering import Lowered, Lowerer, program_key
-from costmodel.simulate import Schedule, simulate_arrays
+from costmodel.simulate import Schedule
 from ir.graph import SOURCE_ROLES, Graph
 from ir.kernels import ELEMENTWISE, ITEMSIZE, get_kernel
 
 OBJECTIVES = ("makespan", "energy", "peak_memory", "devices")
 
 __all__ = ["OBJECTIVES", "Breakdown", "Evaluation", "Evaluator", "ProgramFacts", "breakdown", "evaluate",
-           "lower_bound", "program_facts", "program_key",
-           "serial_prediction"]
+           "lower_bound", "program_facts",
+           "program_key", "serial_prediction"]
 
 
 @dataclass
@@ -173,16 +173,17 @@ def breakdown(ev: Evaluation) -> Breakdown:
 class Evaluator:
     """Evaluates plans on one hardware; reuse it (its caches make re-evaluation incremental)."""
 
-    def __init__(self, hw: Hardware | str) -> None:
+    def __init__(self, hw: Hardware | str, collectives: bool = True) -> None:
+        """``collectives``: time the transfer groups that are NCCL collectives as such
+        (``costmodel.collectives``); False: every transfer point to point."""
         self.hw = load_hardware(hw) if not isinstance(hw, Hardware) else hw
-        self.lowerer = Lowerer(self.hw)
+        self.lowerer = Lowerer(self.hw, collectives=collectives)
         self._bounds: dict[int, ProgramFacts] = {}
         self._capacity = self.hw.device.mem_capacity
 
     def __call__(self, g: Graph, keep: bool = False) -> Evaluation:
         low = self.lowerer.lower(g)
-        s = simulate_arrays(low.kind, low.dev, low.dst, low.dur, low.succ_ptr, low.succ_idx, low.alloc,
-                            low.resident, low.n_devices, lat=low.lat)
+        s = low.simulate()
         nc = low.n_compute
         # = schedule_energy(s, hw, kind, dev, dst, alloc), with the per-transfer link energies from the lowering
         energy = energy_breakdown(s.makespan, s.busy_compute, s.used, self.hw.device, low.alloc[nc:],
@@ -267,6 +268,6 @@ def serial_prediction(g: Graph, hw: Hardware) -> float:
     return float(low.dur[: int(low.op_offsets[-1])].sum())  # the compute nodes: one per shard
 
 
-def evaluate(g: Graph, hw: Hardware | str, keep: bool = True) -> Evaluation:
+def evaluate(g: Graph, hw: Hardware | str, keep: bool = True, collectives: bool = True) -> Evaluation:
     """One-shot evaluation of ``g`` on ``hw`` (a ``Hardware``, preset name or YAML path)."""
-    return Evaluator(hw)(g, keep=keep)
+    return Evaluator(hw, collectives=collectives)(g, keep=keep)

@@ -56,6 +56,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from costmodel import _kernels as K
+from costmodel import collectives as C
 from costmodel.hardware import Hardware, HardwareError
 from ir.graph import SOURCE_ROLES, Graph, Op
 from ir.kernels import ITEMSIZE, get_kernel
@@ -72,26 +73,36 @@ class PlanSizeError(ValueError):
     """A plan whose tensors or index spaces are too large to count exactly (see ``SIZE_LIMIT``)."""
 
 
+def check_tensor_size(t: Any) -> None:
+    """Raise :class:`PlanSizeError` when tensor ``t``'s bytes (Python integers, no overflow)
+    reach ``SIZE_LIMIT``."""
+    cells = 1
+    for e in t.shape:
+        cells *= int(e)
+    if cells * ITEMSIZE[t.dtype] >= SIZE_LIMIT:
+        raise PlanSizeError(
+            f"tensor {t.name!r} of shape {list(t.shape)} ({t.dtype}) holds {cells * ITEMSIZE[t.dtype]:.3e} bytes, "
+            f"beyond what the cost model counts exactly (2**53 = {SIZE_LIMIT:.3e}); use smaller sizes "
+            "(workload parameters such as widths, batch, seq, d_model)")
+
+
+def check_op_size(name: str, extents: Any) -> None:
+    """Raise :class:`PlanSizeError` when an op's index space has ``SIZE_LIMIT`` points or more."""
+    pts = 1
+    for e in extents:
+        pts *= int(e)
+    if pts >= SIZE_LIMIT:
+        raise PlanSizeError(
+            f"op {name!r} has {pts:.3e} index points, beyond what the cost model counts exactly "
+            f"(2**53 = {SIZE_LIMIT:.3e}); use smaller sizes (workload parameters such as widths, batch, seq)")
+
+
 def check_sizes(g: Graph) -> None:
-    """Raise :class:`PlanSizeError` naming the first tensor or op whose size (Python integers,
-    no overflow) reaches ``SIZE_LIMIT``: bytes for tensors, index points for ops."""
-    for n, t in g.tensors.items():
-        cells = 1
-        for e in t.shape:
-            cells *= int(e)
-        if cells * ITEMSIZE[t.dtype] >= SIZE_LIMIT:
-            raise PlanSizeError(
-                f"tensor {n!r} of shape {list(t.shape)} ({t.dtype}) holds {cells * ITEMSIZE[t.dtype]:.3e} bytes, "
-                f"beyond what the cost model counts exactly (2**53 = {SIZE_LIMIT:.3e}); use smaller sizes "
-                "(workload parameters such as widths, batch, seq, d_model)")
+    """Raise :class:`PlanSizeError` naming the first tensor or op of ``g`` too large to count."""
+    for t in g.tensors.values():
+        check_tensor_size(t)
     for o in g.ops.values():
-        pts = 1
-        for e in g.signature(o).extents:
-            pts *= int(e)
-        if pts >= SIZE_LIMIT:
-            raise PlanSizeError(
-                f"op {o.name!r} has {pts:.3e} index points, beyond what the cost model counts exactly "
-                f"(2**53 = {SIZE_LIMIT:.3e}); use smaller sizes (workload parameters such as widths, batch, seq)")
+        check_op_size(o.name, g.signature(o).extents)
 
 
 class Lowered:
@@ -115,15 +126,26 @@ class Lowered:
     """
 
     __slots__ = ("kind", "dev", "dst", "dur", "lat", "alloc", "succ_ptr", "succ_idx", "resident", "n_devices",
-                 "op_names", "program", "_ints", "_flts")
+                 "op_names", "program", "_ints", "_flts", "link", "part_ptr", "part_dev", "part_alloc")
 
     def __init__(self, kind, i32, f64, succ_ptr, succ_idx, resident, ints, flts, n_devices: int,
-                 op_names: tuple[str, ...], program: int = 0) -> None:
+                 op_names: tuple[str, ...], program: int = 0, link=None, part_ptr=None, part_dev=None,
+                 part_alloc=None) -> None:
         self.kind, self.dev, self.dst = kind, i32[0], i32[1]
         self.dur, self.alloc, self.lat = f64[0], f64[1], f64[2]
         self.succ_ptr, self.succ_idx, self.resident = succ_ptr, succ_idx, resident
         self.n_devices, self.op_names, self.program = n_devices, op_names, program
         self._ints, self._flts = ints, flts
+        self.link, self.part_ptr, self.part_dev, self.part_alloc = link, part_ptr, part_dev, part_alloc
+
+    def simulate(self):
+        """The schedule of these arrays (``costmodel.simulate.simulate_arrays``, ports and
+        collectives included)."""
+        from costmodel.simulate import simulate_arrays
+
+        return simulate_arrays(self.kind, self.dev, self.dst, self.dur, self.succ_ptr, self.succ_idx, self.alloc,
+                               self.resident, self.n_devices, lat=self.lat, link=self.link, part_ptr=self.part_ptr,
+                               part_dev=self.part_dev, part_alloc=self.part_alloc)
 
     @property
     def elapsed(self) -> np.ndarray:
@@ -283,12 +305,21 @@ class OpPiece:
 
 
 class GroupPiece:
-    """Edges and transfers of one produced tensor (see ``_kernels.group_kernel``)."""
+    """Edges and transfers of one produced tensor (see ``_kernels.group_kernel``); ``counts``
+    int64[4] = (L, T, Q, K): K > 0 when its transfers run as one collective with K participants
+    (``coll`` float64[4] = port seconds, latency, joules per byte, link mask; ``parts``
+    float64[K, 2] = device, bytes received; ``collective`` its :class:`CollectiveCost`)."""
 
-    __slots__ = ("counts", "ints", "flts", "keep")
+    __slots__ = ("counts", "ints", "flts", "keep", "coll", "parts", "collective")
 
-    def __init__(self, counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, keep: tuple) -> None:
+    def __init__(self, counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, keep: tuple, coll: np.ndarray,
+                 parts: np.ndarray, collective: Any = None) -> None:
         self.counts, self.ints, self.flts, self.keep = counts, ints, flts, keep
+        self.coll, self.parts, self.collective = coll, parts, collective
+
+
+_NO_COLL = np.zeros(4)
+_NO_PARTS = np.zeros((0, 2))
 
 
 @dataclass(eq=False)
@@ -313,7 +344,48 @@ class _Structure:
 
 class _State:
     __slots__ = ("ops_map", "tensors", "struct", "ops", "op_pieces", "group_pieces", "source_pieces", "op_sizes",
-                 "g_counts", "lowered")
+                 "g_counts", "lowered", "cats")
+
+
+class _Cat:
+    """The row-wise concatenation of per-piece arrays, with each piece's first row (``off``).
+    A child plan splices its changed pieces into its parent's (fast when few pieces change);
+    either way the result is the concatenation of the pieces in order, bit for bit."""
+
+    __slots__ = ("arr", "off")
+
+    def __init__(self, arr: np.ndarray, off: np.ndarray) -> None:
+        self.arr, self.off = arr, off
+
+    @classmethod
+    def of(cls, arrays: list[np.ndarray], empty: np.ndarray) -> "_Cat":
+        if not arrays:
+            return cls(empty, np.zeros(1, np.int64))
+        off = np.zeros(len(arrays) + 1, np.int64)
+        np.cumsum([a.shape[0] for a in arrays], out=off[1:])
+        return cls(np.concatenate(arrays), off)
+
+    def splice(self, changes: dict[int, np.ndarray]) -> "_Cat":
+        if not changes:
+            return self
+        off = self.off
+        keys = sorted(changes)
+        if all(changes[i].shape[0] == off[i + 1] - off[i] for i in keys):
+            arr = self.arr.copy()
+            for i in keys:
+                arr[off[i]:off[i + 1]] = changes[i]
+            return _Cat(arr, off)
+        parts, prev = [], 0
+        sizes = np.diff(off)
+        for i in keys:
+            parts.append(self.arr[off[prev]:off[i]])
+            parts.append(changes[i])
+            sizes[i] = changes[i].shape[0]
+            prev = i + 1
+        parts.append(self.arr[off[prev]:])
+        new_off = np.zeros_like(off)
+        np.cumsum(sizes, out=new_off[1:])
+        return _Cat(np.concatenate(parts), new_off)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,8 +407,11 @@ class Lowerer:
     #: logical programs numbered (oldest forgotten first; a forgotten program gets a new number)
     PROGRAMS_CAP = 1024
 
-    def __init__(self, hw: Hardware, cache_size: int = 8000, states: int = 6) -> None:
+    def __init__(self, hw: Hardware, cache_size: int = 8000, states: int = 6, collectives: bool = False) -> None:
         self.hw = hw
+        self.collectives = collectives
+        self._coll_cost: dict[tuple, C.CollectiveCost] = {}
+        self._sized: dict[int, Any] = {}
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple, Any] = OrderedDict()
         self._packs: dict[int, _SigPack] = {}
@@ -407,6 +482,7 @@ class Lowerer:
             carried = g.carried
             src_port = np.array([g.tensors[ins[p]].role in SOURCE_ROLES and ins[p] not in carried for p in pk.ports],
                                 np.bool_)
+        check_op_size(o.name, pk.sig.extents)
         sh = o.shards
         if sh.lo.shape[1] != pk.n_dims:
             raise ValueError(f"op {o.name!r}: shards have rank {sh.lo.shape[1]}, its index space has "
@@ -450,10 +526,45 @@ class Lowerer:
             keep = (ops[prod],) + tuple(ops[r] for r, _ in readers)
         counts, ints, flts = K.group_kernel(pp.out_lo, pp.out_hi, pp.dev, c_lo, c_hi, c_dev, r_counts,
                                             self.hw.n_devices, st.g_item[gi], *self._links)
-        piece = cache[key] = GroupPiece(counts, ints, flts, keep)  # keep: the ops whose ids are in the key
+        counts = np.append(counts, 0)
+        coll, parts, cost = _NO_COLL, _NO_PARTS, None
+        if self.collectives and counts[1] >= 2:
+            reduce = all(ops[r].kernel == "accumulate" for r, _ in readers)
+            coll, parts, cost = self._collective(counts, ints, flts, pp.dev, reduce)
+            if cost is not None:
+                counts[3] = parts.shape[0]
+        piece = cache[key] = GroupPiece(counts, ints, flts, keep, coll, parts, cost)  # keep: ops whose ids are in key
         if len(cache) > self.cache_size:
             cache.popitem(last=False)
         return piece
+
+    def _collective(self, counts, ints, flts, p_dev, reduce: bool):
+        """(coll, parts, cost) when a group's transfers are one collective, else no collective."""
+        L, T = int(counts[0]), int(counts[1])
+        rows = ints[L:L + T]
+        shard = rows[:, 0]
+        src = p_dev[shard]
+        dst = rows[:, 1]
+        nbytes = flts[:, 0]
+        kind = C.classify(reduce, src, dst, nbytes, shard)
+        if kind is None:
+            return _NO_COLL, _NO_PARTS, None
+        ranks = np.union1d(src, dst)
+        S = C.buffer_bytes(float(nbytes.sum()), ranks.shape[0])
+        by_node = C.ranks_by_node(ranks, self.hw.devices_per_node)
+        ck = (kind, S, tuple(by_node))
+        cost = self._coll_cost.get(ck)
+        if cost is None:
+            cost = self._coll_cost[ck] = C.collective_time(kind, S, by_node, self.hw)
+            if len(self._coll_cost) > 4096:
+                self._coll_cost.pop(next(iter(self._coll_cost)))
+        recv = np.bincount(dst, weights=nbytes, minlength=self.hw.n_devices)[ranks]
+        parts = np.stack([ranks.astype(np.float64), recv], axis=1)
+        total = float(nbytes.sum())
+        epb = float((nbytes * flts[:, 2]).sum() / total) if total > 0 else 0.0
+        mask = 1.0 if len(by_node) == 1 else 3.0
+        coll = np.array([cost.bandwidth_s, cost.latency_s, epb, mask])
+        return coll, parts, cost
 
     def _source_piece(self, g: Graph, st: _Structure, si: int, ops: list[Op], pieces: list[OpPiece]) -> np.ndarray:
         tensor, readers = st.sources[si]
@@ -516,53 +627,66 @@ class Lowerer:
         return number
 
     def _new_structure(self, g: Graph, program: int) -> _Structure:
-        check_sizes(g)
+        sized = self._sized  # tensors already checked (shared between plans; the dict keeps them alive)
+        for t in g.tensors.values():
+            if id(t) not in sized:
+                check_tensor_size(t)
+                sized[id(t)] = t
+        if len(sized) > 4 * self.cache_size:
+            sized.clear()
         order = g.topo_order
-        ops = [g.ops[n] for n in order]
+        gops = g.ops
+        ops = [gops[n] for n in order]
         readers: dict[str, list[tuple[int, str]]] = {}
         for i, o in enumerate(ops):
             for port, t in o.inputs:
-                readers.setdefault(t, []).append((i, port))
-        producers = g.producers
+                rd = readers.get(t)
+                if rd is None:
+                    readers[t] = [(i, port)]
+                else:
+                    rd.append((i, port))
+        outputs = {o.output for o in ops}
         carried = g.carried
         state_of = {nxt: p for p, nxt in carried.items()}  # P.next -> P
-        groups, sources, source_home, g_state = [], [], [], []
+        groups: list[tuple[int, str, tuple[tuple[int, str], ...]]] = []
+        g_state: list[int] = []
         op_groups: list[list[int]] = [[] for _ in ops]
-        op_sources: list[list[int]] = [[] for _ in ops]
-        op_inplace = np.zeros(len(ops), np.int8)
-
-        def add_group(i: int, t: str, rd: list[tuple[int, str]], state: int) -> None:
-            gi = len(groups)
-            groups.append((i, t, tuple(rd)))
-            g_state.append(state)
-            op_groups[i].append(gi)
-            for r, _ in rd:
-                if gi not in op_groups[r]:
-                    op_groups[r].append(gi)
-
         for i, o in enumerate(ops):  # produced tensors in producer order
             rd = readers.get(o.output)
             if rd:
-                add_group(i, o.output, rd, 0)
+                gi = len(groups)
+                groups.append((i, o.output, tuple(rd)))
+                g_state.append(0)
         homes = []
         for i, o in enumerate(ops):  # loop-carried state, in the order of its next value's producer
             p = state_of.get(o.output)
             if p is not None:
-                op_inplace[i] = 1
                 homes.append((p, i))
-                if readers.get(p):
-                    add_group(i, p, readers[p], 1)
+                if p in readers:
+                    groups.append((i, p, tuple(readers[p])))
+                    g_state.append(1)
+        for gi, (i, _t, rd) in enumerate(groups):
+            op_groups[i].append(gi)
+            for r, _ in rd:
+                og = op_groups[r]
+                if not og or og[-1] != gi:  # groups are visited in order: a repeat is the last entry
+                    og.append(gi)
+        op_inplace = np.zeros(len(ops), np.int8)
+        for _p, i in homes:
+            op_inplace[i] = 1
+        sources, source_home = [], []
+        op_sources: list[list[int]] = [[] for _ in ops]
+        tensors = g.tensors
         for t, rd in readers.items():  # ordinary sources in first-reader order
-            if t in producers or t in carried:
-                continue
-            if g.tensors[t].role not in SOURCE_ROLES:
+            if t in outputs or t in carried or tensors[t].role not in SOURCE_ROLES:
                 continue
             si = len(sources)
             sources.append((t, tuple(rd)))
             source_home.append(-1)
             for r, _ in rd:
-                if si not in op_sources[r]:
-                    op_sources[r].append(si)
+                os_ = op_sources[r]
+                if not os_ or os_[-1] != si:
+                    os_.append(si)
         for p, i in homes:  # then the homes of the states
             si = len(sources)
             sources.append((p, ()))
@@ -571,12 +695,12 @@ class Lowerer:
         rptr = np.zeros(len(groups) + 1, np.int64)
         rop: list[int] = []
         for gi, (_p, _t, rd) in enumerate(groups):
-            rop.extend(r for r, _ in rd)
+            rop.extend([r for r, _ in rd])
             rptr[gi + 1] = len(rop)
-        return _Structure(tuple(g.ops), order, groups, sources, source_home, np.array(g_state, np.int8), op_inplace,
+        return _Structure(tuple(gops), order, groups, sources, source_home, np.array(g_state, np.int8), op_inplace,
                           [tuple(x) for x in op_groups],
                           [tuple(x) for x in op_sources], np.array([p for p, _, _ in groups], np.int64),
-                          [float(ITEMSIZE[g.tensors[t].dtype]) for _, t, _ in groups], rptr,
+                          [float(ITEMSIZE[tensors[t].dtype]) for _, t, _ in groups], rptr,
                           np.array(rop, np.int64), program)
 
     def _program_key(self, g: Graph) -> tuple:
@@ -633,7 +757,7 @@ class Lowerer:
             self.stats["exact"] += 1
             if base.ops_map is not g.ops:  # same ops in a new dict: remember it too
                 self._push(g, base.struct, base.ops, base.op_pieces, base.group_pieces, base.source_pieces,
-                           base.op_sizes, base.g_counts, base.lowered)
+                           base.op_sizes, base.g_counts, base.lowered, base.cats)
             return base.lowered
         if base is None:
             self.stats["fresh"] += 1
@@ -645,7 +769,13 @@ class Lowerer:
             source_pieces = [self._source_piece(g, st, si, ops, op_pieces) for si in range(len(st.sources))]
             op_sizes = np.array([p.n for p in op_pieces], np.int64)
             g_counts = (np.stack([p.counts for p in group_pieces]) if group_pieces
-                        else np.zeros((0, 3), np.int64))
+                        else np.zeros((0, 4), np.int64))
+            cats = (_Cat.of([p.f for p in op_pieces], np.zeros((0, 5))),
+                    _Cat.of([p.ints for p in group_pieces], np.zeros((0, 3), np.int64)),
+                    _Cat.of([p.flts for p in group_pieces], np.zeros((0, 5))),
+                    _Cat.of([p.coll[None, :] for p in group_pieces], np.zeros((0, 4))),
+                    _Cat.of([p.parts for p in group_pieces], _NO_PARTS),
+                    _Cat.of(source_pieces, np.zeros(0)))
         else:
             self.stats["incremental"] += 1
             st = base.struct
@@ -672,30 +802,33 @@ class Lowerer:
                 g_counts[gi] = p.counts
             for si in ts:
                 source_pieces[si] = self._source_piece(g, st, si, ops, op_pieces)
-        low = self._assemble(st, op_pieces, group_pieces, source_pieces, op_sizes, g_counts)
-        self._push(g, st, ops, op_pieces, group_pieces, source_pieces, op_sizes, g_counts, low)
+            c_op, c_gi, c_gf, c_gc, c_gp, c_res = base.cats
+            gp = {gi: group_pieces[gi] for gi in tg}
+            cats = (c_op.splice({i: op_pieces[i].f for i in changed}),
+                    c_gi.splice({gi: p.ints for gi, p in gp.items()}),
+                    c_gf.splice({gi: p.flts for gi, p in gp.items()}),
+                    c_gc.splice({gi: p.coll[None, :] for gi, p in gp.items()}),
+                    c_gp.splice({gi: p.parts for gi, p in gp.items()}),
+                    c_res.splice({si: source_pieces[si] for si in ts}))
+        low = self._assemble(st, cats, op_sizes, g_counts)
+        self._push(g, st, ops, op_pieces, group_pieces, source_pieces, op_sizes, g_counts, low, cats)
         return low
 
-    def _push(self, g, st, ops, op_pieces, group_pieces, source_pieces, op_sizes, g_counts, low) -> None:
+    def _push(self, g, st, ops, op_pieces, group_pieces, source_pieces, op_sizes, g_counts, low, cats) -> None:
         S = _State()
         S.ops_map, S.tensors, S.struct, S.ops, S.op_pieces = g.ops, g.tensors, st, ops, op_pieces
-        S.group_pieces, S.source_pieces, S.op_sizes, S.g_counts, S.lowered = (
-            group_pieces, source_pieces, op_sizes, g_counts, low)
+        S.group_pieces, S.source_pieces, S.op_sizes, S.g_counts, S.lowered, S.cats = (
+            group_pieces, source_pieces, op_sizes, g_counts, low, cats)
         self._states.append(S)
 
-    def _assemble(self, st: _Structure, op_pieces, group_pieces, source_pieces, op_sizes, g_counts) -> Lowered:
+    def _assemble(self, st: _Structure, cats: tuple, op_sizes, g_counts) -> Lowered:
         n_dev = self.hw.n_devices
-        op_f = np.concatenate([p.f for p in op_pieces]) if op_pieces else np.zeros((0, 5))
-        if group_pieces:
-            g_ints = np.concatenate([p.ints for p in group_pieces])
-            g_flts = np.concatenate([p.flts for p in group_pieces])
-        else:
-            g_ints, g_flts = np.zeros((0, 3), np.int64), np.zeros((0, 4))
-        res = np.concatenate(source_pieces) if source_pieces else np.zeros(0)
-        kind, i32, f64, ptr, idx, resident, ints, flts = K.assemble(
+        op_f, g_ints, g_flts, g_coll, c_parts, res = (c.arr for c in cats)
+        kind, i32, f64, ptr, idx, resident, ints, flts, link, pptr, pdev, palloc = K.assemble(
             op_sizes, op_f, st.g_prod, st.g_rptr, st.g_rop, g_counts, g_ints, g_flts, res, n_dev, st.g_state,
-            st.op_inplace)
-        return Lowered(kind, i32, f64, ptr, idx, resident, ints, flts, n_dev, st.order, st.program)
+            st.op_inplace, g_coll, c_parts)
+        return Lowered(kind, i32, f64, ptr, idx, resident, ints, flts, n_dev, st.order, st.program, link, pptr, pdev,
+                       palloc)
 
 
 def lower(g: Graph, hw: Hardware) -> Lowered:

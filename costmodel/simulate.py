@@ -10,7 +10,8 @@ unless ``check=False``.
 =================  ===================  =========================================================
 array              dtype / shape        meaning
 =================  ===================  =========================================================
-``kind``           int8[n]              0 = compute (a shard), 1 = transfer (a copy between devices)
+``kind``           int8[n]              0 = compute (a shard), 1 = transfer (a copy between devices),
+                                        2 = collective (see ``part_*``)
 ``dev``            int32[n]             compute: the device that runs it; transfer: the SOURCE device
 ``dst``            int32[n]             transfer: the DESTINATION device; compute: ignored, use -1
 ``dur``            float64[n]           OCCUPANCY in seconds, already computed by the caller: how
@@ -43,6 +44,14 @@ array              dtype / shape        meaning
 ``keep``           bool[n], optional    keyword-only; True = never free this node's buffer even
                                         though it has successors (a graph output that is also
                                         read by other shards). Default: all False.
+``link``           int8[n], optional    keyword-only; which ports a node uses. Transfer: 0 = the
+                                        intra-node port (NVLink), 1 = the inter-node port (NIC);
+                                        collective: bit mask, 1 = NVLink ports, 2 = NIC ports.
+                                        Default: all 0 (one port pair per device, the contract
+                                        before NVLink and NIC were separate).
+``part_ptr``       int64[n+1], opt.     keyword-only CSR of each collective's participants:
+``part_dev``       int32[k]             devices ``part_dev[part_ptr[i]:part_ptr[i+1]]`` and the
+``part_alloc``     float64[k]           bytes each receives (its buffer); empty for other nodes.
 =================  ===================  =========================================================
 
 How a graph maps onto this (the lowering's job, stated here so both sides agree): one compute
@@ -55,11 +64,14 @@ them costs no transfer time (DESIGN.md section 4).
 
 Resources and timing model
 --------------------------
-Every device has three independent resources: its *compute* (one shard at a time), its *egress*
-port and its *ingress* port (one transfer at a time each; on the real machines the port is the
-NVLink port inside a node and the NIC across nodes, the lowering chooses the duration
-accordingly). A compute node occupies ``compute[dev]``; a transfer occupies ``egress[dev]`` and
-``ingress[dst]``. Compute and communication of one device overlap freely.
+Every device has five independent resources: its *compute* (one shard at a time), and an
+*egress* and an *ingress* port on each of its two links, NVLink inside the node and the NIC
+across nodes (one transfer at a time each; both links can run at once). A compute node occupies
+``compute[dev]``; a transfer occupies ``egress[dev]`` and ``ingress[dst]`` of its link. A
+*collective* (one NCCL call, see ``costmodel.collectives``) occupies the egress and ingress ports
+of every participant on the links in its mask for its whole duration, starting when all of them
+are free (all ranks of a collective progress together). Compute and communication of one device
+overlap freely.
 
 Links pipeline: a node holds its resources for ``dur`` only, from ``start`` to ``start + dur``;
 its output is available to its successors at ``finish = start + dur + lat``. For a transfer,
@@ -82,7 +94,7 @@ before it, so ``makespan <= sum(dur + lat)``; and ``makespan >= critical_path`` 
 of ``dur + lat``) and ``>= max_device_load`` (largest sum of ``dur`` on one resource).
 
 Memory: the buffer of node ``i`` (``alloc_bytes[i]`` on ``dev[i]`` for compute, ``dst[i]`` for a
-transfer) is allocated at ``start[i]`` (a transfer's receive buffer too, although the data lands
+transfer, ``part_alloc`` on each participant for a collective) is allocated at ``start[i]`` (a transfer's receive buffer too, although the data lands
 up to ``lat`` later) and freed when the last of its successors finishes (its ``finish``); a
 node without successors (a graph output), or with ``keep[i]``, keeps its buffer to the end. The
 buffers a node reads are thus live while it runs. ``peak_mem[d] = resident_bytes[d] + max over
@@ -238,7 +250,8 @@ def _radix_argsort(keys):
 
 
 @njit(cache=True, nogil=True)
-def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices, keep):
+def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices, keep, link,
+                   part_ptr, part_dev, part_alloc):
     """Returns (status, start, finish, makespan, peak_mem, busy_compute, busy_egress,
     busy_ingress, used, rank, order, n_topo). status 0 = ok, 1 = cycle (then ``order[:n_topo]``
     holds the nodes Kahn could order; the others lie on or behind a cycle)."""
@@ -298,8 +311,8 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     # --- list scheduling ------------------------------------------------------------------
     ready = np.zeros(n, np.float64)  # max finish (data available) of the predecessors scheduled so far
     compute_free = np.zeros(n_devices, np.float64)
-    egress_free = np.zeros(n_devices, np.float64)
-    ingress_free = np.zeros(n_devices, np.float64)
+    egress_free = np.zeros(2 * n_devices, np.float64)  # port 2*d: NVLink, 2*d+1: NIC
+    ingress_free = np.zeros(2 * n_devices, np.float64)
     off, n_lev = _bitset_layout(n)
     ready_set = np.zeros(off[n_lev], np.uint64)  # priority positions of the ready nodes
     n_ready = 0
@@ -323,19 +336,40 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
             compute_free[d] = o
             busy_compute[d] += dur[u]
             used[d] = True
-        else:
+        elif kind[u] == 1:
             r = dst[u]
-            if egress_free[d] > t:
-                t = egress_free[d]
-            if ingress_free[r] > t:
-                t = ingress_free[r]
+            c = link[u]
+            if egress_free[2 * d + c] > t:
+                t = egress_free[2 * d + c]
+            if ingress_free[2 * r + c] > t:
+                t = ingress_free[2 * r + c]
             o = t + dur[u]
-            egress_free[d] = o
-            ingress_free[r] = o
+            egress_free[2 * d + c] = o
+            ingress_free[2 * r + c] = o
             busy_egress[d] += dur[u]
             busy_ingress[r] += dur[u]
             used[d] = True
             used[r] = True
+        else:  # a collective: every participant's ports on its links, together
+            mask = link[u]
+            for j in range(part_ptr[u], part_ptr[u + 1]):
+                q = part_dev[j]
+                for c in range(2):
+                    if (mask >> c) & 1:
+                        if egress_free[2 * q + c] > t:
+                            t = egress_free[2 * q + c]
+                        if ingress_free[2 * q + c] > t:
+                            t = ingress_free[2 * q + c]
+            o = t + dur[u]
+            for j in range(part_ptr[u], part_ptr[u + 1]):
+                q = part_dev[j]
+                for c in range(2):
+                    if (mask >> c) & 1:
+                        egress_free[2 * q + c] = o
+                        ingress_free[2 * q + c] = o
+                busy_egress[q] += dur[u]
+                busy_ingress[q] += dur[u]
+                used[q] = True
         f = o + lat[u]
         start[u] = t
         finish[u] = f
@@ -356,9 +390,16 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     n_alloc = 0
     n_free = 0
     for i in range(n):
-        if alloc_bytes[i] > 0.0:
+        frees = succ_ptr[i + 1] > succ_ptr[i] and not keep[i]
+        if kind[i] == 2:
+            for j in range(part_ptr[i], part_ptr[i + 1]):
+                if part_alloc[j] > 0.0:
+                    n_alloc += 1
+                    if frees:
+                        n_free += 1
+        elif alloc_bytes[i] > 0.0:
             n_alloc += 1
-            if succ_ptr[i + 1] > succ_ptr[i] and not keep[i]:
+            if frees:
                 n_free += 1
     if n_alloc > 0:
         ev_t = np.empty(n_free + n_alloc, np.float64)
@@ -367,19 +408,33 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
         jf = 0  # frees first in the array: a stable sort then puts them before equal-time allocs
         ja = n_free
         for i in range(n):
-            b = alloc_bytes[i]
-            if b > 0.0:
-                loc = dev[i] if kind[i] == 0 else dst[i]
+            frees = succ_ptr[i + 1] > succ_ptr[i] and not keep[i]
+            tf = 0.0
+            if frees:
+                for e in range(succ_ptr[i], succ_ptr[i + 1]):
+                    fs = finish[succ_idx[e]]
+                    if fs > tf:
+                        tf = fs
+            if kind[i] == 2:
+                j0 = part_ptr[i]
+                j1 = part_ptr[i + 1]
+            else:
+                j0 = 0
+                j1 = 1 if alloc_bytes[i] > 0.0 else 0
+            for j in range(j0, j1):
+                if kind[i] == 2:
+                    b = part_alloc[j]
+                    loc = part_dev[j]
+                    if b <= 0.0:
+                        continue
+                else:
+                    b = alloc_bytes[i]
+                    loc = dev[i] if kind[i] == 0 else dst[i]
                 ev_t[ja] = start[i]
                 ev_b[ja] = b
                 ev_d[ja] = loc
                 ja += 1
-                if succ_ptr[i + 1] > succ_ptr[i] and not keep[i]:
-                    tf = 0.0
-                    for e in range(succ_ptr[i], succ_ptr[i + 1]):
-                        fs = finish[succ_idx[e]]
-                        if fs > tf:
-                            tf = fs
+                if frees:
                     ev_t[jf] = tf
                     ev_b[jf] = -b
                     ev_d[jf] = loc
@@ -482,8 +537,8 @@ def _validate(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, residen
         raise SimulationError(f"succ_idx: node index out of range 0..{n - 1}")
     if n == 0:
         return
-    if np.any((kind != 0) & (kind != 1)):
-        raise SimulationError("kind: must be 0 (compute) or 1 (transfer)")
+    if np.any((kind < 0) | (kind > 2)):
+        raise SimulationError("kind: must be 0 (compute), 1 (transfer) or 2 (collective)")
     if dev.min() < 0 or dev.max() >= n_devices:
         i = int(np.flatnonzero((dev < 0) | (dev >= n_devices))[0])
         raise SimulationError(f"dev[{i}] = {int(dev[i])} out of range 0..{n_devices - 1}")
@@ -524,9 +579,10 @@ def _find_cycle(n: int, succ_ptr: np.ndarray, succ_idx: np.ndarray, ordered: np.
 
 
 def simulate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices: int,
-             *, lat=None, keep=None, check: bool = True) -> Schedule:
+             *, lat=None, keep=None, link=None, part_ptr=None, part_dev=None, part_alloc=None,
+             check: bool = True) -> Schedule:
     """Simulate a lowered plan; see the module docstring for the array contract (``lat``:
-    float64[n] latencies, default zeros).
+    float64[n] latencies, default zeros; ``link``, ``part_*``: ports and collectives).
 
     Raises :class:`SimulationError` for malformed input (when ``check``) and for a cycle
     (always; the message names the nodes on one cycle).
@@ -547,14 +603,45 @@ def simulate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_byte
         keep = _as(keep, np.bool_, "keep")
         if keep.shape[0] != kind.shape[0]:
             raise SimulationError(f"keep: length {keep.shape[0]} != n = {kind.shape[0]} (length of kind)")
+    n = kind.shape[0]
+    link = np.zeros(n, np.int8) if link is None else _as(link, np.int8, "link")
+    part_ptr = np.zeros(n + 1, np.int64) if part_ptr is None else _as(part_ptr, np.int64, "part_ptr")
+    part_dev = np.zeros(0, np.int32) if part_dev is None else _as(part_dev, np.int32, "part_dev")
+    part_alloc = np.zeros(0, np.float64) if part_alloc is None else _as(part_alloc, np.float64, "part_alloc")
     if check:
         _validate(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices)
+        _validate_ports(kind, link, part_ptr, part_dev, part_alloc, n_devices)
     return simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices,
-                           lat=lat, keep=keep)
+                           lat=lat, keep=keep, link=link, part_ptr=part_ptr, part_dev=part_dev, part_alloc=part_alloc)
+
+
+def _validate_ports(kind, link, part_ptr, part_dev, part_alloc, n_devices) -> None:
+    n = kind.shape[0]
+    if link.shape[0] != n:
+        raise SimulationError(f"link: length {link.shape[0]} != n = {n} (length of kind)")
+    if part_ptr.shape[0] != n + 1 or part_ptr[0] != 0 or part_ptr[-1] != part_dev.shape[0] or np.any(
+            np.diff(part_ptr) < 0):
+        raise SimulationError("part_ptr: must have n + 1 entries, start at 0, be non-decreasing and end at "
+                              "len(part_dev)")
+    if part_alloc.shape[0] != part_dev.shape[0]:
+        raise SimulationError("part_alloc: must have one entry per part_dev entry")
+    if part_dev.size and (part_dev.min() < 0 or part_dev.max() >= n_devices):
+        raise SimulationError(f"part_dev: device out of range 0..{n_devices - 1}")
+    if not np.all(np.isfinite(part_alloc)) or np.any(part_alloc < 0):
+        raise SimulationError("part_alloc: must be finite and >= 0")
+    tr = kind == 1
+    if np.any(tr & ((link < 0) | (link > 1))):
+        raise SimulationError("link: a transfer uses port 0 (NVLink) or 1 (NIC)")
+    co = kind == 2
+    if np.any(co & ((link < 1) | (link > 3))):
+        raise SimulationError("link: a collective's mask is 1 (NVLink), 2 (NIC) or 3 (both)")
+    if np.any(co & (np.diff(part_ptr) == 0)):
+        raise SimulationError("part_ptr: a collective needs at least one participant")
 
 
 def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
-                    n_devices: int, *, lat=None, keep=None) -> Schedule:
+                    n_devices: int, *, lat=None, keep=None, link=None, part_ptr=None, part_dev=None,
+                    part_alloc=None) -> Schedule:
     """Fast path: arrays already of the contract's dtypes (``lat``: float64[n] or None for zeros;
     ``keep``: bool[n] or None), contiguous and valid. Unchecked: out-of-range indices or
     negative/NaN durations or latencies here are undefined behaviour (wrong results or a crash).
@@ -563,18 +650,26 @@ def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, reside
         lat = np.zeros(kind.shape[0], np.float64)
     if keep is None:
         keep = np.zeros(kind.shape[0], np.bool_)
+    if link is None:
+        link = np.zeros(kind.shape[0], np.int8)
+    if part_ptr is None:
+        part_ptr, part_dev, part_alloc = np.zeros(kind.shape[0] + 1, np.int64), _NO_DEV, _NO_ALLOC
     (status, start, finish, makespan, peak_mem, busy_c, busy_e, busy_i, used, rank, order,
      n_topo) = _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
-                              int(n_devices), keep)
+                              int(n_devices), keep, link, part_ptr, part_dev, part_alloc)
     if status != 0:
         cyc = _find_cycle(kind.shape[0], succ_ptr, succ_idx, order[:n_topo])
         raise SimulationError(
             f"the task graph has a cycle ({kind.shape[0] - n_topo} of {kind.shape[0]} nodes cannot be "
             f"ordered); one cycle: {' -> '.join(map(str, cyc))}")
-    moved = float(alloc_bytes[kind == 1].sum()) if kind.size else 0.0
+    moved = float(alloc_bytes[kind != 0].sum()) if kind.size else 0.0
     return Schedule(start=start, finish=finish, makespan=float(makespan), peak_mem=peak_mem,
                     busy_compute=busy_c, busy_egress=busy_e, busy_ingress=busy_i, used=used,
                     rank=rank, order=order, bytes_moved=moved)
+
+
+_NO_DEV = np.zeros(0, np.int32)
+_NO_ALLOC = np.zeros(0, np.float64)
 
 
 def csr_from_edges(n: int, src, dst) -> tuple[np.ndarray, np.ndarray]:

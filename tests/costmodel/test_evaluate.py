@@ -135,7 +135,7 @@ def test_reduction_split_accumulate_pulls_the_partials():
     g = split_reduction(matmul_graph(M, K, N), "mm", 2)
     g = retile(g, "mm", [2, 1, 1], [0, 1])  # block kb of the reduction on device kb
     g = retile(g, "mm.acc", [1, 1], [0])
-    e = evaluate(g, HW)
+    e = evaluate(g, HW, collectives=False)  # point to point (as a NCCL reduce: test_collectives.py)
     low = e.lowered
     tr = np.nonzero(low.kind == 1)[0]
     assert len(tr) == 1 and (low.dev[tr[0]], low.dst[tr[0]]) == (1, 0)
@@ -157,7 +157,7 @@ def test_partials_into_one_device_pipeline_their_latency():
     g = split_reduction(matmul_graph(M, K, N), "mm", 4)
     g = retile(g, "mm", [4, 1, 1], [0, 1, 2, 3])
     g = retile(g, "mm.acc", [1, 1], [0])
-    e = evaluate(g, HW)
+    e = evaluate(g, HW, collectives=False)  # point to point (as a NCCL reduce: test_collectives.py)
     low = e.lowered
     tr = np.nonzero(low.kind == 1)[0]
     assert sorted(low.dev[tr].tolist()) == [1, 2, 3] and set(low.dst[tr].tolist()) == {0}
@@ -199,19 +199,26 @@ def random_plans(name, params, n_dev, count, steps, seed):
     ("transformer", dict(batch=2, seq=64, d_model=128, heads=4, d_ff=256)),
     ("convnet", dict(batch=2, channels=(3, 16, 16), size=32)),
 ])
-def test_bound_energy_breakdown_consistency(name, params):
-    ev = Evaluator(HW)
+@pytest.mark.parametrize("collectives", [False, True])
+def test_bound_energy_breakdown_consistency(name, params, collectives):
+    ev = Evaluator(HW, collectives=collectives)
     for g in random_plans(name, params, 8, 15, 10, seed=3):
         e = ev(g, keep=True)
         assert 0 < e.lower_bound <= e.makespan * (1 + 1e-12)
         assert e.lower_bound == lower_bound(unshard(g), HW)
         low, s = e.lowered, e.schedule
-        assert e.energy == schedule_energy(s, HW, low.kind, low.dev, low.dst, low.alloc).total
+        if not collectives:
+            assert e.energy == schedule_energy(s, HW, low.kind, low.dev, low.dst, low.alloc).total
         b = e.breakdown()
         assert sum(o["compute_s"] for o in b.ops) == pytest.approx(sum(d["compute_s"] for d in b.devices))
         assert sum(o["in_bytes"] for o in b.ops) == pytest.approx(e.bytes_moved)
         # port seconds: every transfer counted once per op, once on its sender and once on its receiver
-        assert 2 * sum(o["in_s"] for o in b.ops) == pytest.approx(sum(d["comm_s"] for d in b.devices))
+        nc = low.n_compute
+        ranks = np.diff(low.part_ptr)[nc:]  # a collective holds the ports of each participant
+        held = np.where(low.kind[nc:] == 2, ranks, 1)
+        assert 2 * float((low.dur[nc:] * held).sum()) == pytest.approx(sum(d["comm_s"] for d in b.devices))
+        assert sum(o["in_s"] for o in b.ops) == pytest.approx(float(low.dur[nc:].sum()))
+        assert collectives or np.all(held == 1)
         nc = low.n_compute
         assert sum(o["in_latency_s"] for o in b.ops) == pytest.approx(float(low.lat[nc:].sum()))
         assert np.all(s.finish == s.start + low.dur + low.lat)

@@ -258,7 +258,8 @@ def test_device_out_of_range_is_a_hardware_error():
 
 
 ARRAYS = ("kind", "dev", "dst", "dur", "lat", "elapsed", "succ_ptr", "succ_idx", "alloc", "resident", "op_offsets",
-          "flops", "nbytes", "transfer_op", "transfer_src_op", "transfer_epb")
+          "flops", "nbytes", "transfer_op", "transfer_src_op", "transfer_epb", "link", "part_ptr", "part_dev",
+          "part_alloc")
 
 
 def assert_same(a, b):

@@ -34,6 +34,9 @@ and TP wins when the weight traffic it saves exceeds its reduce-scatter and its 
 tokens: both are compute-bound with the same FLOPs per device, and TP still pays the
 reduce-scatter: DP wins. At T = 8 tensor parallelism first wins at H = 960 (multiples of 64;
 H = 2176 before latencies were pipelined).
+
+This file pins the point-to-point model (``Evaluator(HW, collectives=False)``); with the
+reduce-scatter run as a NCCL collective (the default), see ``test_collectives.py``.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ SWEEP = [8, 16, 32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 512, 768, 1024, 2
 @pytest.fixture(scope="module", params=[4096, 1024], ids=lambda h: f"H{h}")
 def sweep(request):
     H = request.param
-    ev = Evaluator(HW)
+    ev = Evaluator(HW, collectives=False)
     return H, {T: (ev(tensor_parallel(T, H), keep=True), ev(data_parallel(T, H), keep=True)) for T in SWEEP}
 
 
@@ -189,7 +192,7 @@ def test_hidden_size_where_tensor_parallelism_first_wins():
     # at T = 8 tokens: DP wins at H = 512 and 896, TP at H = 960 and 1024, in the simulator and
     # in the closed form. With 7 latencies in a row (links not pipelined) the closed form needed
     # H >= 1664 (and the simulator, whose schedule then paid about 12 latencies, H >= 2176).
-    ev = Evaluator(HW)
+    ev = Evaluator(HW, collectives=False)
     T = 8
     for H, tp_wins in ((512, False), (896, False), (960, True), (1024, True)):
         tp, dp = ev(tensor_parallel(T, H)), ev(data_parallel(T, H))

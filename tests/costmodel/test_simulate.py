@@ -237,7 +237,7 @@ def test_input_validation():
         (dict(dst=[-1, -1]), r"dst\[1\] = -1 out of range"),
         (dict(dur=[1.0, -1.0]), r"dur\[1\]"),
         (dict(dur=[1.0, np.nan]), r"dur\[1\]"),
-        (dict(kind=[0, 2]), "kind"),
+        (dict(kind=[0, 3]), "kind"),
         (dict(succ_ptr=[0, 1]), "succ_ptr"),
         (dict(succ_ptr=[0, 2, 1]), "succ_ptr"),
         (dict(succ_idx=[5]), "succ_idx"),

@@ -58,7 +58,7 @@ def test_carried_is_declared():
 def test_sharded_state_read_everywhere_is_an_all_gather():
     p = 4
     g = fsdp(step(), p)
-    low = Lowerer(HW8).lower(g)
+    low = Lowerer(HW8, collectives=False).lower(g)  # point to point (the collective form: test_collectives)
     nc = low.n_compute
     tb = low.alloc[nc:]
     # each of the p matmul shards reads all of W; it holds 1/p of it: p*(p-1) transfers of K/p rows
@@ -115,7 +115,7 @@ def test_state_sharded_differently_from_its_readers():
     g = step()
     g = place(split(g, "mm", 0, 4), "mm", [4, 5, 6, 7])
     g = place(split(g, "upd", 1, 2), "upd", [0, 1])
-    low = Lowerer(HW8).lower(g)
+    low = Lowerer(HW8, collectives=False).lower(g)
     tb = low.alloc[low.n_compute:]
     assert len(tb) == 8 and np.all(tb == K * N // 2 * F4)
     assert sorted(zip(low.dev[low.n_compute:].tolist(), low.dst[low.n_compute:].tolist())) == sorted(
@@ -126,7 +126,7 @@ def test_state_sharded_differently_from_its_readers():
 def test_transfer_plan_lists_state_transfers_in_the_lowerings_order():
     g = place(split(step(), "mm", 0, 4), "mm", [4, 5, 6, 7])
     g = place(split(g, "upd", 1, 2), "upd", [0, 1])
-    low = Lowerer(HW8).lower(g)
+    low = Lowerer(HW8, collectives=False).lower(g)
     tp = transfer_plan(g, HW8)
     allt = tp.transfers + tp.state_transfers
     nc = low.n_compute
@@ -142,16 +142,17 @@ def test_transfer_plan_lists_state_transfers_in_the_lowerings_order():
 def test_incremental_equals_fresh_with_state():
     from tests.costmodel.test_lowering import assert_same
 
-    rng = np.random.default_rng(3)
-    inc = Lowerer(HW8, states=3)
-    g = step()
-    for _ in range(40):
-        op = ["mm", "upd"][int(rng.integers(2))]
-        parts = [int(rng.choice([1, 2, 4])), int(rng.choice([1, 2]))]
-        devs = rng.integers(0, 8, size=parts[0] * parts[1]).tolist()
-        g = retile(g, op, parts, devs)
-        assert_same(inc.lower(g), Lowerer(HW8).lower(g))
-    assert inc.stats["incremental"] > 20
+    for coll in (True, False):
+        rng = np.random.default_rng(3)
+        inc = Lowerer(HW8, states=3, collectives=coll)
+        g = step()
+        for _ in range(40):
+            op = ["mm", "upd"][int(rng.integers(2))]
+            parts = [int(rng.choice([1, 2, 4])), int(rng.choice([1, 2]))]
+            devs = rng.integers(0, 8, size=parts[0] * parts[1]).tolist()
+            g = retile(g, op, parts, devs)
+            assert_same(inc.lower(g), Lowerer(HW8, collectives=coll).lower(g))
+        assert inc.stats["incremental"] > 20
 
 
 def test_model_flops_and_mfu_by_hand():
@@ -184,13 +185,20 @@ def test_memory_floor_refuses_state_that_cannot_fit_fully_sharded():
 
 
 def test_sizes_that_would_overflow_are_refused():
-    from costmodel.lowering import PlanSizeError
+    from costmodel.lowering import PlanSizeError, check_op_size, check_sizes, check_tensor_size
     from ir import workloads
+    from ir.workloads import WorkloadError
 
-    g = workloads.build("mlp", batch=64, widths=[int(1e11)] * 3)
-    with pytest.raises(PlanSizeError, match="W1"):
-        Evaluator(HW8)(g)
-    # just below the limit is still counted exactly
+    # the IR refuses the 1e11-wide MLP already (it gave a negative peak memory before)
+    with pytest.raises(WorkloadError, match="cells"):
+        workloads.build("mlp", batch=64, widths=[int(1e11)] * 3)
+    with pytest.raises(PlanSizeError, match="'W'"):
+        check_tensor_size(Tensor("W", (2**26, 2**25), "float32"))  # 2**53 bytes
+    check_tensor_size(Tensor("W", (2**26, 2**25 - 1), "float32"))
+    with pytest.raises(PlanSizeError, match="'big'"):
+        check_op_size("big", (2**27, 2**26))
+    check_sizes(step())
+    # just below the limits, bytes are counted exactly
     ok = workloads.build("mlp", batch=2, widths=[2**20, 2**20, 2])
     ev = Evaluator(HW8)(ok)
     assert ev.peak_memory >= 2**40 * 4 + 2**21 * 4  # W1 and W2 resident, positive and exact

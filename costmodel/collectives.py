@@ -1,0 +1,161 @@
+"""Collectives: which groups of transfers are NCCL collectives, and what they cost.
+
+The lowering (``costmodel.lowering``) finds, for every produced tensor (and every loop-carried
+state read away from its home), the point-to-point transfers its readers need. Some of those
+groups are what a training framework runs as one NCCL collective, and NCCL runs them faster than
+the same bytes sent point to point (it relays through node peers instead of sending every byte
+over the NIC, and reaches a known fraction of the line rate):
+
+- **reduce-scatter**: the partials of a split reduction read by the shards of its ``accumulate``
+  op on several devices (data-parallel weight gradients, Megatron's row-parallel output);
+- **reduce**: the same into one device;
+- **all-gather**: every source shard sends the same box to several devices (the reads of a
+  sharded state: FSDP/ZeRO's parameter gather; a replicated read of an activation);
+- **broadcast**: one source shard to several devices.
+
+A group becomes a collective when it spans at least ``MIN_RANKS`` devices (sources and
+destinations); anything else (two devices, an all-to-all reshuffle) stays point to point, which
+is what NCCL's send/recv does. The collective is one simulator node that holds the ports of
+every participating device (NVLink ports, and NIC ports if it crosses nodes) for its duration:
+all ranks of a NCCL collective progress together.
+
+Cost (NCCL's algorithms; nccl-tests ``doc/PERFORMANCE.md`` defines algorithm and bus bandwidth):
+with ``S`` the collective's buffer size in bytes (the whole gathered / reduced tensor), ``n``
+ranks, ``B`` the bus bandwidth NCCL reaches on a link (``BUS_EFFICIENCY`` × the link's
+bandwidth per direction) and ``α`` the link latency per algorithm step,
+
+- ring reduce-scatter or all-gather inside a node: ``(n-1)/n · S / B_nvlink + (n-1)·α_nvlink``;
+- ring broadcast or reduce (pipelined chunks): ``S / B + (n-1)·α``;
+- all-reduce = reduce-scatter + all-gather: ``2(n-1)/n · S / B + 2(n-1)·α``;
+- across ``N`` nodes of ``g`` ranks, NCCL picks the faster of a ring striped over the ``g`` NICs
+  of every node (``(n-1)/n · S / min(B_nvlink, g·B_nic)`` + ``(n-1)`` steps of NIC latency) and
+  the hierarchical algorithm (reduce-scatter inside each node over NVLink, then over the NICs
+  among the ``N`` nodes on the ``S/g`` bytes each rank holds, the gathers in reverse):
+  ``(g-1)/g · S / B_nvlink + (N-1)/N · (S/g) / B_nic`` plus ``(g-1)`` NVLink and ``(N-1)`` NIC
+  latencies (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA
+  blog 2019; Hu et al., "Demystifying NCCL", arXiv:2507.04786, 2025, sections 4-5).
+
+``BUS_EFFICIENCY`` (fraction of the per-direction line rate NCCL reaches on large messages) is
+an ESTIMATE from published nccl-tests runs on HGX/DGX H100: ``all_reduce_perf`` without NVLink
+SHARP reaches a bus bandwidth of about 360-370 GB/s of NVLink 4's 450 GB/s per direction (0.8);
+over 400 Gb/s NDR InfiniBand about 45-48 GB/s of 50 (0.9) (NVIDIA DGX SuperPOD H100 reference
+architecture and nccl-tests results reported by cloud providers). Calibrate where it matters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.hardware import Hardware
+
+__all__ = ["BUS_EFFICIENCY", "KINDS", "MIN_RANKS", "CollectiveCost", "buffer_bytes", "classify", "collective_time",
+           "ranks_by_node"]
+
+#: fraction of the link's per-direction bandwidth NCCL reaches on large messages (see above)
+BUS_EFFICIENCY = {"intra": 0.80, "inter": 0.90}
+#: a group of transfers spanning fewer devices stays point to point
+MIN_RANKS = 3
+KINDS = ("reduce_scatter", "all_gather", "all_reduce", "broadcast", "reduce")
+KIND_CODES = {k: i + 1 for i, k in enumerate(KINDS)}  # 0 = point to point
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """``seconds`` = ``bandwidth_s + latency_s``; ``algorithm``: ring, hierarchical."""
+
+    kind: str
+    algorithm: str
+    nbytes: float
+    ranks: int
+    nodes: int
+    bandwidth_s: float
+    latency_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.bandwidth_s + self.latency_s
+
+
+def _phases(kind: str) -> tuple[float, bool]:
+    """(how many reduce-scatter/all-gather passes the data makes, pipelined one-to-all/all-to-one)."""
+    if kind in ("reduce_scatter", "all_gather"):
+        return 1.0, False
+    if kind == "all_reduce":
+        return 2.0, False
+    if kind in ("broadcast", "reduce"):
+        return 1.0, True
+    raise ValueError(f"unknown collective {kind!r}; known: {', '.join(KINDS)}")
+
+
+def collective_time(kind: str, nbytes: float, ranks_per_node: list[int] | tuple[int, ...] | int, hw: Hardware,
+                    efficiency: dict[str, float] | None = None) -> CollectiveCost:
+    """NCCL's time for collective ``kind`` over a buffer of ``nbytes`` on the ranks given by
+    ``ranks_per_node`` (one count per node taking part, or one int for a single node) of ``hw``;
+    the fastest of the algorithms in the module docstring."""
+    counts = [ranks_per_node] if isinstance(ranks_per_node, (int, np.integer)) else list(ranks_per_node)
+    counts = [int(c) for c in counts if c > 0]
+    n = sum(counts)
+    N = len(counts)
+    if n < 2 or nbytes <= 0:
+        return CollectiveCost(kind, "none", float(nbytes), n, N, 0.0, 0.0)
+    eff = {**BUS_EFFICIENCY, **(efficiency or {})}
+    b_nv = hw.intra_link.bandwidth * eff["intra"]
+    b_ib = hw.inter_link.bandwidth * eff["inter"]
+    a_nv, a_ib = hw.intra_link.latency, hw.inter_link.latency
+    passes, pipelined = _phases(kind)
+    S = float(nbytes)
+    if N == 1:
+        frac = 1.0 if pipelined else (n - 1) / n
+        return CollectiveCost(kind, "ring", S, n, 1, passes * frac * S / b_nv, passes * (n - 1) * a_nv)
+    g = max(counts)  # the busiest node sets the pace
+    frac = 1.0 if pipelined else (n - 1) / n
+    ring = CollectiveCost(kind, "ring", S, n, N, passes * frac * S / min(b_nv, g * b_ib),
+                          passes * ((n - N) * a_nv + N * a_ib))
+    inner = 1.0 if pipelined else (g - 1) / g
+    outer = 1.0 if pipelined else (N - 1) / N
+    hier = CollectiveCost(kind, "hierarchical", S, n, N,
+                          passes * (inner * S / b_nv + outer * (S / g) / b_ib),
+                          passes * ((g - 1) * a_nv + (N - 1) * a_ib))
+    return min((ring, hier), key=lambda c: (c.seconds, c.algorithm))
+
+
+def classify(reduce: bool, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, shard: np.ndarray) -> str | None:
+    """The collective a group of point-to-point transfers is (``None``: it stays point to point).
+
+    ``src``/``dst``: devices of each transfer; ``shard``: the source shard it comes from;
+    ``nbytes``: its bytes; ``reduce``: the readers are ``accumulate`` ops (partials of a split
+    reduction). Rules in the module docstring."""
+    if src.shape[0] < 2:
+        return None
+    ranks = np.union1d(src, dst)
+    if ranks.shape[0] < MIN_RANKS:
+        return None
+    n_dst = np.unique(dst).shape[0]
+    if reduce:
+        return "reduce" if n_dst == 1 else "reduce_scatter"
+    # a replicated read: every source shard sends the same bytes to at least two devices
+    order = np.argsort(shard, kind="stable")
+    s, b = shard[order], nbytes[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    counts = np.diff(np.r_[starts, s.shape[0]])
+    if counts.min() < 2:
+        return None
+    first = np.repeat(b[starts], counts)
+    if not np.all(b == first):
+        return None
+    return "broadcast" if starts.shape[0] == 1 else "all_gather"
+
+
+def buffer_bytes(total: float, ranks: int) -> float:
+    """The collective's buffer size ``S`` from the bytes its point-to-point form moves: a
+    reduce-scatter or all-gather of ``S`` over ``n`` ranks moves ``(n-1)·S``, and so does a
+    broadcast or reduce to ``n-1`` others."""
+    return total / max(ranks - 1, 1)
+
+
+def ranks_by_node(ranks: np.ndarray, devices_per_node: int) -> list[int]:
+    """Ranks per node taking part (nodes in increasing order)."""
+    nodes = np.asarray(ranks, np.int64) // devices_per_node
+    return np.bincount(nodes)[np.unique(nodes)].tolist()
