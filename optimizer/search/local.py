@@ -1,0 +1,139 @@
+"""A single-process search over the native mutation operators, for benchmarks and quick looks.
+
+``local_search(program, hw, budget_s, seeds=...)`` runs a (μ+1) evolution on makespan: each step
+picks a parent by binary tournament from the μ best plans (feasible ones first), draws an
+operator with the farm's adaptive weights (``AdaptiveWeights``: wins / tries per operator), and
+keeps the child if it beats the population's worst. Every plan carries its lineage as move texts,
+so a plan found on a *proxy* (the same model with fewer identical layers: layout moves name
+regions such as ``all`` or ``l1.*``, not layer counts) replays on the full model
+(``replay``). That is how whole-model searches exploit layer repetition on the search side: the
+proxy is cheap to evaluate, the full model is evaluated for the few plans that matter.
+
+The farm (``optimizer.campaign``) runs the same operators on Dask workers with a Pareto archive;
+this loop is its one-objective, one-process counterpart with the same moves.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+
+from costmodel.evaluate import Evaluator
+from ir.graph import Graph
+from ir.rewrites import RewriteError, parse_move
+from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, OPERATORS, AdaptiveWeights, MutationContext
+
+SEED_PREFIX = "seed:"
+
+
+@dataclass
+class Plan:
+    graph: Graph
+    lineage: tuple[str, ...]  # "seed:<baseline>" then move texts
+    makespan: float
+    peak_memory: float
+    feasible: bool
+
+    @property
+    def key(self) -> tuple[bool, float]:
+        return (not self.feasible, self.makespan)
+
+
+@dataclass
+class SearchRun:
+    best: Plan
+    population: list[Plan]
+    trace: list[tuple[float, float]]  # (seconds, best feasible makespan) at each improvement
+    archive: list[tuple[float, float]]  # (makespan, peak memory) of every feasible evaluation
+    evaluations: int
+    seconds: float
+    tries: dict[str, int] = field(default_factory=dict)
+    wins: dict[str, int] = field(default_factory=dict)
+
+
+def _evaluate(ev: Evaluator, g: Graph, lineage: tuple[str, ...]) -> Plan:
+    e = ev(g)
+    return Plan(g, lineage, float(e.makespan), float(e.peak_memory), bool(e.feasible))
+
+
+def local_search(program: Graph, ev: Evaluator, budget_s: float, seeds: Mapping[str, Graph] | None = None,
+                 seed: int = 0, mu: int = 12, weights: Mapping[str, float] | None = None,
+                 replayable: bool = False) -> SearchRun:
+    """Search from ``program`` (and the ``seeds`` plans, by name) for ``budget_s`` seconds.
+
+    ``replayable`` leaves out crossover (its children cannot be replayed from text alone)."""
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    hw = ev.hw
+    ctx = MutationContext(hw.n_devices, max(8, 4 * hw.n_devices), devices_per_node=hw.devices_per_node)
+    base = dict(DEFAULT_OPERATOR_WEIGHTS if weights is None else weights)
+    if replayable:
+        base.pop("crossover", None)
+    aw = AdaptiveWeights(base, True)
+    pop = [_evaluate(ev, program, ())]
+    for name, g in (seeds or {}).items():
+        pop.append(_evaluate(ev, g, (SEED_PREFIX + name,)))
+    seen = {p.graph.digest for p in pop}
+    archive = [(p.makespan, p.peak_memory) for p in pop if p.feasible]
+    pop.sort(key=lambda p: p.key)
+    best = pop[0]
+    trace = [(time.perf_counter() - t0, best.makespan if best.feasible else float("inf"))]
+    n_eval = len(pop)
+    while time.perf_counter() - t0 < budget_s:
+        i, j = rng.integers(len(pop), size=2)
+        parent = pop[min(i, j)]  # sorted: the lower index is the better plan
+        op = aw.choose(rng)
+        if op == "crossover":
+            ctx.mates = [p.graph for p in pop]
+        try:
+            child, move = OPERATORS[op](parent.graph, rng, ctx)
+        except RewriteError:
+            aw.record(op, False)
+            continue
+        if child.digest in seen:
+            aw.record(op, False)
+            continue
+        seen.add(child.digest)
+        plan = _evaluate(ev, child, parent.lineage + (str(move),))
+        n_eval += 1
+        if plan.feasible:
+            archive.append((plan.makespan, plan.peak_memory))
+        win = len(pop) < mu or plan.key < pop[-1].key
+        aw.record(op, win)
+        if win:
+            pop.append(plan)
+            pop.sort(key=lambda p: p.key)
+            del pop[mu:]
+            if plan.key < best.key:
+                best = plan
+                trace.append((time.perf_counter() - t0, best.makespan if best.feasible else float("inf")))
+    return SearchRun(best, pop, trace, archive, n_eval, time.perf_counter() - t0, dict(aw.tries), dict(aw.wins))
+
+
+def replay(program: Graph, lineage: tuple[str, ...], seeds: Callable[[str], Graph] | None = None) -> Graph:
+    """Rebuild a plan from its lineage on ``program`` (e.g. the full model of a proxy's plan);
+    ``seeds(name)`` builds a named seed plan on it. Raises ``RewriteError`` if a move does not
+    apply there."""
+    g = program
+    for text in lineage:
+        if text.startswith(SEED_PREFIX):
+            if seeds is None:
+                raise RewriteError(f"lineage starts from seed {text[len(SEED_PREFIX):]!r}, and no seeds were given")
+            g = seeds(text[len(SEED_PREFIX):])
+        else:
+            g = parse_move(text).apply(g)
+    return g
+
+
+def time_to_within(trace: list[tuple[float, float]], final: float, tol: float = 0.05) -> float:
+    """Seconds until the best makespan first came within ``tol`` of ``final``."""
+    for t, v in trace:
+        if v <= final * (1 + tol):
+            return t
+    return float("nan")
+
+
+__all__ = ["Plan", "SearchRun", "local_search", "replay", "time_to_within"]

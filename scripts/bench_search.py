@@ -1,0 +1,219 @@
+"""Search quality: the native operators (layouts included) against the expert plans.
+
+For each fixed case, two searches with equal wall budgets: *unseeded* (from the single-device
+program only) and *seeded* (plus the expert baselines). Reported per case and run: best makespan
+/ best expert, best / lower bound, seconds to within 5% of the final best, hypervolume of
+(makespan, peak memory) over the feasible plans evaluated (reference: the worst expert's makespan
+and the device memory, x1.1), evaluations. A table on stdout, JSON to ``--json``.
+
+Training cases of language models search on a *proxy*: the same model with 2 layers (layouts
+name regions, not layer counts); the best proxy plans are replayed on the full model and
+evaluated there, as are the experts (``optimizer.search.local``). Programs use fused attention
+(FlashAttention, as the experts do): the forward's attention sites are substituted before the
+training step is built.
+
+    .venv/bin/python scripts/bench_search.py --budget 300 --json out/bench_search.json
+    .venv/bin/python scripts/bench_search.py --budget 20 --cases mlp-64,transformer-64   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from costmodel.evaluate import Evaluator  # noqa: E402
+from costmodel.presets import preset  # noqa: E402
+from ir import workloads  # noqa: E402
+from ir.autodiff import training_step  # noqa: E402
+from ir.graph import Graph  # noqa: E402
+from ir.layout_describe import describe, guess_mesh  # noqa: E402
+from ir.rewrites import RewriteError  # noqa: E402
+from ir.rewrites.substitute_attention import attention_sites, fuse_attention  # noqa: E402
+from optimizer.search.baselines import baselines  # noqa: E402
+from optimizer.search.local import local_search, replay, time_to_within  # noqa: E402
+from optimizer.search.pareto import hypervolume  # noqa: E402
+
+MLP = dict(batch=8192, widths=[8192, 32768, 8192], dtype="bfloat16")
+BLOCK = dict(batch=8, seq=2048, d_model=4096, heads=32, d_ff=16384, dtype="bfloat16")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    workload: str
+    params: dict
+    hardware: str
+    train: bool = False
+    proxy_layers: int | None = None  # search on this many layers, replay on the full model
+    full: bool = True  # evaluate the experts and the replayed plans on the full model
+
+
+CASES = [
+    Case("mlp-64", "mlp", MLP, "h100-sxm-64"),
+    Case("transformer-64", "transformer", BLOCK, "h100-sxm-64"),
+    Case("mlp-8", "mlp", MLP, "h100-sxm-8"),
+    Case("transformer-8", "transformer", BLOCK, "h100-sxm-8"),
+    Case("gpt2xl-train-8", "gpt", dict(preset="gpt2-xl", batch=8, seq=1024, dtype="bfloat16"), "h100-sxm-8",
+         True, 2),
+    Case("gpt2xl-train-64", "gpt", dict(preset="gpt2-xl", batch=64, seq=1024, dtype="bfloat16"), "h100-sxm-64",
+         True, 2),
+    Case("llama7b-train-8", "llama", dict(preset="llama2-7b", batch=8, seq=4096, dtype="bfloat16"),
+         "h100-sxm-8", True, 2),
+    Case("llama7b-train-64", "llama", dict(preset="llama2-7b", batch=64, seq=4096, dtype="bfloat16"),
+         "h100-sxm-64", True, 2),
+    Case("llama70b-train-512", "llama", dict(preset="llama2-70b", batch=512, seq=4096, dtype="bfloat16"),
+         "h100-sxm-512", True, 2, full=False),
+]
+
+
+def build(case: Case, layers: int | None = None) -> Graph:
+    params = dict(case.params)
+    if layers is not None:
+        params["layers"] = layers
+    if not case.train:
+        return workloads.build(case.workload, **params)
+    fwd = workloads.build(case.workload, **params)
+    for site in attention_sites(fwd):
+        fwd = fuse_attention(fwd, site)
+    return training_step(fwd, loss="cross_entropy", optimizer="adamw")
+
+
+@dataclass
+class RunResult:
+    best: float
+    feasible: bool
+    time_to_5pct: float
+    hypervolume: float
+    evaluations: int
+    lineage: list[str]
+    structure: str = ""
+    wins: dict = field(default_factory=dict)
+
+
+def _hv(archive: list[tuple[float, float]], ref: np.ndarray) -> float:
+    pts = np.array([a for a in archive if a[0] < ref[0] and a[1] < ref[1]])
+    return float(hypervolume(pts, ref)) if len(pts) else 0.0
+
+
+def run_case(case: Case, budget: float, seed: int, log) -> dict:
+    hw = preset(case.hardware)
+    ev = Evaluator(hw)
+    n, per = hw.n_devices, hw.devices_per_node
+    t0 = time.perf_counter()
+    search_prog = build(case, case.proxy_layers)
+    full_prog = build(case) if case.full and case.proxy_layers else search_prog
+    log(f"[{case.name}] built in {time.perf_counter() - t0:.0f} s: search program {len(search_prog.ops)} ops"
+        + (f", full {len(full_prog.ops)} ops" if full_prog is not search_prog else ""))
+    # experts on the program that is reported (full model where affordable, else the proxy)
+    report_prog = full_prog if case.full else search_prog
+    experts: dict[str, dict] = {}
+    for name, g in baselines(report_prog, n, per).items():
+        if name == "single-device" and n > 1:
+            continue
+        e = ev(g)
+        experts[name] = {"makespan": e.makespan, "feasible": bool(e.feasible), "peak_memory": e.peak_memory}
+        log(f"  expert {name}: {e.makespan * 1e3:.3f} ms {'feasible' if e.feasible else 'INFEASIBLE'}"
+            f" ({e.peak_memory / 1e9:.1f} GB)")
+    feas = [v["makespan"] for v in experts.values() if v["feasible"]]
+    best_expert = min(feas) if feas else float("nan")
+    lb = ev(report_prog).lower_bound
+    worst = max([v["makespan"] for v in experts.values()] + [best_expert if feas else 1.0])
+    ref = np.array([worst * 1.1, hw.device.mem_capacity * 1.1])
+    seeds = {k: g for k, g in baselines(search_prog, n, per).items() if k != "single-device"}
+    out = {"case": case.name, "hardware": case.hardware, "devices": n, "lower_bound": lb,
+           "best_expert": best_expert, "experts": experts, "proxy_layers": case.proxy_layers,
+           "reported_on": "full" if (case.full or not case.proxy_layers) else f"proxy ({case.proxy_layers} layers)"}
+    full_seeds: dict[str, Graph] = {}
+
+    def seed_on_full(name: str) -> Graph:
+        if not full_seeds:
+            full_seeds.update(baselines(report_prog, n, per))
+        return full_seeds[name]
+
+    for mode in ("unseeded", "seeded"):
+        run = local_search(search_prog, ev, budget, seeds if mode == "seeded" else None, seed=seed,
+                           replayable=report_prog is not search_prog)
+        final, lineage, feasible = run.best.makespan, run.best.lineage, run.best.feasible
+        plan = run.best.graph
+        if report_prog is not search_prog:  # replay the best few on the full model
+            final, feasible = float("inf"), False
+            for p in run.population[:3]:
+                try:
+                    g = replay(report_prog, p.lineage, seed_on_full)
+                except (RewriteError, KeyError) as e:
+                    log(f"  {mode}: replay failed ({e})")
+                    continue
+                e = ev(g)
+                if (not feasible and e.feasible) or (e.feasible == feasible and e.makespan < final):
+                    final, feasible, lineage, plan = e.makespan, bool(e.feasible), p.lineage, g
+        res = RunResult(final, feasible, time_to_within(run.trace, run.best.makespan), _hv(run.archive, ref),
+                        run.evaluations, list(lineage), wins={k: [run.wins.get(k, 0), v] for k, v in run.tries.items()})
+        lines = describe(plan, guess_mesh(plan, per)).split("\n")
+        res.structure = "\n".join(lines[:40])
+        out[mode] = res.__dict__ | {"vs_expert": final / best_expert if feas else float("nan"),
+                                    "vs_lower_bound": final / lb}
+        log(f"  {mode}: {final * 1e3:.3f} ms ({'feasible' if feasible else 'INFEASIBLE'}) = "
+            f"{out[mode]['vs_expert']:.3f} x best expert, {final / lb:.2f} x bound, "
+            f"{run.evaluations} evaluations, lineage {' ; '.join(lineage)[:200]}")
+    return out
+
+
+def table(results: list[dict]) -> str:
+    head = ("| case | best expert (ms) | unseeded (ms) | unseeded / expert | unseeded / bound | t(5%) s | HV | "
+            "seeded / expert | evals (u/s) |")
+    rows = [head, "|" + "---|" * 9]
+    for r in results:
+        u, s = r["unseeded"], r["seeded"]
+        rows.append(f"| {r['case']} | {r['best_expert'] * 1e3:.3f} | {u['best'] * 1e3:.3f} | {u['vs_expert']:.3f} | "
+                    f"{u['vs_lower_bound']:.2f} | {u['time_to_5pct']:.0f} | {u['hypervolume']:.3g} | "
+                    f"{s['vs_expert']:.3f} | {u['evaluations']}/{s['evaluations']} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--budget", type=float, default=300.0, help="seconds per search run (default 300)")
+    ap.add_argument("--cases", default="all", help="comma-separated case names (default all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    names = [c.name for c in CASES]
+    chosen = CASES if args.cases == "all" else [c for c in CASES if c.name in args.cases.split(",")]
+    if args.cases != "all" and len(chosen) != len(args.cases.split(",")):
+        print(f"--cases: unknown case in {args.cases!r}; cases are {names}", file=sys.stderr)
+        return 2
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    results = []
+    t0 = time.time()
+    for c in chosen:
+        try:
+            results.append(run_case(c, args.budget, args.seed, log))
+        except (MemoryError, RewriteError, ValueError) as e:  # one case's failure does not end the run
+            log(f"[{c.name}] failed: {type(e).__name__}: {e}")
+            continue
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps({"machine": platform.platform(), "budget_s": args.budget,
+                                                   "results": results}, indent=1, default=str))
+    print(table(results))
+    ok = [r for r in results if math.isfinite(r["unseeded"]["vs_expert"])]
+    print(f"\n{len(ok)} cases; unseeded <= 1.0x expert on {sum(r['unseeded']['vs_expert'] <= 1.0 for r in ok)}, "
+          f"<= 0.95x on {sum(r['unseeded']['vs_expert'] <= 0.95 for r in ok)}; {time.time() - t0:.0f} s in all")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
