@@ -52,6 +52,11 @@ def print_report(r: dict[str, Any]) -> None:
     head.add_row("feasible (memory fits)", "yes" if r["feasible"] else "NO")
     head.add_row("devices used", f"{int(r['devices'])} of {r['n_devices']}")
     head.add_row("bytes moved", _si(r["bytes_moved"], "B"))
+    if r.get("model_flops"):
+        head.add_row("model FLOPs per step", _si(r["model_flops"], "FLOP"))
+        head.add_row("MFU (model FLOPs / makespan x peak)", f"{100 * r['mfu']:.1f} %")
+    if r.get("memory_floor"):
+        head.add_row("memory floor (state / devices)", _si(r["memory_floor"], "B"))
     out.print(head)
 
     from rich import box
@@ -99,7 +104,7 @@ def eval_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of tables")] = False,
 ) -> None:
     """Evaluate a plan: makespan, energy, memory, devices, bytes moved, the lower bound and gap,
-    and where the time goes per operation and per device."""
+    model FLOPs and MFU, and where the time goes per operation and per device."""
     r = eval_report(plan, hardware)
     if as_json:
         print(json.dumps(r, indent=1))

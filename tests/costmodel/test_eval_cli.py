@@ -94,3 +94,17 @@ def test_errors_exit_2_without_traceback(case, plan, capsys, tmp_path):
     assert code == 2
     assert want in " ".join(err.split()), err  # the message is wrapped at 100 columns
     assert "Traceback" not in err and err.startswith("error:")
+
+
+def test_eval_of_a_training_step_reports_mfu_and_the_memory_floor(tmp_path, capsys):
+    g = workloads.build("mlp", batch=64, widths=[256, 1024, 256], mode="train", optimizer="sgd")
+    p = tmp_path / "step.json"
+    save(g, p)
+    code, out, err = run(["eval", str(p), "--hardware", "h100-sxm-8"], capsys)
+    assert code == 0, err
+    assert "model FLOPs per step" in out and "MFU" in out and "memory floor" in out
+    code, out, err = run(["eval", str(p), "--hardware", "h100-sxm-8", "--json"], capsys)
+    r = json.loads(out)
+    e = evaluate(g, "h100-sxm-8")
+    assert r["model_flops"] == e.model_flops > 0 and r["mfu"] == pytest.approx(e.mfu) and 0 < r["mfu"] < 1
+    assert r["memory_floor"] == pytest.approx(4.0 * (256 * 1024 + 1024 + 1024 * 256 + 256) / 8)
