@@ -91,7 +91,7 @@ def simulated_order(g: Any, hw: Any) -> dict[int, list[tuple[str, int]]]:
     return order
 
 
-def write_plan_program(g: Any, out: str | Path, hardware: str | None = None) -> tuple[Path, Path, dict]:
+def write_plan_program(g: Any, out: str | Path, hardware: Any = None) -> tuple[Path, Path, dict]:
     """Write the generated program for plan ``g`` and its DTensor placements beside it.
 
     With ``hardware`` the steps run in the simulated schedule's order on it; without, in
@@ -102,10 +102,12 @@ def write_plan_program(g: Any, out: str | Path, hardware: str | None = None) -> 
     from executor.codegen.dtensor import dtensor_placements
 
     hw = None
-    if hardware:
+    if isinstance(hardware, str) and hardware:
         from costmodel import load_hardware
 
         hw = load_hardware(hardware)
+    elif hardware is not None and not isinstance(hardware, str):
+        hw = hardware  # a costmodel.Hardware
     n = hw.n_devices if hw is not None else max(g.devices) + 1
     tp = transfer_plan(g, hw if hw is not None else n)
     if getattr(tp, "state_transfers", None):
@@ -137,3 +139,32 @@ def codegen_cmd(
     note = "all tensors expressible as DTensor placements" if placements["expressible"] else \
         f"{len(placements['not_expressible'])} tensors not expressible as DTensor placements (see the file)"
     console.print(f"wrote {prog} ({len(g.devices)} device processes; run: python {prog} --check) and {ppath}: {note}")
+
+
+def export_programs(campaign: str, out: str, db: str | None = None) -> int:
+    """``tapestry export CAMPAIGN --program``: beside every exported plan ``plans/NN_<digest>.json``,
+    its generated program (``.py``, steps in the simulated order on the campaign's hardware) and
+    DTensor placements; for an ONNX workload, the model's weights as ``program.npz`` in ``out``.
+    Returns the number of programs written."""
+    from costmodel.hardware import Hardware
+    from ir.importers.values import save_values
+    from ir.serialize import load
+    from optimizer.campaign.lifecycle import resolve_url
+    from storage import Archive
+
+    with Archive.open(resolve_url("tapestry.db", db), readonly=True) as archive:
+        row = archive.get_campaign(campaign)
+    hw = Hardware.from_dict(row["config"]["hardware"])
+    workload = (row["config"].get("config") or {}).get("workload") or {}
+    if workload.get("onnx"):
+        from ir.importers.onnx import import_onnx
+
+        _, values = import_onnx(workload["onnx"], workload.get("params") or {})
+        save_values(values, Path(out) / "program.npz")
+    n = 0
+    for plan in sorted((Path(out) / "plans").glob("*.json")):
+        if plan.name.endswith(".placements.json"):
+            continue
+        write_plan_program(load(plan), plan.with_suffix(".py"), hw)
+        n += 1
+    return n
