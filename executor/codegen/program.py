@@ -13,6 +13,8 @@
 - the transfers are exactly the given ones (``costmodel.transfers.transfer_plan``: per producer
   shard and destination, disjoint boxes), the residency says which input boxes each device holds
   before the run: nothing else moves, and a step reading a cell nobody brought raises;
+- a training step's loop-carried state starts at its home (residency) and its reads elsewhere
+  (``state_transfers``, FSDP's gathers) are sent as each device starts;
 - ``main`` starts one process per device (``multiprocessing``, spawn), collects the output boxes,
   and with ``--check`` compares them with the unsharded program run by tapestry's executor.
 
@@ -74,9 +76,13 @@ def default_order(g: Graph) -> dict[int, list[tuple[str, int]]]:
 
 
 def generate_program(g: Graph, transfers: Iterable[Mapping[str, Any]], residency: Iterable[Mapping[str, Any]],
-                     order: Mapping[int, Sequence[tuple[str, int]]] | None = None, title: str = "") -> str:
+                     order: Mapping[int, Sequence[tuple[str, int]]] | None = None, title: str = "",
+                     state_transfers: Iterable[Mapping[str, Any]] = ()) -> str:
     """The source of a program that runs plan ``g`` with exactly ``transfers`` (see the module
-    docstring). ``order``: per device, its ``(op, shard)`` steps in the order to run them."""
+    docstring). ``order``: per device, its ``(op, shard)`` steps in the order to run them.
+    ``state_transfers`` (a training step's reads of loop-carried state away from its home, whose
+    homes are in ``residency``) are sent when each device starts and received before their first
+    reader, like any transfer."""
     ops = prepare_ops(g)
     order = {int(d): [(str(o), int(i)) for o, i in steps] for d, steps in (order or default_order(g)).items()}
     seen = {(o, i) for steps in order.values() for o, i in steps}
@@ -89,8 +95,13 @@ def generate_program(g: Graph, transfers: Iterable[Mapping[str, Any]], residency
             if int(ops[o].device[i]) != d:
                 raise CodegenError(f"the step order runs {o} shard {i} on device {d}, the plan on {ops[o].device[i]}")
     transfers = [dict(t, boxes=normalize_boxes(t["boxes"]), index=k) for k, t in enumerate(transfers)]
+    states = [dict(t, boxes=normalize_boxes(t["boxes"]), index=len(transfers) + k)
+              for k, t in enumerate(state_transfers)]
+    for t in states:
+        if t["tensor"] not in g.carried:
+            raise CodegenError(f"state transfer {t['index']} moves {t['tensor']!r}, which is no loop-carried state")
     residency = [dict(r, boxes=normalize_boxes(r["boxes"])) for r in residency]
-    devices = sorted(set(order) | {t["src"] for t in transfers} | {t["dst"] for t in transfers}
+    devices = sorted(set(order) | {t["src"] for t in transfers + states} | {t["dst"] for t in transfers + states}
                      | {int(r["device"]) for r in residency})
 
     # where each transfer is sent (after its producer shard) and received (before its first reader)
@@ -101,7 +112,7 @@ def generate_program(g: Graph, transfers: Iterable[Mapping[str, Any]], residency
                                f"which the plan does not have")
         send_after.setdefault((t["producer"], int(t["shard"])), []).append(t)
     recv_before: dict[tuple[str, int], list[dict]] = {}
-    for t in transfers:
+    for t in transfers + states:
         first = None
         for o, i in order.get(int(t["dst"]), []):
             op = ops[o]
@@ -118,7 +129,7 @@ def generate_program(g: Graph, transfers: Iterable[Mapping[str, Any]], residency
     used: set[str] = {"main", "Device", "run_device", "np", "json", "argparse", "sys", "mp", "time"}
     step_fn = {key: _ident(f"{key[0]}__s{key[1]}", used) for key in sorted(want)}
     lines = [_HEADER.format(title=title or f"plan {g.digest[:12]}", n_dev=len(devices), n_shards=g.n_shards,
-                            n_transfers=len(transfers))]
+                            n_transfers=len(transfers) + len(states))]
     lines.append(f"PLAN = json.loads(r'''{dumps(g, indent=None)}''')\n")
     res = {d: [] for d in devices}
     for r in residency:
@@ -142,11 +153,13 @@ def generate_program(g: Graph, transfers: Iterable[Mapping[str, Any]], residency
                          f"    dev.write({op.output!r}, {_tup(op.out_lo[i])}, {_tup(op.out_hi[i])}, y)\n\n\n")
     lines.append("# ---- devices: steps in schedule order, with their sends and receives --------------------\n")
     for d in devices:
-        body = []
+        body = [f"    dev.send({t['index']}, {t['dst']}, {t['tensor']!r}, {_boxes_text(t['boxes'])})"
+                f"  # state transfer {t['index']}: from its home" for t in states if int(t["src"]) == d]
         for key in order.get(d, []):
             for t in recv_before.get(key, []):
+                kind = "state transfer" if t["index"] >= len(transfers) else "transfer"
                 body.append(f"    dev.recv({t['index']}, {t['src']}, {t['tensor']!r}, {_boxes_text(t['boxes'])})"
-                            f"  # transfer {t['index']}")
+                            f"  # {kind} {t['index']}")
             body.append(f"    {step_fn[key]}(dev)")
             for t in send_after.get(key, []):
                 body.append(f"    dev.send({t['index']}, {t['dst']}, {t['tensor']!r}, {_boxes_text(t['boxes'])})"

@@ -110,13 +110,11 @@ def write_plan_program(g: Any, out: str | Path, hardware: Any = None) -> tuple[P
         hw = hardware  # a costmodel.Hardware
     n = hw.n_devices if hw is not None else max(g.devices) + 1
     tp = transfer_plan(g, hw if hw is not None else n)
-    if getattr(tp, "state_transfers", None):
-        raise UserError("this plan moves loop-carried training state between steps; generated programs run "
-                        "forward plans (one step, no state homes) for now")
     plain = tp.to_json()
     order = simulated_order(g, hw) if hw is not None else None
     src = generate_program(g, plain["transfers"], plain["residency"], order,
-                           title=f"Plan {g.digest[:12]}" + (f" on {hw.name}" if hw is not None else ""))
+                           title=f"Plan {g.digest[:12]}" + (f" on {hw.name}" if hw is not None else ""),
+                           state_transfers=plain.get("state_transfers", ()))
     out = Path(out)
     write_text(str(out), src)
     placements = dtensor_placements(g, plain["residency"])

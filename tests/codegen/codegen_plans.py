@@ -33,3 +33,14 @@ def pipeline(g: Graph, microbatches: int = 2) -> Graph:
         if stage[op]:
             g = place(g, op, [stage[op]] * microbatches)
     return g
+
+
+def zero_sharded(step: Graph, n: int = 4) -> Graph:
+    """A training step with every op whose first index dim divides by ``n`` split along it: the
+    batch for the forward and backward, the rows of each parameter for its update (ZeRO/FSDP:
+    parameters live sharded at their update's shards and are gathered where read)."""
+    for op in step.topo_order:
+        sig = step.signature(op)
+        if sig.dims and sig.extents[0] % n == 0:
+            step = place(split(step, op, 0, n), op, list(range(n)))
+    return step

@@ -80,3 +80,21 @@ def test_bad_transfer_refused(program):
     bad = [dict(tp["transfers"][0], producer="nope")]
     with pytest.raises(CodegenError, match="nope"):
         generate_program(g, bad, tp["residency"])
+
+
+def test_training_step_with_sharded_state(tmp_path, program):
+    """A ZeRO-sharded training step of the imported MLP: parameters start at their homes, the
+    state transfers gather them where read, and the new parameters and loss match."""
+    from ir.autodiff import training_step
+
+    step = plans.zero_sharded(training_step(program[0], loss="mse", optimizer="sgd"))
+    tp = transfer_plan(step, 4).to_json()
+    assert tp["state_transfers"]
+    src = generate_program(step, tp["transfers"], tp["residency"], state_transfers=tp["state_transfers"])
+    assert src.count("# state transfer") == 2 * len(tp["state_transfers"])  # one send, one receive each
+    prog = tmp_path / "run_step.py"
+    prog.write_text(src)
+    save_values(program[1], tmp_path / "program.npz")
+    r = subprocess.run([sys.executable, str(prog), "--check", "--values", str(tmp_path / "program.npz")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and "PASS" in r.stdout and "W1.next" in r.stdout, r.stderr[-3000:]
