@@ -222,3 +222,18 @@ def test_random_rewrites_find_the_substitution(kit):
     assert str(m2) == f"unfuse_attention{{op={FUSED}}}" and h2.digest == g.digest
     with pytest.raises(RewriteError):  # nothing left to fuse
         random_rewrite(h, rng, 4, weights={"fuse_attention": 1.0})
+
+
+def test_cli_rewrite_accepts_the_moves(tmp_path):
+    """``tapestry graph rewrite`` parses substitution moves like any other; a refusal is one paragraph, exit 2."""
+    from tests.farm.conftest import cli
+
+    prog, plan = tmp_path / "t.json", tmp_path / "p.json"
+    cli("graph", "build", "transformer", "--set", "batch=2", "--set", "seq=8", "-o", str(prog), check=True)
+    cli("graph", "rewrite", str(prog), "fuse_attention{op=attn_qk}", "fuse_norm{norm=ln2}",
+        f"split_reduction{{op={FUSED},parts=2,reduction=t}}", "-o", str(plan), check=True)
+    assert "PASS" in cli("verify", str(plan), check=True).stdout
+    bad = cli("graph", "rewrite", str(prog), "fuse_attention{op=attn_softmax}", "-o", str(tmp_path / "q.json"))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "attn_softmax (softmax) is not a plain einsum/matmul/bmm" in bad.stderr
+    assert not (tmp_path / "q.json").exists()
