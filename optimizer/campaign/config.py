@@ -110,6 +110,23 @@ class SamplingConfig(Strict):
     hardware: str | None = Field(default=None, description="hardware the measured times are predicted on")
 
 
+class RetentionConfig(Strict):
+    """What the archive keeps over a long campaign (``storage.retention`` has the contract):
+    plans of the front, its lineage, baselines, sampled and checkpointed plans; the rest as
+    objectives only or folded into per-interval counts. On by default."""
+
+    enabled: bool = True
+    history: Literal["intervals", "objectives"] = Field(
+        default="intervals", description="intervals: thinned evaluations become per-interval counts; "
+                                         "objectives: their rows stay, without plans")
+    interval_seconds: float = Field(default=60.0, gt=0, le=86_400, description="bucket of evaluation_intervals")
+    grace_seconds: float = Field(default=120.0, ge=0, le=30 * 86_400,
+                                 description="candidates younger than this are left whole")
+    every_seconds: float = Field(default=120.0, gt=0, le=86_400, description="how often the driver compacts")
+    deltas: bool = Field(default=True, description="store kept plans as rewrites of their parents where smaller")
+    max_delta_depth: int = Field(default=16, ge=0, le=1000, description="rewrites replayed to read one plan, at most")
+
+
 class CampaignConfig(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
     workload: WorkloadConfig
@@ -122,6 +139,7 @@ class CampaignConfig(Strict):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
     checkpoint_seconds: float = Field(default=5.0, gt=0)
 
     @field_validator("objectives")

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.campaign.history import plot_progress, progress_report
+from optimizer.campaign.plans import replay_rewrite
 from optimizer.campaign.progress import fmt_bytes, fmt_seconds
 
 
@@ -69,8 +71,9 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
         row = archive.get_campaign(name)
         objectives = row["objectives"]
         front = sorted(archive.current_front(name), key=lambda r: r["objectives"]["makespan"])
-        graphs = {r["digest"]: archive.get_graph_json(name, r["digest"]) for r in front}
+        graphs = {r["digest"]: archive.get_graph_json(name, r["digest"], replay=replay_rewrite) for r in front}
         measurements = archive.measurements(name)
+        progress = progress_report(row, archive.storage_stats(name))
         (outdir / "plans").mkdir(parents=True, exist_ok=True)
         archive.export_front_parquet(name, outdir / "front.parquet")
     have_dot = shutil.which("dot") is not None
@@ -96,6 +99,7 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
             e = ev(bg)
             base_evals[bname] = {**e.objectives(), "gap": e.gap, "feasible": e.feasible}
     _plot(outdir / "pareto.png", objectives, front, base_evals)
+    plot_progress(progress, outdir / "progress.png", f"campaign {name}: hypervolume and best makespan over time")
     corr = rank_correlation(measurements)
     (outdir / "summary.md").write_text(_summary(name, row, hw, front, base_evals, corr) + _substitutions(substituted))
     return {"out": str(outdir), "plans": len(front), "have_svg": have_dot}

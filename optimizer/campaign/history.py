@@ -15,7 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["eta_seconds", "plot_progress", "progress_report"]
+from optimizer.campaign.progress import fmt_bytes, fmt_seconds
+
+__all__ = ["eta_seconds", "fmt_duration", "plot_progress", "progress_lines", "progress_report"]
 
 
 def _points(counters: dict[str, Any]) -> list[dict[str, float | None]]:
@@ -117,3 +119,33 @@ def plot_progress(report: dict[str, Any], path: str | Path, title: str) -> bool:
     fig.savefig(path)
     plt.close(fig)
     return True
+
+
+def progress_lines(report: dict[str, Any]) -> list[str]:
+    """The progress part of ``tapestry status`` as text lines."""
+    lines = []
+    rate = report["evals_per_s"]
+    workers = report["workers"]
+    per = ", ".join(f"{name} {w['evals_per_s']:.0f}/s" for name, w in workers.items()
+                    if w["evals_per_s"] is not None)
+    lines.append(f"throughput: {rate:.0f} evaluations/s" if rate is not None else "throughput: -")
+    if per:
+        lines[-1] += f" ({per})"
+    lines.append(f"last improvement: {fmt_duration(report['seconds_since_improvement'])} ago; "
+                 f"ETA: {fmt_duration(report['eta_seconds'])}")
+    rows = report["archive_rows"] or {}
+    size = report["archive_bytes"]
+    lines.append(f"archive: {fmt_bytes(size) if size is not None else '-'}; "
+                 f"{rows.get('candidates', 0)} candidates ({rows.get('candidates_full', 0)} full plans, "
+                 f"{rows.get('candidates_delta', 0)} deltas, {rows.get('candidates_dropped', 0)} objectives only), "
+                 f"{rows.get('evaluations', 0)} evaluation rows, {rows.get('evaluation_intervals', 0)} intervals")
+    pts = report["history"]
+    if pts:
+        shown = pts if len(pts) <= 6 else [pts[int(i * (len(pts) - 1) / 5)] for i in range(6)]
+        cells = []
+        for p in shown:
+            when = fmt_duration(p["wall_seconds"]) if p["wall_seconds"] is not None else f"{p['evaluations']:.0f} ev"
+            best = f", {fmt_seconds(p['best_makespan'])}" if p["best_makespan"] is not None else ""
+            cells.append(f"{when}: {p['hypervolume']:.4g}{best}")
+        lines.append("hypervolume (, best makespan) over time: " + "; ".join(cells))
+    return lines

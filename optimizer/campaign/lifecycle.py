@@ -15,6 +15,9 @@ from typing import Any
 import numpy as np
 
 from optimizer.campaign.config import CampaignConfig, ConfigError, parse_config
+from optimizer.campaign.history import progress_report
+from optimizer.campaign.plans import fetch_plan
+from optimizer.campaign.retention import Compactor
 
 log = logging.getLogger("tapestry.campaign")
 
@@ -129,11 +132,12 @@ def _drive(cfg: CampaignConfig, archive: Any, url: str, hw: Any, base: Any, seed
             farm = Farm(cfg.name, archive, client, strategy, list(cfg.objectives), ref, _budget(cfg),
                         cfg.search.epsilon, cfg.checkpoint_seconds, rng, progress, sampler)
             farm.counters["driver"] = driver_identity()
+            farm.compactor = Compactor(cfg.retention)
             if resume is None:
                 strategy.seed_population(seed_records)
                 farm.merge(seed_records, len(seed_records), "driver")
             else:
-                fetch = lambda d: archive.get_graph_json(cfg.name, d)  # noqa: E731
+                fetch = fetch_plan(archive, cfg.name)  # replays plans stored as deltas
                 farm.restore(resume["counters"], archive.current_front(cfg.name), resume["checkpoint"], fetch)
             try:
                 reason = farm.run()
@@ -239,4 +243,5 @@ def campaign_status(db: str | None, name: str | None) -> dict[str, Any]:
         from optimizer.realrun.sampling import rank_correlation
 
         return {"campaign": row, "front": front, "hypervolume": hv, "best_gap": min(gaps) if gaps else None,
-                "budget": row["config"]["config"]["budget"], "sampling": rank_correlation(archive.measurements(name))}
+                "budget": row["config"]["config"]["budget"], "sampling": rank_correlation(archive.measurements(name)),
+                "progress": progress_report(row, archive.storage_stats(name))}

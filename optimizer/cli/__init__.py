@@ -13,7 +13,7 @@ try:  # typer >= 0.22 vendors click; older versions use the click package
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
-from optimizer.cli import campaign_cmds, eval_cmd, gpu_cmds, graph_cmds, import_cmds
+from optimizer.cli import archive_cmds, campaign_cmds, eval_cmd, gpu_cmds, graph_cmds, import_cmds
 from optimizer.cli.errors import print_error, user_error_types
 
 #: every ``tapestry`` command (in the order ``--help`` lists them); a new command is one row here
@@ -31,7 +31,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "codegen": import_cmds.codegen_cmd,
 }
 #: command groups (``tapestry graph build|rewrite|show|validate|render``)
-GROUPS: dict[str, typer.Typer] = {"graph": graph_cmds.graph_app}
+GROUPS: dict[str, typer.Typer] = {"archive": archive_cmds.archive_app, "graph": graph_cmds.graph_app}
 
 app = typer.Typer(help="Tapestry farm: search sharding, fusion and placement plans for tensor programs.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)

@@ -81,6 +81,11 @@ def status_cmd(
                   f"{c.get('wall_seconds', 0):.0f} s searched")
     gap = f"{st['best_gap']:.2f}×" if st["best_gap"] is not None else "-"
     console.print(f"front: {len(front)} plans; hypervolume {st['hypervolume']:.4g}; best gap to lower bound {gap}")
+    if st.get("progress"):
+        from optimizer.campaign.history import progress_lines
+
+        for line in progress_lines(st["progress"]):
+            console.print(line)
     if st.get("sampling"):
         s = st["sampling"]
         rho = f"{s['spearman']:.3f}" if s.get("spearman") is not None else "n/a"
