@@ -51,7 +51,7 @@ from ir.kernels import Signature, cached_signature
 from ir.mesh import Mesh
 from ir.rewrites.errors import RewriteError
 from ir.rewrites.hierarchical import block_owners, split_dim, stage_one_shards
-from ir.rewrites.reduction import acc_name, merge_reduction, partial_name
+from ir.rewrites.reduction import acc_name, partial_name
 from ir.zspace import split_points
 
 USES = ("b", "s", "t")
@@ -86,28 +86,6 @@ def _unit_col(row: tuple[int, ...]) -> int | None:
     """The index column a projection row copies one-to-one, or None."""
     nz = [c for c, v in enumerate(row) if v != 0]
     return nz[0] if len(nz) == 1 and row[nz[0]] == 1 else None
-
-
-def _merge_region(g: Graph, ops: list[str]) -> tuple[Graph, list[str]]:
-    """Merge split reductions whose accumulate is in the region (innermost first)."""
-    region = set(ops)
-    changed = True
-    while changed:
-        changed = False
-        for n in reversed([n for n in g.topo_order if n in region]):
-            o = g.ops[n]
-            if not o.params.get("split"):
-                continue
-            readers = g.consumers.get(o.output, [])
-            if len(readers) == 1 and readers[0][0] in region:
-                try:
-                    g2 = merge_reduction(g, n)
-                except RewriteError:
-                    continue
-                region.discard(readers[0][0])
-                g, changed = g2, True
-                break
-    return g, [n for n in g.topo_order if n in region]
 
 
 class _Assign:
@@ -204,8 +182,26 @@ def _decide(g: Graph | _View, name: str, mesh: Mesh, use: Sequence[str],
     return asg
 
 
+_GRIDS: dict[tuple, Shards] = {}
+
+
 def _grid_shards(sig: Signature, mesh: Mesh, dims: dict[int, list[int]]) -> Shards:
-    """A regular tile grid; tile coordinates along a dim are mesh coordinates of its axes."""
+    """A regular tile grid; tile coordinates along a dim are mesh coordinates of its axes.
+
+    Grids are cached by (extents, mesh, assignment): the ops of identical layers share one
+    read-only ``Shards`` object, so a whole-model layout costs memory and time per distinct layer
+    shape, not per layer (and consumers that key on object identity see the repetition)."""
+    key = (sig.extents, mesh.shape, mesh.offset, tuple(sorted((c, tuple(a)) for c, a in dims.items())))
+    hit = _GRIDS.get(key)
+    if hit is not None:
+        return hit
+    if len(_GRIDS) > 4096:
+        _GRIDS.clear()
+    _GRIDS[key] = out = _build_grid(sig, mesh, dims)
+    return out
+
+
+def _build_grid(sig: Signature, mesh: Mesh, dims: dict[int, list[int]]) -> Shards:
     nd = len(sig.dims)
     parts = [prod(mesh.shape[a] for a in dims.get(c, ())) for c in range(nd)]
     n = prod(parts)
@@ -265,6 +261,27 @@ class _View:
         return Graph(self.tensors, ops)
 
 
+def _merge_region(v: _View, g: Graph, names: list[str]) -> list[str]:
+    """``merge_reduction`` on the overlay for every split op of the region whose accumulate is in
+    the region (innermost first: a two-level reduction's accumulate is itself split)."""
+    region = set(names)
+    for n in reversed(names):
+        o = v.ops.get(n)
+        if o is None or not o.params.get("split"):
+            continue
+        readers = g.consumers.get(o.output, [])
+        if len(readers) != 1 or readers[0][0] not in region:
+            continue
+        acc = v.ops[readers[0][0]]
+        if acc.kernel != "accumulate" or acc.params.get("split"):
+            continue
+        v.ops[n] = o.replace(params={k: x for k, x in o.params.items() if k != "split"}, output=acc.output,
+                             shards=acc.shards)
+        del v.ops[acc.name]
+        del v.tensors[o.output]
+    return [n for n in names if n in v.ops]
+
+
 def _split(v: _View, name: str, parts: int, red: str) -> str:
     """``split_reduction`` on the overlay (same result); returns the accumulate's name."""
     o = v.ops[name]
@@ -291,13 +308,13 @@ def layout(g: Graph, ops: str | Sequence[str], mesh: Mesh, use: Sequence[str],
     if not names:
         raise RewriteError("layout region is empty")
     before = g
-    g, names = _merge_region(g, names)
     v = _View(g)
-    produced_in = {g.ops[n].output for n in names}
+    names = _merge_region(v, g, names)
+    produced_in = {v.ops[n].output for n in names}
     T: dict[str, dict[int, list[int]]] = {}
     for n in names:  # seeds: activations entering the region
-        for _, t in g.ops[n].inputs:
-            ten = g.tensors[t]
+        for _, t in v.ops[n].inputs:
+            ten = v.tensors[t]
             if t in produced_in or t in T or ten.role in STATE_ROLES:
                 continue
             s: dict[int, list[int]] = {}
