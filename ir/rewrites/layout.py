@@ -48,10 +48,11 @@ import numpy as np
 
 from ir.graph import STATE_ROLES, Graph, Op, Shards, Tensor
 from ir.kernels import Signature, cached_signature
+from ir.kernels.attention import COMBINE_KERNEL
 from ir.mesh import Mesh
 from ir.rewrites.errors import RewriteError
 from ir.rewrites.hierarchical import block_owners, split_dim, stage_one_shards
-from ir.rewrites.reduction import acc_name, partial_name
+from ir.rewrites.reduction import acc_name, merge_reduction, split_reduction
 from ir.zspace import split_points
 
 USES = ("b", "s", "t")
@@ -149,7 +150,7 @@ def _decide(g: Graph | _View, name: str, mesh: Mesh, use: Sequence[str],
                     continue
                 asg.give(c, a)
     # 2. a sharded tensor dim that is a hidden reduction of the op: split it over those axes
-    if allow_reduction and o.kernel not in ("fused", "accumulate") and sig.reductions:
+    if allow_reduction and o.kernel not in ("fused", "accumulate", COMBINE_KERNEL) and sig.reductions:
         for port, t in o.inputs:
             if asg.red is not None:
                 break
@@ -261,6 +262,12 @@ class _View:
         return Graph(self.tensors, ops)
 
 
+def _mini(v: _View, ops: list[str]) -> Graph:
+    """A graph of just these ops and the tensors they touch (for the rewrites of ``ir.rewrites``)."""
+    names = {t for n in ops for _, t in v.ops[n].inputs} | {v.ops[n].output for n in ops}
+    return Graph({t: v.tensors[t] for t in names}, {n: v.ops[n] for n in ops})
+
+
 def _merge_region(v: _View, g: Graph, names: list[str]) -> list[str]:
     """``merge_reduction`` on the overlay for every split op of the region whose accumulate is in
     the region (innermost first: a two-level reduction's accumulate is itself split)."""
@@ -270,30 +277,27 @@ def _merge_region(v: _View, g: Graph, names: list[str]) -> list[str]:
         if o is None or not o.params.get("split"):
             continue
         readers = g.consumers.get(o.output, [])
-        if len(readers) != 1 or readers[0][0] not in region:
+        if len(readers) != 1 or readers[0][0] not in region or readers[0][0] not in v.ops:
             continue
-        acc = v.ops[readers[0][0]]
-        if acc.kernel != "accumulate" or acc.params.get("split"):
+        acc = readers[0][0]
+        try:
+            merged = merge_reduction(_mini(v, [n, acc]), n)
+        except RewriteError:
             continue
-        v.ops[n] = o.replace(params={k: x for k, x in o.params.items() if k != "split"}, output=acc.output,
-                             shards=acc.shards)
-        del v.ops[acc.name]
+        v.ops[n] = merged.ops[n]
+        del v.ops[acc]
         del v.tensors[o.output]
     return [n for n in names if n in v.ops]
 
 
 def _split(v: _View, name: str, parts: int, red: str) -> str:
-    """``split_reduction`` on the overlay (same result); returns the accumulate's name."""
-    o = v.ops[name]
-    out = v.tensors[o.output]
-    if acc_name(name) in v.ops or partial_name(name) in v.tensors:
-        raise RewriteError(f"{name}: names {acc_name(name)!r}/{partial_name(name)!r} are taken")
-    monoid = next(r.monoid for r in v.signature(o).reductions if r.name == red)
-    v.tensors[partial_name(name)] = Tensor(partial_name(name), (int(parts),) + out.shape, out.dtype, "intermediate")
-    v.ops[name] = o.replace(params={**o.params, "split": {"reduction": red, "parts": int(parts)}},
-                            output=partial_name(name))
-    v.insert(name, Op(acc_name(name), "accumulate", (("p", partial_name(name)),), o.output, {"monoid": monoid},
-                      o.shards))
+    """``split_reduction`` on the overlay (the same rewrite, on a graph of this op alone); returns
+    the name of the op that combines the partials."""
+    done = split_reduction(_mini(v, [name]), name, parts, red)
+    v.ops[name] = done.ops[name]
+    for t, spec in done.tensors.items():
+        v.tensors.setdefault(t, spec)
+    v.insert(name, done.ops[acc_name(name)])
     return acc_name(name)
 
 

@@ -14,6 +14,7 @@ from ir.layout_describe import describe_op
 from ir.mesh import parse_mesh
 from ir.rewrites import RewriteError, parse_move
 from ir.rewrites.layout import USES, layout, select_ops
+from ir.rewrites.substitute_attention import fuse_attention
 from ir.validate import validate
 
 PROGRAMS = {
@@ -21,6 +22,8 @@ PROGRAMS = {
     "transformer": workloads.build("transformer", batch=4, seq=8, d_model=16, heads=4, d_ff=32),
     "llama-train": workloads.build("llama", mode="train", batch=4, seq=8, layers=1, d_model=16, heads=4,
                                    vocab=32, d_ff=32),
+    "transformer-fused": fuse_attention(workloads.build("transformer", batch=4, seq=8, d_model=16, heads=4,
+                                                        d_ff=32), "attn_qk"),
 }
 MESHES = ["2", "4", "2x2", "2x4", "4x2", "2x2x2"]
 
