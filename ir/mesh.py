@@ -3,9 +3,10 @@
 A ``Mesh`` of shape ``(8, 8)`` over 64 devices numbers devices row-major: mesh coordinate
 ``(i, j)`` is device ``8 i + j``. Devices are numbered node-major (device ``d`` sits on node
 ``d // devices_per_node``), so on 8 nodes of 8 the outer axis runs across nodes and the inner one
-inside a node. A mesh is *node-aligned* when every axis lies wholly inside a node or strides over
-whole nodes: the product of each suffix of its shape divides ``devices_per_node`` or is a multiple
-of it (``4x2x8`` on 8 nodes of 8 is aligned; ``16x4`` is not: its outer axis mixes the two).
+inside a node. A mesh is *node-aligned* when every axis lies wholly inside a node (its stride
+times its size divides ``devices_per_node``) or strides over whole nodes (its stride is a multiple
+of ``devices_per_node``): ``4x2x8`` on 8 nodes of 8 is aligned; ``16x4`` and ``64`` are not (an
+axis of 16 consecutive devices straddles two nodes).
 
 Axes are named by where they lie: ``n0, n1, ...`` across nodes, ``g0, g1, ...`` inside a node.
 
