@@ -439,10 +439,13 @@ def _causal_offset(mask: np.ndarray) -> int | None:
     if not (m == m[0]).all():
         return None
     s, t = m.shape[1:]
-    for k in range(-s, t + 1):
-        if np.array_equal(m[0], np.tril(np.ones((s, t), bool), k)):
-            return k
-    return None
+    rows = np.flatnonzero(m[0].any(axis=1))
+    if rows.size == 0:
+        return None
+    # the first row with a kept key fixes k (row r keeps keys 0..r+k); then one comparison checks all
+    r0 = int(rows[0])
+    k = int(np.count_nonzero(m[0][r0])) - 1 - r0
+    return k if np.array_equal(m[0], np.tril(np.ones((s, t), bool), k)) else None
 
 
 def _causal_fill(ctx: Context, name: str) -> tuple[bool, Any]:

@@ -161,3 +161,28 @@ def test_verify_fails_on_nan_outputs():
     with np.errstate(invalid="ignore"):
         rep = verify(g, values=values)  # sqrt of negative random inputs: NaN in output s
     assert not rep.ok
+
+
+@pytest.mark.parametrize("kind", ["causal_offset", "arbitrary"])
+def test_where_masks(kind):
+    """A lower-triangular constant mask (any diagonal offset) is causal_mask; any other constant
+    mask stays a where over a float mask. Both equal the ONNX reference."""
+    s = 5
+    mask = np.tril(np.ones((s, s), bool), 1) if kind == "causal_offset" else \
+        np.random.default_rng(0).random((s, s)) > 0.5
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, s, s])
+    inits = [onnx.numpy_helper.from_array(mask, "mask"),
+             onnx.numpy_helper.from_array(np.array(-np.inf, np.float32), "fill")]
+    nodes = [helper.make_node("Where", ["mask", "x", "fill"], ["m"], name="mask_scores"),
+             helper.make_node("Softmax", ["m"], ["y"], name="sm", axis=-1)]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", 1, [2, s, s])],
+                                            inits), opset_imports=[helper.make_opsetid("", 17)])
+    if kind == "arbitrary":
+        mask[:, 0] = True  # every row keeps a key (a fully masked row is NaN in both)
+        m.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(mask, "mask"))
+    g, values = import_onnx(m)
+    kernels = {o.kernel for o in g.ops.values()}
+    assert ("causal_mask" in kernels) == (kind == "causal_offset") and ("where" in kernels) == (kind == "arbitrary")
+    if kind == "causal_offset":
+        assert next(o for o in g.ops.values() if o.kernel == "causal_mask").params["offset"] == 1
+    assert _compare(m, g, values, 0) < 1e-6
