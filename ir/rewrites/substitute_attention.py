@@ -29,6 +29,13 @@ The pattern, checked op by op (each refusal names the failing condition):
 The attention op takes the values op's shards when they keep ``ev`` whole (its index dims are
 the first ones of the values op), else one shard on the values op's first device; ``unfuse``
 maps its shards back the same way.
+
+In a training step (``ir.autodiff``), the pattern's intermediates are also read by its backward
+ops, named ``<op>.d<tag>`` by the VJP rules. They are replaced too: ``attention_lse`` and
+``attention_grad_q/k/v`` (scores recomputed, FlashAttention's backward) write the tensors that
+held the gradient contributions of q, k and v, so the rest of the backward is untouched; every
+other backward result must stay inside the set, and the output gradient must come from outside
+it. ``origin["backward"]`` records the replaced backward ops for ``unfuse_attention``.
 """
 
 from __future__ import annotations
@@ -74,13 +81,25 @@ class AttentionMatch:
     offset: int
     ops: tuple[tuple[str, str], ...]  # (role, op name) in data-flow order
     output: str
+    backward: tuple[str, ...] = ()  # in a training step: the pattern's backward ops, in data-flow order
+    grads: tuple[tuple[str, str], ...] = ()  # (q|k|v, backward op writing that input's gradient contribution)
+    dy: str | None = None  # the gradient of the attention's output
+
+
+_BACKWARD = re.compile(r"^(?P<op>.+)\.d[a-z_]+(\.\d+)?$")
+
+
+def backward_of(g: Graph, op: str) -> str | None:
+    """The forward op whose VJP emitted ``op`` (``ir.autodiff`` names them ``<op>.d<tag>``), or None."""
+    m = _BACKWARD.match(op)
+    return m.group("op") if m and m.group("op") in g.ops and m.group("op") != op else None
 
 
 def _sole_reader(g: Graph, t: str) -> tuple[str, str] | str:
-    """The one ``(op, port)`` reading intermediate ``t``, or why there is not exactly one."""
+    """The one forward ``(op, port)`` reading intermediate ``t`` (backward ops aside), or why not one."""
     if g.tensors[t].role == "output":
         return f"{t} is a graph output and must stay materialised"
-    readers = g.consumers.get(t, [])
+    readers = [(r, p) for r, p in g.consumers.get(t, []) if backward_of(g, r) is None]
     if len(readers) != 1:
         return f"{t} is read by {[r for r, _ in readers]}, not by one op"
     return readers[0]
@@ -168,12 +187,59 @@ def match_attention(g: Graph, op: str) -> AttentionMatch | str:
     ops.append(("av", av_name))
     m = AttentionMatch(o.input_map["a"], k_tensor, av.input_map["b" if port == "a" else "a"], scale, causal, offset,
                        tuple(ops), av.output)
+    bwd = _match_backward(g, m, port)
+    if isinstance(bwd, str):
+        return bwd
+    m = bwd
     try:
         get_kernel("attention").signature({"q": g.tensors[m.q].spec, "k": g.tensors[m.k].spec,
                                            "v": g.tensors[m.v].spec}, _params(m, None))
     except SignatureError as err:
         return f"the matched tensors do not make an attention: {err}"
     return m
+
+
+def _match_backward(g: Graph, m: AttentionMatch, p_port: str) -> AttentionMatch | str:
+    """In a training step, the pattern's backward ops: the ones ``ir.autodiff`` emitted for the pattern
+    ops (``<op>.d<tag>``). Their results that leave the set are the gradients of q, k and v; every
+    other result (dP, the softmax and mask gradients, dS) must be read inside the set only."""
+    names = {n for _, n in m.ops}
+    roles = dict(m.ops)
+    backward = [n for n in g.topo_order if backward_of(g, n) in names]
+    for role, n in m.ops:  # the forward intermediates: read by the pattern and its backward only
+        if role == "av":
+            continue
+        for r, _ in g.consumers.get(g.ops[n].output, []):
+            if r not in names and r not in backward:
+                return f"{g.ops[n].output} is read by {r}, outside the attention pattern and its backward"
+    if not backward:
+        return m
+    v_port = "b" if p_port == "a" else "a"
+    wanted = {"q": f"{roles['qk']}.da", "k": f"{roles['k_t']}.dx" if "k_t" in roles else f"{roles['qk']}.db",
+              "v": f"{roles['av']}.d{v_port}"}
+    grads = tuple((x, n) for x, n in wanted.items() if n in backward)
+    dp = f"{roles['av']}.d{p_port}"
+    if dp not in g.ops:
+        if any(x in ("q", "k") for x, _ in grads):
+            return f"the backward of {roles['av']} has no {dp} (the probabilities' gradient)"
+        dy_op = wanted["v"]
+        dy = g.ops[dy_op].input_map["b" if v_port == "a" else "a"] if dy_op in g.ops else None
+    else:
+        dy = g.ops[dp].input_map[p_port]
+    if dy is None:
+        return "the pattern's backward computes no gradient of q, k or v"
+    kept = {n for _, n in grads}
+    for n in backward:
+        if n in kept:
+            continue
+        for r, _ in g.consumers.get(g.ops[n].output, []):
+            if r not in backward:
+                return f"{g.ops[n].output} (backward of the pattern) is read by {r} outside it"
+        if g.tensors[g.ops[n].output].role == "output":
+            return f"{g.ops[n].output} (backward of the pattern) is a graph output"
+    if dy in {g.ops[n].output for n in backward}:
+        return f"the output gradient {dy} is computed inside the pattern's backward"
+    return AttentionMatch(m.q, m.k, m.v, m.scale, m.causal, m.offset, m.ops, m.output, tuple(backward), grads, dy)
 
 
 def _is_k_layout(letters: str, lead: str, t: str, e: str) -> bool:
@@ -212,10 +278,48 @@ def fuse_attention(g: Graph, op: str) -> Graph:
         shards = Shards(sh.lo[:, :n_idx], sh.hi[:, :n_idx], sh.device)
     else:
         shards = Shards.whole(g.tensors[av.output].shape[:-1], int(sh.device[0]))
-    new = Op(name, "attention", (("q", m.q), ("k", m.k), ("v", m.v)), m.output, _params(m, {"ops": records}), shards)
-    drop = {n: None for _, n in m.ops}
+    origin: dict = {"ops": records}
+    drop: dict[str, Op | None] = {n: None for _, n in m.ops}
+    gone = {g.ops[n].output: None for _, n in m.ops if n != av.name}
+    insert: dict[str, list[Op]] = {}
+    tensors: dict[str, Tensor | None] = dict(gone)
+    if m.backward:  # a training step: the backward recomputes the scores too (attention_grad_*)
+        origin["backward"] = [_record(g.ops[n], "backward") for n in m.backward]
+        origin["grads"] = [list(x) for x in m.grads]
+        p = {k: v for k, v in _params(m, None).items() if k != "origin"}
+        q_spec = g.tensors[m.q]
+        lse_name = f"{name}.dlse"
+        if lse_name in g.ops or f"{lse_name}.out" in g.tensors:
+            raise RewriteError(f"cannot fuse attention at {op}: an operation named {lse_name} exists")
+        tensors[f"{lse_name}.out"] = Tensor(f"{lse_name}.out", q_spec.shape[:-1], q_spec.dtype, "intermediate")
+        dev = int(shards.device[0])
+        lse_op = Op(lse_name, "attention_lse", (("q", m.q), ("k", m.k)), f"{lse_name}.out", p,
+                    Shards.whole(q_spec.shape[:-1], dev))
+        grad_ops = [lse_op]
+        rows = {"q": m.q, "k": m.k, "v": m.v, "o": m.output, "dy": m.dy, "lse": f"{lse_name}.out"}
+        for x, n in m.grads:
+            kernel = f"attention_grad_{x}"
+            ports = get_kernel(kernel).inputs
+            ins = tuple((pt, rows[pt]) for pt in ports)
+            sig = get_kernel(kernel).signature({pt: (tensors[t] or g.tensors[t]).spec if t in tensors
+                                                else g.tensors[t].spec for pt, t in ins}, p)
+            grad_ops.append(Op(f"{name}.d{x}", kernel, ins, g.ops[n].output, p, Shards.whole(sig.extents, dev)))
+        kept = {g.ops[n].output for _, n in m.grads}
+        first = m.backward[0]
+        for n in m.backward:
+            drop[n] = None
+            if g.ops[n].output not in kept:
+                tensors[g.ops[n].output] = None
+        drop[first] = grad_ops[0]
+        insert[first] = grad_ops[1:]
+    new = Op(name, "attention", (("q", m.q), ("k", m.k), ("v", m.v)), m.output, _params(m, origin), shards)
     drop[av.name] = new
-    return g.with_ops(drop, tensors={g.ops[n].output: None for _, n in m.ops if n != av.name})
+    return g.with_ops(drop, insert_after=insert, tensors=tensors)
+
+
+def _record(o: Op, role: str) -> dict:
+    return {"role": role, "op": o.name, "kernel": o.kernel, "params": dict(o.params),
+            "inputs": [[p, t] for p, t in o.inputs], "output": o.output}
 
 
 def unfuse_attention(g: Graph, op: str) -> Graph:
@@ -254,7 +358,28 @@ def unfuse_attention(g: Graph, op: str) -> Graph:
             shards = Shards(lo, hi, sh.device)
         new_ops.append(Op(r["op"], r["kernel"], inputs, r["output"], dict(r["params"]), shards))
     first, rest = new_ops[0], new_ops[1:]
-    return g.with_ops({op: first}, insert_after={op: rest}, tensors=new_tensors)
+    replace: dict[str, Op | None] = {op: first}
+    insert = {op: rest}
+    if origin.get("backward"):
+        kept = {dict(origin["grads"])[x] for x in dict(origin["grads"])}
+        lse = f"{op}.dlse"
+        new_tensors[f"{lse}.out"] = None
+        bwd: list[Op] = []
+        for r in origin["backward"]:
+            inputs = tuple((p, t) for p, t in r["inputs"])
+            sig = get_kernel(r["kernel"]).signature({p: specs[t] for p, t in inputs}, r["params"])
+            specs[r["output"]] = sig.out_spec
+            if r["op"] not in kept:
+                new_tensors[r["output"]] = Tensor(r["output"], sig.out_spec.shape, sig.out_spec.dtype, "intermediate")
+            bwd.append(Op(r["op"], r["kernel"], inputs, r["output"], dict(r["params"]),
+                          Shards.whole(sig.extents, int(sh.device[0]))))
+        grad_ops = [n for n in g.ops if n == lse or (n.startswith(f"{op}.d") and g.ops[n].kernel.startswith(
+            "attention_grad_"))]
+        for n in grad_ops:
+            replace[n] = None
+        replace[lse] = bwd[0]
+        insert[lse] = bwd[1:]
+    return g.with_ops(replace, insert_after=insert, tensors=new_tensors)
 
 
 def attention_sites(g: Graph) -> list[str]:

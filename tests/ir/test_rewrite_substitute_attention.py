@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from executor import verify
 from ir import workloads
+from costmodel import evaluate
 from ir.builder import GraphBuilder
 from ir.dot import to_dot
 from ir.graph import Graph
@@ -237,3 +238,53 @@ def test_cli_rewrite_accepts_the_moves(tmp_path):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "attn_softmax (softmax) is not a plain einsum/matmul/bmm" in bad.stderr
     assert not (tmp_path / "q.json").exists()
+
+
+@pytest.mark.parametrize("name,kw", [("gpt", dict(batch=2, seq=6)), ("llama", dict(batch=2, seq=6, kv_heads=2)),
+                                     ("transformer", dict(batch=2, seq=6, d_model=8, heads=2, d_ff=12))])
+def test_training_step_substitution_replaces_the_backward_too(name, kw):
+    """In a training step the pattern's backward ops (``<op>.d<tag>``) go as well: the gradients of q,
+    k and v keep their tensors, now written by attention_grad_* ops that recompute the scores."""
+    g = workloads.build(name, mode="train", **kw)
+    h = g
+    for site in [n for n in g.ops if n.endswith("attn_qk")]:
+        h = fuse_attention(h, site)
+    assert_equivalent(h, g)
+    scores = {t.shape for n, t in g.tensors.items() if n.endswith("attn_softmax.out")}
+    assert scores and not [n for n, t in h.tensors.items() if t.shape in scores]  # seq 6 is no head dim
+    kernels = sorted(o.kernel for o in h.ops.values() if o.kernel.startswith("attention"))
+    layers = len([n for n in g.ops if n.endswith("attn_qk")])
+    assert kernels == sorted(["attention", "attention_grad_k", "attention_grad_q", "attention_grad_v",
+                              "attention_lse"] * layers)
+    back = h
+    for n in [n for n, o in h.ops.items() if o.kernel == "attention"]:
+        back = unfuse_attention(back, n)
+    assert back.digest == g.digest and unshard(h).digest == unshard(g).digest
+    assert loads(dumps(h)).digest == h.digest
+
+
+def test_training_step_refuses_when_an_intermediate_leaves_the_pattern():
+    from ir.autodiff import training_step
+
+    b = GraphBuilder()
+    q, k, v = (b.parameter(n, (2, 4, 3)) for n in "qkv")
+    s = b.einsum(q, k, name="qk", equation="bse,bte->bst")
+    p = b.softmax(s, name="sm")
+    b.einsum(p, v, name="av", equation="bst,bte->bse")
+    step = training_step(b.build())
+    assert not isinstance(match_attention(step, "qk"), str)  # the plain step fuses
+    b2 = GraphBuilder()
+    q, k, v = (b2.parameter(n, (2, 4, 3)) for n in "qkv")
+    p = b2.softmax(b2.einsum(q, k, name="qk", equation="bse,bte->bst"), name="sm")
+    b2.einsum(p, v, name="av", equation="bst,bte->bse")
+    b2.reduce_sum(p, name="peek", dim=-1)
+    step2 = training_step(b2.build(), output="av.out")
+    assert "not by one op" in match_attention(step2, "qk")
+
+
+def test_training_step_cost_drops():
+    g = workloads.build("gpt", batch=2, seq=256, d_model=128, heads=4, layers=1, vocab=128, mode="train",
+                        dtype="bfloat16")
+    h = fuse_attention(g, "l0.attn_qk")
+    a, b = evaluate(g, "h100-sxm-8"), evaluate(h, "h100-sxm-8")
+    assert b.peak_memory < a.peak_memory and b.makespan < a.makespan
