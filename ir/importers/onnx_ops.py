@@ -15,8 +15,9 @@ Mapping choices (why):
   ``batchnorm2d``; ``MaxPool``/``AveragePool``/``GlobalAveragePool`` are the pooling kernels.
 - ``Gather`` of an initializer table by runtime ids is ``embedding``; by constant contiguous
   indices it is ``slice`` (+ ``reshape`` for a scalar index).
-- ``Where(cond, x, fill)`` and ``Add(x, mask)`` with a constant lower-triangular causal pattern
-  and a fill at or below -1e30 are ``causal_mask``; other ``Where`` conditions are float masks.
+- ``Where(cond, x, fill)``, ``Where(future, fill, x)`` (PyTorch's ``masked_fill``) and
+  ``Add(x, mask)`` with a constant lower-triangular causal pattern and a fill at or below -1e30
+  are ``causal_mask``; other ``Where`` conditions are float masks.
 """
 
 from __future__ import annotations
@@ -469,6 +470,12 @@ def _where(ctx, node, label):
         ok, fill = _causal_fill(ctx, b)
         if k is not None and ok and ctx.const[c].shape[-2:] == ctx.shape(a)[-2:]:
             _causal_emit(ctx, ctx.use(a), k, fill, node.output[0], label)
+            return
+    if ctx.is_const(c) and ctx.is_const(a) and not ctx.is_const(b):  # masked_fill(future, -inf): Where(~tril, fill, x)
+        k = _causal_offset(~ctx.const[c].astype(bool))
+        ok, fill = _causal_fill(ctx, a)
+        if k is not None and ok and ctx.const[c].shape[-2:] == ctx.shape(b)[-2:]:
+            _causal_emit(ctx, ctx.use(b), k, fill, node.output[0], label)
             return
     cond = c
     if ctx.is_const(c):

@@ -37,9 +37,13 @@ def _torch() -> Any:
 
 
 def import_torch(module: Any, example_inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None,
-                 opset: int = 17) -> tuple[Graph, dict[str, np.ndarray]]:
+                 opset: int = 17, dynamic_axes: Mapping[str, Mapping[int, str]] | None = None
+                 ) -> tuple[Graph, dict[str, np.ndarray]]:
     """Import ``module`` (a ``torch.nn.Module``) called on ``example_inputs`` (name -> tensor, in
-    the order of its forward arguments). Returns the graph and its parameter values."""
+    the order of its forward arguments). Returns the graph and its parameter values.
+
+    ``dynamic_axes`` (``{"x": {0: "batch", 1: "seq"}}``) exports those dims as symbolic; ``params``
+    then binds them, so one export serves any batch and sequence length."""
     torch = _torch()
     if not isinstance(module, torch.nn.Module):
         raise ImportFailure(f"expected a torch.nn.Module, got {type(module).__name__}")
@@ -55,7 +59,8 @@ def import_torch(module: Any, example_inputs: Mapping[str, Any], params: Mapping
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(module, args, buf, dynamo=False, input_names=names, output_names=out_names,
-                              opset_version=opset, do_constant_folding=True)
+                              opset_version=opset, do_constant_folding=True,
+                              dynamic_axes={k: dict(v) for k, v in (dynamic_axes or {}).items()} or None)
     except Exception as e:  # noqa: BLE001  (the exporter raises many types)
         raise ImportFailure(f"torch.onnx.export could not export the module: {type(e).__name__}: "
                             f"{str(e)[:300]}") from None

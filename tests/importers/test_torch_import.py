@@ -61,3 +61,41 @@ def test_torch_factory_cli(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["import", f"{src}:nope", "--example-input", "x:float32[4,8]", "-o", str(tmp_path / "q.json")])
     assert e.value.code == 2 and "no function 'nope'" in capsys.readouterr().err
+
+
+class NanoGPTBlock(torch.nn.Module):
+    """nanoGPT's block: fused QKV split, heads by view/transpose, a registered tril buffer applied
+    with masked_fill, exact GELU; exported with symbolic batch and sequence length."""
+
+    def __init__(self, d: int = 32, h: int = 4, max_seq: int = 64) -> None:
+        super().__init__()
+        self.h = h
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.fc, self.out = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+        self.register_buffer("bias", torch.tril(torch.ones(max_seq, max_seq)).view(1, 1, max_seq, max_seq))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (k.size(-1) ** 0.5))
+        att = torch.softmax(att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf")), dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+        return x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x))))
+
+
+def test_nanogpt_block_with_symbolic_dims():
+    torch.manual_seed(0)
+    m = NanoGPTBlock().eval()
+    axes = {"x": {0: "batch", 1: "seq"}}
+    for batch, seq in ((2, 16), (3, 40)):
+        g, values = import_torch(m, {"x": torch.randn(2, 16, 32)}, {"batch": batch, "seq": seq}, dynamic_axes=axes)
+        kernels = sorted({o.kernel for o in g.ops.values()})
+        assert "causal_mask" in kernels and "where" not in kernels and "gelu_erf" in kernels
+        x = torch.randn(batch, seq, 32)
+        ins = random_inputs(g, 0)
+        ins.update(values)
+        ins["x"] = x.numpy()
+        with torch.no_grad():
+            np.testing.assert_allclose(execute(g, ins)["output"], m(x).numpy(), rtol=1e-5, atol=2e-6)
