@@ -99,3 +99,54 @@ def test_nanogpt_block_with_symbolic_dims():
         ins["x"] = x.numpy()
         with torch.no_grad():
             np.testing.assert_allclose(execute(g, ins)["output"], m(x).numpy(), rtol=1e-5, atol=2e-6)
+
+
+class TorchRMSNorm(torch.nn.Module):
+    def __init__(self, d: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(d))
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+class LlamaBlock(torch.nn.Module):
+    """Embedding, RMSNorm written as torch ops, bias-free projections, an additive triu(-inf)
+    mask, SwiGLU with F.silu."""
+
+    def __init__(self, vocab: int = 50, d: int = 32, h: int = 4, ff: int = 48) -> None:
+        super().__init__()
+        self.h = h
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.n1, self.n2 = TorchRMSNorm(d), TorchRMSNorm(d)
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d, bias=False) for _ in range(4))
+        self.gate, self.up = torch.nn.Linear(d, ff, bias=False), torch.nn.Linear(d, ff, bias=False)
+        self.down = torch.nn.Linear(ff, d, bias=False)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        B, T, C = x.shape
+        h = self.n1(x)
+        q, k, v = (lin(h).view(B, T, self.h, C // self.h).transpose(1, 2) for lin in (self.q, self.k, self.v))
+        mask = torch.full((T, T), float("-inf")).triu(1)
+        att = torch.softmax(q @ k.transpose(-2, -1) / (C // self.h) ** 0.5 + mask, dim=-1)
+        x = x + self.o((att @ v).transpose(1, 2).reshape(B, T, C))
+        h = self.n2(x)
+        return x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+def test_llama_block_from_torch_maps_patterns():
+    torch.manual_seed(0)
+    m = LlamaBlock().eval()
+    ids = torch.randint(0, 50, (2, 12))
+    g, values = import_torch(m, {"ids": ids})
+    kernels = [o.kernel for o in g.ops.values()]
+    assert kernels.count("rmsnorm") == 2 and "silu" in kernels and "causal_mask" in kernels
+    assert "embedding" in kernels and "sigmoid" not in kernels and "sqrt" not in kernels
+    ins = random_inputs(g, 0)
+    ins.update(values)
+    ins["ids"] = ids.numpy().astype(np.int32)
+    with torch.no_grad():
+        np.testing.assert_allclose(execute(g, ins)["output"], m(ids).numpy(), rtol=1e-5, atol=2e-6)
+    assert verify(random_walk(g, np.random.default_rng(1), 4, 25), values=values).ok
