@@ -211,12 +211,17 @@ def _project(Ap, An, b, s, lo, hi, i, r, empty):
 
 @njit(cache=True, nogil=True)
 def op_kernel(lo, hi, dev, in_Ap, in_An, in_b, in_s, in_shape, in_rank, in_item, out_Ap, out_An, out_b, out_s,
-              out_shape, out_item, flops_per_point, flop_den, byte_den, launch, n_dev, src_port):
+              out_shape, out_item, flops_per_point, flop_den, byte_den, launch, n_dev, src_port, curve, gemm):
     """Per shard: float64[n, 5] = (device, duration, output bytes, FLOPs, bytes read + written);
     output boxes int64[n, Ro] (unclipped images); input boxes int64[P, n, R] clipped to their
     tensors (rows beyond a port's rank are padding: [0, 1)); the first device outside
     ``0..n_dev-1`` (or -1); and for the ports with ``src_port[p]`` (they read a graph input),
-    float64[P, n_dev] bytes of the union of the boxes read on each device (``resident_kernel``)."""
+    float64[P, n_dev] bytes of the union of the boxes read on each device (``resident_kernel``).
+
+    ``curve`` float64[7] (``costmodel.efficiency.Curves.as_array``; ``curve[0] == 0``: off) scales
+    the denominators per shard: the memory term by ``mem_peak · bytes / (bytes + mem_half)``, and,
+    when ``gemm``, the FLOP term by ``gemm_peak · occupancy(tiles) · K / (K + k_half)`` with
+    ``K = flops_per_point / 2``."""
     n, D = lo.shape
     P = in_Ap.shape[0]
     R = in_Ap.shape[1]
@@ -259,6 +264,14 @@ def op_kernel(lo, hi, dev, in_Ap, in_An, in_b, in_s, in_shape, in_rank, in_item,
         nbytes = read + written
         tf = flops / flop_den
         tb = nbytes / byte_den
+        if curve[0] != 0.0:
+            if gemm and flops > 0.0:
+                kk = max(flops_per_point / 2.0, 1.0)
+                tiles = max(np.ceil(np.float64(vol) / curve[2]), 1.0)
+                occ = tiles / (np.ceil(tiles / curve[3]) * curve[3])
+                tf = flops / (flop_den * curve[1] * occ * kk / (kk + curve[4]))
+            if nbytes > 0.0:
+                tb = nbytes / (byte_den * curve[5] * nbytes / (nbytes + curve[6]))
         if (dev[i] < 0 or dev[i] >= n_dev) and bad < 0:
             bad = dev[i]
         f[i, 0] = dev[i]

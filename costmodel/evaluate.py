@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.efficiency import curves_for
 from costmodel.energy import energy_breakdown
 from costmodel.hardware import Hardware
 from costmodel.hardware_io import load_hardware
@@ -173,11 +174,17 @@ def breakdown(ev: Evaluation) -> Breakdown:
 class Evaluator:
     """Evaluates plans on one hardware; reuse it (its caches make re-evaluation incremental)."""
 
-    def __init__(self, hw: Hardware | str, collectives: bool = True) -> None:
+    def __init__(self, hw: Hardware | str, collectives: bool = True, curves: Any = None) -> None:
         """``collectives``: time the transfer groups that are NCCL collectives as such
-        (``costmodel.collectives``); False: every transfer point to point."""
+        (``costmodel.collectives``); False: every transfer point to point. ``curves``: a
+        ``costmodel.efficiency.Curves``, ``"default"`` (the device's published curves, if any),
+        or None (the hardware's constant efficiency factors)."""
         self.hw = load_hardware(hw) if not isinstance(hw, Hardware) else hw
-        self.lowerer = Lowerer(self.hw, collectives=collectives)
+        if isinstance(curves, str):
+            if curves != "default":
+                raise ValueError(f"curves: expected a Curves, 'default' or None, got {curves!r}")
+            curves = curves_for(self.hw)
+        self.lowerer = Lowerer(self.hw, collectives=collectives, curves=curves)
         self._bounds: dict[int, ProgramFacts] = {}
         self._capacity = self.hw.device.mem_capacity
 

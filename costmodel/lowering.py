@@ -57,6 +57,7 @@ import numpy as np
 
 from costmodel import _kernels as K
 from costmodel import collectives as C
+from costmodel import efficiency as E
 from costmodel.hardware import Hardware, HardwareError
 from ir.graph import SOURCE_ROLES, Graph, Op
 from ir.kernels import ITEMSIZE, get_kernel
@@ -407,9 +408,12 @@ class Lowerer:
     #: logical programs numbered (oldest forgotten first; a forgotten program gets a new number)
     PROGRAMS_CAP = 1024
 
-    def __init__(self, hw: Hardware, cache_size: int = 8000, states: int = 6, collectives: bool = False) -> None:
+    def __init__(self, hw: Hardware, cache_size: int = 8000, states: int = 6, collectives: bool = False,
+                 curves: E.Curves | None = None) -> None:
         self.hw = hw
         self.collectives = collectives
+        self.curves = curves  # shape-dependent efficiencies (costmodel.efficiency); None: the constants
+        self._curve = curves.as_array() if curves is not None else E.OFF
         self._coll_cost: dict[tuple, C.CollectiveCost] = {}
         self._sized: dict[int, Any] = {}
         self.cache_size = cache_size
@@ -456,6 +460,10 @@ class Lowerer:
         d = self._den.get((dtype, kclass))
         if d is None:
             ce, me = self.hw.efficiency_for(kclass)
+            if self.curves is not None:  # the curves replace the constant factors they model
+                me = 1.0
+                if kclass == "matmul":
+                    ce = 1.0
             d = self._den[(dtype, kclass)] = (self.hw.peak_flops(dtype) * ce, self.hw.device.mem_bandwidth * me,
                                               float(self.hw.launch_overhead_for(kclass)))
         return d
@@ -491,7 +499,7 @@ class Lowerer:
         f, out_lo, out_hi, in_lo, in_hi, bad, res = K.op_kernel(
             sh.lo, sh.hi, sh.device, pk.in_Ap, pk.in_An, pk.in_b, pk.in_s, pk.in_shape, pk.in_rank, pk.in_item,
             pk.out_Ap, pk.out_An, pk.out_b, pk.out_s, pk.out_shape, pk.out_item, pk.fpp, fden, bden, launch,
-            self.hw.n_devices, src_port)
+            self.hw.n_devices, src_port, self._curve, kclass == "matmul")
         if bad >= 0:
             raise HardwareError(f"op {o.name!r} places a shard on device {bad}, but {self.hw.name!r} has "
                                 f"devices 0..{self.hw.n_devices - 1}")

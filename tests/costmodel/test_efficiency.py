@@ -1,0 +1,64 @@
+"""Efficiency curves by shape (``costmodel.efficiency``) against closed forms."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from costmodel import Evaluator
+from costmodel.efficiency import Curves, curves_for, fit, gemm_efficiency, gemm_time, memory_efficiency
+from costmodel.presets import PRESETS
+from ir.builder import GraphBuilder
+
+H100 = PRESETS["h100-sxm-8"]
+
+
+def test_8192_cubed_bf16_gemm_on_one_h100():
+    c = curves_for(H100)
+    assert c is not None and curves_for(PRESETS["h200-sxm-8"]) is not None and curves_for(PRESETS["cpu"]) is None
+    n = 8192
+    tiles = (n * n) // (128 * 128)  # 4096 tiles in ceil(4096 / 132) = 32 waves
+    eff = 0.78 * tiles / (32 * 132) * n / (n + 64)
+    closed = 2.0 * n**3 / (989.4e12 * eff) + 5e-6
+    t = gemm_time(n, n, n, "bfloat16", H100)
+    assert t == pytest.approx(closed, rel=1e-12)
+    assert 1.3e-3 <= t <= 1.6e-3
+    # the same through the lowering: one matmul shard
+    b = GraphBuilder("bfloat16")
+    b.matmul(b.input("a", (n, n)), b.parameter("w", (n, n)), name="mm")
+    e = Evaluator(H100, curves="default")(b.build())
+    assert e.makespan == pytest.approx(closed, rel=1e-12)
+    assert Evaluator(H100)(b.build()).makespan == pytest.approx(2.0 * n**3 / 989.4e12 + 5e-6, rel=1e-12)
+
+
+def test_skinny_and_small_shapes_are_less_efficient():
+    c = Curves()
+    big = float(gemm_efficiency(8192 * 8192, 8192, c))
+    assert gemm_efficiency(128 * 128, 8192, c) < 0.01 * big * 1.01  # one tile: 1 of 132 SMs busy
+    assert gemm_efficiency(133 * 128 * 128, 8192, c) == pytest.approx(0.78 * 133 / 264 * 8192 / 8256)  # 2 waves
+    assert gemm_efficiency(8192 * 8192, 64, c) == pytest.approx(big * (64 / 128) / (8192 / 8256))
+    assert memory_efficiency(4e6, c) == pytest.approx(0.45) and memory_efficiency(4e9, c) > 0.899
+
+
+def test_fit_recovers_the_peak_factors():
+    true = Curves(gemm_peak=0.66, mem_peak=0.8)
+    peak, bw = 989.4e12, 3.35e12
+    samples = []
+    for n in (2048, 4096, 8192):
+        flops, nbytes = 2.0 * n**3, 2.0 * 3 * n * n
+        t = flops / (peak * float(gemm_efficiency(n * n, n, true)))
+        samples.append((n * n, n, flops, nbytes, t))
+    for nbytes in (1e8, 1e9):  # streaming: memory-bound
+        samples.append((nbytes / 8, 1, nbytes / 8, nbytes, nbytes / (bw * float(memory_efficiency(nbytes, true)))))
+    got = fit(Curves(), samples, peak, bw)
+    assert got.gemm_peak == pytest.approx(0.66) and got.mem_peak == pytest.approx(0.8)
+    assert math.isclose(fit(Curves(), [], peak, bw).gemm_peak, 0.78)
+
+
+def test_curves_off_by_default_and_bad_value_refused():
+    with pytest.raises(ValueError, match="curves"):
+        Evaluator(H100, curves="fancy")
+    assert Evaluator(H100).lowerer.curves is None
+    assert np.all(Evaluator(H100, curves="default").lowerer._curve[1:] > 0)
