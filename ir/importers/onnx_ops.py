@@ -619,12 +619,11 @@ def _pool(ctx, node, label):
     k = [int(v) for v in attr(node, "kernel_shape")]
     st = [int(v) for v in (attr(node, "strides", None) or [1, 1])]
     pad = _pads(node)
-    if node.op_type == "AveragePool" and pad and not attr(node, "count_include_pad", 0):
-        raise Unsupported("padded AveragePool with count_include_pad=0")
+    params = {"window": k, "stride": st, "padding": pad}
+    if node.op_type == "AveragePool":
+        params["count_include_pad"] = bool(attr(node, "count_include_pad", 0))
     kernel = "maxpool2d" if node.op_type == "MaxPool" else "avgpool2d"
-    if kernel == "maxpool2d" and pad:
-        raise Unsupported("padded MaxPool")
-    ctx.emit(kernel, {"x": x}, {"window": k, "stride": st, "padding": pad}, out=node.output[0], name=label)
+    ctx.emit(kernel, {"x": x}, params, out=node.output[0], name=label)
 
 
 @handles("GlobalAveragePool", "GlobalMaxPool")

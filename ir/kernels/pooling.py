@@ -1,23 +1,23 @@
-"""2-D pooling over NCHW: ``maxpool2d`` and ``avgpool2d`` (window, stride, zero padding).
+"""2-D pooling over NCHW: ``maxpool2d`` and ``avgpool2d`` (window, stride, padding).
 
 Index dims ``(n, c, oh, ow)``; the input projection for ``oh`` is ``[oh·stride - pad,
 oh·stride - pad + kh)`` as in ``ir.kernels.conv``: shards of neighbouring rows overlap by the
-halo. Padding reads zeros (the executor pads), which is right for ``avgpool2d`` counting the
-padding (ONNX ``count_include_pad=1``) and wrong for a max, so ``maxpool2d`` takes no padding.
-Global average pooling is ``avgpool2d`` with the whole plane as its window.
+halo. The executor reads padding cells as zeros; ``run`` knows the shard's box, hence which rows
+and columns of its block lie outside the tensor, and treats them as ONNX does: ``-inf`` for a
+max, and for an average either zeros counted in the divisor (``count_include_pad``, the default)
+or cells left out of it. Global average pooling is ``avgpool2d`` with the whole plane as window.
 """
 
 from __future__ import annotations
 
 from ir.kernels.base import Kernel, Signature, SignatureError, TensorSpec, unit_row
-from ir.zspace import Projection, identity_projection
+from ir.zspace import Projection, ZRange, identity_projection
 
 
 class Pool2d(Kernel):
     inputs = ("x",)
     kernel_class = "elementwise"
     params_defaults = {"window": [2, 2], "stride": [2, 2], "padding": 0}
-    allow_padding = True
 
     def base_signature(self, ins, params):
         x = ins["x"].shape
@@ -27,8 +27,9 @@ class Pool2d(Kernel):
         if len(x) != 4 or not ok:
             raise SignatureError(f"{self.name} needs x[N, C, H, W], window [kh, kw] and stride [sh, sw] >= 1 and "
                                  f"padding >= 0; got x{list(x)}, window={k!r}, stride={st!r}, padding={pad!r}")
-        if pad and not self.allow_padding:
-            raise SignatureError(f"{self.name} takes no padding (padding cells read zeros, not -inf)")
+        if pad and 2 * pad >= min(k):
+            raise SignatureError(f"{self.name} padding {pad} must be less than half the window {list(k)} (a window "
+                                 f"of padding only has no value)")
         oh = (x[2] + 2 * pad - k[0]) // st[0] + 1
         ow = (x[3] + 2 * pad - k[1]) // st[1] + 1
         if oh < 1 or ow < 1:
@@ -47,27 +48,54 @@ class Pool2d(Kernel):
             for j in range(kw):
                 yield x[:, :, i: i + sh * (oh - 1) + 1: sh, j: j + sw * (ow - 1) + 1: sw]
 
+    def inside(self, xp, box: ZRange, sig: Signature):
+        """Boolean (rows, cols) of the shard's input block that lie inside the tensor."""
+        b = sig.inputs["x"].apply(box)
+        H, W = sig.in_specs["x"].shape[2:]
+        r = xp.arange(b.start[2], b.end[2])
+        c = xp.arange(b.start[3], b.end[3])
+        return (r >= 0) & (r < H), (c >= 0) & (c < W)
+
+    def compute(self, xp, blocks, params):
+        if params["padding"]:
+            raise SignatureError(f"{self.name} with padding runs through run() (it needs the shard's box)")
+        return self.reduce(xp, blocks["x"], params, None)
+
+    def run(self, xp, blocks, params, box, sig):
+        if not params["padding"]:
+            return self.reduce(xp, blocks["x"], params, None)
+        return self.reduce(xp, blocks["x"], params, self.inside(xp, box, sig))
+
 
 class MaxPool2d(Pool2d):
     name = "maxpool2d"
-    allow_padding = False
 
-    def compute(self, xp, blocks, params):
+    def reduce(self, xp, x, params, inside):
+        if inside is not None:
+            keep = inside[0][:, None] & inside[1][None, :]
+            x = xp.where(keep, x, xp.asarray(-xp.inf, dtype=x.dtype))
         y = None
-        for win in self.windows(blocks["x"], params):
+        for win in self.windows(x, params):
             y = win if y is None else xp.maximum(y, win)
         return y
 
 
 class AvgPool2d(Pool2d):
     name = "avgpool2d"
+    params_defaults = {**Pool2d.params_defaults, "count_include_pad": True}
 
-    def compute(self, xp, blocks, params):
+    def reduce(self, xp, x, params, inside):
         y = None
-        for win in self.windows(blocks["x"], params):
+        for win in self.windows(x, params):
             y = win if y is None else y + win
         kh, kw = params["window"]
-        return y * (1.0 / (kh * kw))
+        if inside is None or params["count_include_pad"]:
+            return y * (1.0 / (kh * kw))
+        ones = (inside[0][:, None] & inside[1][None, :]).astype(x.dtype)[None, None]
+        count = None
+        for win in self.windows(ones, params):
+            count = win if count is None else count + win
+        return y / count
 
 
 KERNELS = (MaxPool2d, AvgPool2d)

@@ -8,7 +8,8 @@
 - ``llama_block``: the RMSNorm sequence (Pow, ReduceMean, Add eps, Sqrt, Reciprocal, Mul, Mul
   gamma), bias-free projections, an additive -inf causal mask, SwiGLU (Sigmoid·x gate times up),
   residuals; token ids through a Gather embedding.
-- ``convnet``: Conv with bias and padding, BatchNormalization, Relu, MaxPool, a second Conv,
+- ``convnet``: Conv with bias and padding, BatchNormalization, Relu, a ResNet-stem MaxPool (3x3,
+  stride 2, padding 1), a second Conv,
   GlobalAveragePool, Flatten, Gemm.
 """
 
@@ -198,7 +199,7 @@ def convnet(c_in: int = 3, c: int = 8, size: int = 8, classes: int = 5, seed: in
         n("BatchNormalization", ["c1", "bn1.scale", "bn1.bias", "bn1.mean", "bn1.var"], ["b1"], name="bn1",
           epsilon=1e-5),
         n("Relu", ["b1"], ["r1"], name="relu1"),
-        n("MaxPool", ["r1"], ["p1"], name="pool1", kernel_shape=[2, 2], strides=[2, 2]),
+        n("MaxPool", ["r1"], ["p1"], name="pool1", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
         n("Conv", ["p1", "conv2.w"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
         n("Relu", ["c2"], ["r2"], name="relu2"),
         n("GlobalAveragePool", ["r2"], ["gap"], name="gap"),

@@ -18,8 +18,9 @@ from ir.rewrites import place, split
 _erf = np.vectorize(math.erf)
 
 
-def _pool_ref(x, k, st, pad, fn):
-    x = np.pad(x, [(0, 0), (0, 0), (pad, pad), (pad, pad)])
+def _pool_ref(x, k, st, pad, fn, fill=0.0):
+    """Loops over output cells; padding cells hold ``fill`` (NaN: left out, as nanmean does)."""
+    x = np.pad(x, [(0, 0), (0, 0), (pad, pad), (pad, pad)], constant_values=fill)
     oh = (x.shape[2] - k) // st + 1
     ow = (x.shape[3] - k) // st + 1
     out = np.empty(x.shape[:2] + (oh, ow), x.dtype)
@@ -44,13 +45,22 @@ CASES = {
                   lambda x: _pool_ref(x, 2, 2, 0, np.max)),
     "avgpool2d": ({"x": (2, 3, 8, 8)}, {"window": [3, 3], "stride": [1, 1], "padding": 1},
                   lambda x: _pool_ref(x, 3, 1, 1, np.mean)),
+    "maxpool2d_pad": ({"x": (2, 3, 7, 7)}, {"window": [3, 3], "stride": [2, 2], "padding": 1},
+                      lambda x: _pool_ref(x - 5.0, 3, 2, 1, np.max, -np.inf) + 5.0),
+    "avgpool2d_exclude_pad": ({"x": (1, 2, 6, 6)}, {"window": [3, 3], "stride": [2, 2], "padding": 1,
+                                                   "count_include_pad": False},
+                              lambda x: _pool_ref(x, 3, 2, 1, np.nanmean, np.nan)),
     "batchnorm2d": ({"x": (2, 4, 3, 3), "scale": (4,), "bias": (4,), "mean": (4,), "var": (4,)}, {"eps": 1e-5},
                     lambda x, s, b, m, v: (x - m[:, None, None]) / np.sqrt(v[:, None, None] + 1e-5)
                     * s[:, None, None] + b[:, None, None]),
 }
 
 
+KERNEL_OF = {"maxpool2d_pad": "maxpool2d", "avgpool2d_exclude_pad": "avgpool2d"}  # case id -> kernel
+
+
 def _graph(kernel, shapes, params):
+    kernel = KERNEL_OF.get(kernel, kernel)
     b = GraphBuilder()
     ins = {p: b.input(f"in_{p}", s) for p, s in shapes.items()}
     b.op(kernel, "op", ins, **params)
@@ -66,6 +76,8 @@ def test_kernel_matches_reference_and_shards(kernel):
         ins = {k: np.abs(v) + 0.1 for k, v in ins.items()}
     if kernel == "where":
         ins["in_c"] = (ins["in_c"] > 0).astype(np.float32)
+    if kernel == "maxpool2d_pad":  # all negative: zero padding would win every border max
+        ins["in_x"] = ins["in_x"] - 5.0
     out = execute(g, ins)["op.out"]
     args = [ins[f"in_{p}"] for p in shapes]
     want = np.sqrt(args[0]) if ref is None else ref(*args)
@@ -106,5 +118,5 @@ def test_bad_params_refused():
         b.reshape(x, name="r", shape=[5, 5])
     with pytest.raises(SignatureError, match="start < stop"):
         b.slice(x, name="s", axis=1, start=4, stop=2)
-    with pytest.raises(SignatureError, match="no padding"):
+    with pytest.raises(SignatureError, match="less than half"):
         b.maxpool2d(b.input("im", (1, 1, 4, 4)), name="m", window=[2, 2], stride=[2, 2], padding=1)

@@ -9,8 +9,8 @@ import numpy as np
 import scipy.special
 
 
-def _pool(x, k, st, pad, fn):
-    x = np.pad(x, [(0, 0), (0, 0), (pad, pad), (pad, pad)])
+def _pool(x, k, st, pad, fn, fill=0.0):
+    x = np.pad(x, [(0, 0), (0, 0), (pad, pad), (pad, pad)], constant_values=fill)
     oh, ow = (x.shape[2] - k) // st + 1, (x.shape[3] - k) // st + 1
     return np.stack([np.stack([fn(x[:, :, i * st:i * st + k, j * st:j * st + k], axis=(2, 3)) for j in range(ow)],
                               -1) for i in range(oh)], -2)
@@ -43,6 +43,11 @@ def import_cases(Case):
              lambda i: i["x"].reshape(4, 6)),
         Case("maxpool2d", "maxpool2d", {"x": (2, 3, 6, 6)}, {"window": [2, 2], "stride": [2, 2]},
              lambda i: _pool(i["x"], 2, 2, 0, np.max)),
+        Case("maxpool2d_pad", "maxpool2d", {"x": (1, 2, 5, 5)}, {"window": [3, 3], "stride": [2, 2], "padding": 1},
+             lambda i: _pool(i["x"], 3, 2, 1, np.max, -np.inf), pads=True),
+        Case("avgpool2d_exclude_pad", "avgpool2d", {"x": (1, 2, 5, 5)},
+             {"window": [3, 3], "stride": [2, 2], "padding": 1, "count_include_pad": False},
+             lambda i: _pool(i["x"], 3, 2, 1, np.nanmean, np.nan), pads=True),
         Case("avgpool2d_pad", "avgpool2d", {"x": (1, 2, 5, 5)}, {"window": [3, 3], "stride": [1, 1], "padding": 1},
              lambda i: _pool(i["x"], 3, 1, 1, np.mean), pads=True),
         Case("batchnorm2d", "batchnorm2d", {"x": (2, 3, 2, 2), "scale": (3,), "bias": (3,), "mean": (3,),
