@@ -86,7 +86,10 @@ def slope_per_hour(t: np.ndarray, y: np.ndarray) -> float:
 
 
 def analyse(samples: list[dict[str, Any]], warmup_s: float, window_s: float = 300.0) -> dict[str, Any]:
+    """Slopes after ``warmup_s`` (counted from the first sample: the campaign's start, after the
+    baselines), their 3-day extrapolation, and evaluations/s over the first and last windows."""
     t = np.array([s["t"] for s in samples], dtype=float)
+    t = t - t[0]
     after = t >= warmup_s
     if after.sum() < 2:
         after = t >= t[len(t) // 2]
@@ -120,7 +123,7 @@ def plot(samples: list[dict[str, Any]], summary: dict[str, Any], path: str, titl
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t = np.array([s["t"] for s in samples]) / 60.0
+    t = (np.array([s["t"] for s in samples]) - samples[0]["t"]) / 60.0
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.4), dpi=110)
     ax = axes[0, 0]
     ax.plot(t, [s["rss"]["driver"] for s in samples], label="driver")
@@ -142,12 +145,29 @@ def plot(samples: list[dict[str, Any]], summary: dict[str, Any], path: str, titl
     ax = axes[1, 1]
     ax.plot(t, [s["hypervolume"] for s in samples])
     ax.set_ylabel("hypervolume")
-    ax.set_xlabel("minutes")
+    ax.set_xlabel("minutes since the campaign started")
     for a in axes.flat:
         a.axvline(summary["warmup_s"] / 60.0, color="grey", ls=":", lw=0.8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
+
+
+def _title(result: dict[str, Any]) -> str:
+    return (f"soak: {result['minutes']:g} min, {result['backend']}, {result['workers']} workers, retention "
+            f"{'on' if result['retention'] else 'off'}")
+
+
+def report(result: dict[str, Any], warmup_minutes: float) -> None:
+    summary = result["summary"]
+    sl, g3 = summary["slopes_per_hour"], summary["three_day_growth"]
+    print(f"\nafter {warmup_minutes:g} min warm-up ({result['backend']}, retention "
+          f"{'on' if result['retention'] else 'off'}):")
+    for key, unit in (("driver_rss_mb", "MB"), ("worker_rss_mb_max", "MB"), ("worker_rss_mb_sum", "MB"),
+                      ("archive_mb", "MB"), ("candidate_rows", "rows"), ("evaluation_rows", "rows")):
+        print(f"  {key:<20} {sl[key]:+12.1f} {unit}/h   3 days: {g3[key]:+14.0f} {unit}")
+    print(f"  evaluations/s: first 5 min {summary['evals_per_s_first_window']:.0f}, "
+          f"last 5 min {summary['evals_per_s_last_window']:.0f}")
 
 
 def main() -> None:
@@ -160,7 +180,19 @@ def main() -> None:
     ap.add_argument("--no-retention", action="store_true", help="retention.enabled: false (the 'before' setting)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
+    ap.add_argument("--from-json", default=None, help="re-analyse and re-plot a run saved with --json")
     args = ap.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        saved["summary"] = analyse(saved["samples"], args.warmup_minutes * 60.0)
+        report(saved, args.warmup_minutes)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(saved, f, indent=1, default=str)
+        if args.plot:
+            plot(saved["samples"], saved["summary"], args.plot, _title(saved))
+        return
     tmp = tempfile.mkdtemp(prefix="bench_soak_")
     db = args.db or os.path.join(tmp, "soak.db")
     name = f"soak-{int(time.time())}"
@@ -207,20 +239,12 @@ def main() -> None:
     backend = "postgresql" if db.startswith("postgresql") else "sqlite"
     result = {"campaign": name, "backend": backend, "minutes": args.minutes, "workers": args.workers,
               "retention": not args.no_retention, "summary": summary, "samples": samples}
-    sl, g3 = summary["slopes_per_hour"], summary["three_day_growth"]
-    print(f"\nafter {args.warmup_minutes:g} min warm-up ({backend}, retention {'on' if result['retention'] else 'off'}):")
-    for key, unit in (("driver_rss_mb", "MB"), ("worker_rss_mb_max", "MB"), ("worker_rss_mb_sum", "MB"),
-                      ("archive_mb", "MB"), ("candidate_rows", "rows"), ("evaluation_rows", "rows")):
-        print(f"  {key:<20} {sl[key]:+12.1f} {unit}/h   3 days: {g3[key]:+14.0f} {unit}")
-    print(f"  evaluations/s: first 5 min {summary['evals_per_s_first_window']:.0f}, "
-          f"last 5 min {summary['evals_per_s_last_window']:.0f}")
+    report(result, args.warmup_minutes)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1, default=str)
     if args.plot:
-        plot(samples, summary, args.plot,
-             f"soak: {args.minutes:g} min, {backend}, {args.workers} workers, retention "
-             f"{'on' if result['retention'] else 'off'}")
+        plot(samples, summary, args.plot, _title(result))
 
 
 if __name__ == "__main__":
