@@ -150,3 +150,41 @@ def test_llama_block_from_torch_maps_patterns():
     with torch.no_grad():
         np.testing.assert_allclose(execute(g, ins)["output"], m(ids).numpy(), rtol=1e-5, atol=2e-6)
     assert verify(random_walk(g, np.random.default_rng(1), 4, 25), values=values).ok
+
+
+class ResNetStem(torch.nn.Module):
+    """Conv/BN/ReLU, the 3x3 stride-2 padded max pool, one basic residual block, global average
+    pool, flatten, linear: the ops of a torchvision ResNet."""
+
+    def __init__(self, c: int = 8, classes: int = 5) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, c, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(c)
+        self.pool = torch.nn.MaxPool2d(3, stride=2, padding=1)
+        self.conv2 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(c)
+        self.fc = torch.nn.Linear(c, classes)
+
+    def forward(self, x):
+        h = self.pool(torch.relu(self.bn1(self.conv1(x))))
+        h = torch.relu(h + self.bn2(self.conv2(h)))
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(h, 1), 1))
+
+
+def test_resnet_stem_from_torch():
+    torch.manual_seed(0)
+    m = ResNetStem()
+    for bn in (m.bn1, m.bn2):  # non-trivial running statistics
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 1.5)
+    m = m.eval()
+    x = torch.randn(2, 3, 12, 12)
+    g, values = import_torch(m, {"x": x})
+    kernels = {o.kernel for o in g.ops.values()}
+    assert {"conv2d", "maxpool2d", "avgpool2d"} <= kernels
+    ins = random_inputs(g, 0)
+    ins.update(values)
+    ins["x"] = x.numpy()
+    with torch.no_grad():
+        np.testing.assert_allclose(execute(g, ins)["output"], m(x).numpy(), rtol=1e-4, atol=1e-5)
+    assert verify(random_walk(g, np.random.default_rng(2), 4, 25), values=values).ok
