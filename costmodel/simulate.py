@@ -251,7 +251,7 @@ def _radix_argsort(keys):
 
 @njit(cache=True, nogil=True)
 def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices, keep, link,
-                   part_ptr, part_dev, part_alloc):
+                   part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx):
     """Returns (status, start, finish, makespan, peak_mem, busy_compute, busy_egress,
     busy_ingress, used, rank, order, n_topo). status 0 = ok, 1 = cycle (then ``order[:n_topo]``
     holds the nodes Kahn could order; the others lie on or behind a cycle)."""
@@ -271,6 +271,8 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     indeg = np.zeros(n, np.int64)
     for e in range(m):
         indeg[succ_idx[e]] += 1
+    for e in range(ctl_idx.shape[0]):  # control edges order the schedule too (a cycle through them is one)
+        indeg[ctl_idx[e]] += 1
     deg = indeg.copy()
     topo = order  # reuse: overwritten by the schedule order below
     tail = 0
@@ -284,6 +286,12 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
         head += 1
         for e in range(succ_ptr[u], succ_ptr[u + 1]):
             v = succ_idx[e]
+            deg[v] -= 1
+            if deg[v] == 0:
+                topo[tail] = v
+                tail += 1
+        for e in range(ctl_ptr[u], ctl_ptr[u + 1]):
+            v = ctl_idx[e]
             deg[v] -= 1
             if deg[v] == 0:
                 topo[tail] = v
@@ -381,6 +389,14 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
             v = succ_idx[e]
             if f > ready[v]:
                 ready[v] = f
+            deg[v] -= 1
+            if deg[v] == 0:
+                _bitset_insert(ready_set, off, n_lev, pos[v])
+                n_ready += 1
+        for e in range(ctl_ptr[u], ctl_ptr[u + 1]):  # issue order: v may start once u has started
+            v = ctl_idx[e]
+            if t > ready[v]:
+                ready[v] = t
             deg[v] -= 1
             if deg[v] == 0:
                 _bitset_insert(ready_set, off, n_lev, pos[v])
@@ -580,7 +596,7 @@ def _find_cycle(n: int, succ_ptr: np.ndarray, succ_idx: np.ndarray, ordered: np.
 
 def simulate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices: int,
              *, lat=None, keep=None, link=None, part_ptr=None, part_dev=None, part_alloc=None,
-             check: bool = True) -> Schedule:
+             ctl_ptr=None, ctl_idx=None, check: bool = True) -> Schedule:
     """Simulate a lowered plan; see the module docstring for the array contract (``lat``:
     float64[n] latencies, default zeros; ``link``, ``part_*``: ports and collectives).
 
@@ -611,8 +627,14 @@ def simulate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_byte
     if check:
         _validate(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices)
         _validate_ports(kind, link, part_ptr, part_dev, part_alloc, n_devices)
+    if ctl_ptr is not None:
+        ctl_ptr, ctl_idx = _as(ctl_ptr, np.int64, "ctl_ptr"), _as(ctl_idx, np.int32, "ctl_idx")
+        if check and (ctl_ptr.shape[0] != n + 1 or ctl_ptr[-1] != ctl_idx.shape[0] or (
+                ctl_idx.size and (ctl_idx.min() < 0 or ctl_idx.max() >= n))):
+            raise SimulationError("ctl_ptr/ctl_idx: a CSR of control successors over the n nodes")
     return simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices,
-                           lat=lat, keep=keep, link=link, part_ptr=part_ptr, part_dev=part_dev, part_alloc=part_alloc)
+                           lat=lat, keep=keep, link=link, part_ptr=part_ptr, part_dev=part_dev, part_alloc=part_alloc,
+                           ctl_ptr=ctl_ptr, ctl_idx=ctl_idx)
 
 
 def _validate_ports(kind, link, part_ptr, part_dev, part_alloc, n_devices) -> None:
@@ -641,7 +663,7 @@ def _validate_ports(kind, link, part_ptr, part_dev, part_alloc, n_devices) -> No
 
 def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
                     n_devices: int, *, lat=None, keep=None, link=None, part_ptr=None, part_dev=None,
-                    part_alloc=None) -> Schedule:
+                    part_alloc=None, ctl_ptr=None, ctl_idx=None) -> Schedule:
     """Fast path: arrays already of the contract's dtypes (``lat``: float64[n] or None for zeros;
     ``keep``: bool[n] or None), contiguous and valid. Unchecked: out-of-range indices or
     negative/NaN durations or latencies here are undefined behaviour (wrong results or a crash).
@@ -654,9 +676,11 @@ def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, reside
         link = np.zeros(kind.shape[0], np.int8)
     if part_ptr is None:
         part_ptr, part_dev, part_alloc = np.zeros(kind.shape[0] + 1, np.int64), _NO_DEV, _NO_ALLOC
+    if ctl_ptr is None:
+        ctl_ptr, ctl_idx = np.zeros(kind.shape[0] + 1, np.int64), _NO_DEV
     (status, start, finish, makespan, peak_mem, busy_c, busy_e, busy_i, used, rank, order,
      n_topo) = _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
-                              int(n_devices), keep, link, part_ptr, part_dev, part_alloc)
+                              int(n_devices), keep, link, part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx)
     if status != 0:
         cyc = _find_cycle(kind.shape[0], succ_ptr, succ_idx, order[:n_topo])
         raise SimulationError(

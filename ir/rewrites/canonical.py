@@ -26,12 +26,12 @@ def unshard(g: Graph) -> Graph:
     # innermost first: a two-level reduction's accumulate is itself split
     for n in reversed([n for n, o in g.ops.items() if o.params.get("split")]):
         g = merge_reduction(g, n)
+    if recomputed(g):  # before substitutions: a recomputed copy of a substituted op is dropped, not undone
+        g = unrecompute(g)
     for n in fused_attentions(g):  # substitutions last: their ops may have been split or fused since
         g = unfuse_attention(g, n)
     for n in fused_norms(g):
         g = unfuse_norm(g, n)
     for n in merged_matmuls(g):
         g = split_matmuls(g, n)
-    if recomputed(g):
-        g = unrecompute(g)
     return g.with_ops({n: o.replace(shards=Shards.whole(g.signature(o).extents)) for n, o in g.ops.items()})
