@@ -1,13 +1,15 @@
-"""``tapestry eval PLAN.json --hardware PRESET|FILE.yaml [--json]``: objectives and a cost breakdown."""
+"""``tapestry eval PLAN.json --hardware PRESET|FILE.yaml [--json] [--explain] [--gantt FILE]``:
+objectives and a cost breakdown; ``--explain`` adds where the time goes (``costmodel.explain``)."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
 from optimizer.cli.common import console, load_plan
+from optimizer.cli.errors import UserError
 
 
 def _si(x: float, unit: str, sep: str = " ") -> str:
@@ -20,15 +22,29 @@ def _si(x: float, unit: str, sep: str = " ") -> str:
     return f"{x:.3g}{sep}{unit}"
 
 
-def eval_report(plan: str, hardware: str) -> dict[str, Any]:
-    """Evaluate a plan file on a hardware preset or YAML file; plain data for printing or JSON."""
+def eval_report(plan: str, hardware: str, explain: bool = False, gantt: str | None = None) -> dict[str, Any]:
+    """Evaluate a plan file on a hardware preset or YAML file; plain data for printing or JSON.
+    ``explain``: add per-op bounds, the critical path and the collectives; ``gantt``: draw the
+    schedule to this PNG/SVG file."""
     from costmodel import evaluate, load_hardware
 
     hw = load_hardware(hardware)
     g = load_plan(plan)
-    e = evaluate(g, hw, keep=True)
+    extra: dict[str, Any] = {}
+    if explain or gantt:
+        from costmodel import Evaluator
+        from costmodel import explain as ex
+
+        why = ex.explain(Evaluator(hw), g)
+        e = why.pop("evaluation")
+        if explain:
+            extra["explain"] = why
+        if gantt:
+            extra["gantt"] = str(ex.gantt(e, gantt, f"{plan} on {hw.name}"))
+    else:
+        e = evaluate(g, hw, keep=True)
     b = e.breakdown()
-    return {"plan": plan, "hardware": hw.name, "n_devices": hw.n_devices, "ops": len(g.ops), "shards": g.n_shards,
+    return {**extra, "plan": plan, "hardware": hw.name, "n_devices": hw.n_devices, "ops": len(g.ops), "shards": g.n_shards,
             "digest": g.digest, **e.to_json(), "memory_capacity": hw.device.mem_capacity,
             "breakdown": {"devices": b.devices, "ops": b.ops}}
 
@@ -79,6 +95,43 @@ def print_report(r: dict[str, Any]) -> None:
             devs.add_row(str(d["device"]), str(d["shards"]), c(d["compute_s"], "s"), c(d["comm_s"], "s"),
                          c(d["idle_s"], "s"), c(d["peak_memory"], "B"), c(d["resident_memory"], "B"))
     out.print(devs)
+    if "explain" in r:
+        _print_explain(out, r["explain"])
+    if "gantt" in r:
+        out.print(f"schedule drawn to {r['gantt']}")
+
+
+def _print_explain(out: Any, x: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    c = lambda v, unit: _si(v, unit, "")  # noqa: E731
+    n = x["bounds"]
+    out.print(f"where the time goes: {n['compute']} ops compute-bound, {n['memory']} memory-bound, "
+              f"{n['comm']} communication-bound (their incoming transfers take longer than their compute)")
+    t = Table(title="ops by compute time (top 15)", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("op", "bound", "compute", "FLOP time", "memory time", "comm in"):
+        t.add_column(col, justify="left" if col in ("op", "bound") else "right", no_wrap=True)
+    for o in sorted(x["ops"], key=lambda o: -o["compute_s"])[:15]:
+        t.add_row(o["op"], o["bound"], c(o["compute_s"], "s"), c(o["flop_s"], "s"), c(o["memory_s"], "s"),
+                  c(o["comm_s"], "s"))
+    out.print(t)
+    path = x["critical_path"]
+    t = Table(title=f"critical path ({len(path)} steps{', first 20' if len(path) > 20 else ''})",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("what", "kind", "start", "finish"):
+        t.add_column(col, justify="left" if col in ("what", "kind") else "right", no_wrap=True)
+    for p in path[:20]:
+        t.add_row(p["what"], p["kind"], c(p["start"], "s"), c(p["finish"], "s"))
+    out.print(t)
+    if x["collectives"]:
+        t = Table(title=f"collectives ({len(x['collectives'])})", box=box.SIMPLE_HEAD, pad_edge=False)
+        for col in ("tensor", "kind", "algorithm", "ranks", "nodes", "buffer", "time"):
+            t.add_column(col, justify="left" if col in ("tensor", "kind", "algorithm") else "right", no_wrap=True)
+        for k in sorted(x["collectives"], key=lambda k: -k["seconds"])[:20]:
+            t.add_row(k["tensor"], k["kind"], k["algorithm"], str(k["ranks"]), str(k["nodes"]), c(k["bytes"], "B"),
+                      c(k["seconds"], "s"))
+        out.print(t)
 
 
 def _devices(ds: list[int]) -> str:
@@ -102,10 +155,16 @@ def eval_cmd(
                                           help="hardware preset (h100-sxm-8, h200-sxm-8, h100-sxm-64, cpu) "
                                                "or a hardware YAML file")],
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of tables")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="where the time goes: compute-, memory- or "
+                                          "communication-bound ops, the critical path, the collectives")] = False,
+    gantt: Annotated[Optional[str], typer.Option("--gantt", help="draw the simulated schedule per device to "
+                                                 "this .png or .svg file")] = None,
 ) -> None:
     """Evaluate a plan: makespan, energy, memory, devices, bytes moved, the lower bound and gap,
     model FLOPs and MFU, and where the time goes per operation and per device."""
-    r = eval_report(plan, hardware)
+    if gantt is not None and not gantt.endswith((".png", ".svg")):
+        raise UserError(f"--gantt {gantt}: the picture's file name must end in .png or .svg")
+    r = eval_report(plan, hardware, explain, gantt)
     if as_json:
         print(json.dumps(r, indent=1))
     else:

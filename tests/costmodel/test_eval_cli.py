@@ -108,3 +108,24 @@ def test_eval_of_a_training_step_reports_mfu_and_the_memory_floor(tmp_path, caps
     e = evaluate(g, "h100-sxm-8")
     assert r["model_flops"] == e.model_flops > 0 and r["mfu"] == pytest.approx(e.mfu) and 0 < r["mfu"] < 1
     assert r["memory_floor"] == pytest.approx(4.0 * (256 * 1024 + 1024 + 1024 * 256 + 256) / 8)
+
+
+def test_eval_explain_and_gantt(tmp_path, capsys):
+    from ir.mesh import Mesh
+    from ir.rewrites import unshard
+    from ir.rewrites.layout import layout
+
+    g = workloads.build("mlp", batch=64, widths=[256, 1024, 256], mode="train", optimizer="sgd")
+    p = tmp_path / "dp.json"
+    save(layout(unshard(g), "all", Mesh((8,), 8), ("b",)), p)
+    pic = tmp_path / "s.svg"
+    code, out, err = run(["eval", str(p), "--hardware", "h100-sxm-8", "--explain", "--gantt", str(pic)], capsys)
+    assert code == 0, err
+    for word in ("where the time goes", "critical path", "collectives", "reduce_scatter", "all_gather", "ring"):
+        assert word in out
+    assert pic.stat().st_size > 1000
+    code, out, err = run(["eval", str(p), "--hardware", "h100-sxm-8", "--explain", "--json"], capsys)
+    r = json.loads(out)
+    assert r["explain"]["collectives"] and sum(r["explain"]["bounds"].values()) == r["ops"]
+    code, out, err = run(["eval", str(p), "--hardware", "h100-sxm-8", "--gantt", str(tmp_path / "s.pdf")], capsys)
+    assert code == 2 and "--gantt" in err and ".png or .svg" in err and "Traceback" not in err

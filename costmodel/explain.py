@@ -1,0 +1,147 @@
+"""Where a plan's time goes: per-op bounds, the critical path, the collectives, a Gantt chart.
+
+``explain(evaluator, g)`` evaluates ``g`` (keeping the schedule) and returns plain data:
+
+- ``ops``: per operation, what bounds it: ``compute`` (its shards' FLOP time exceeds their memory
+  time), ``memory`` (the reverse), or ``comm`` (the port time of the transfers and collectives
+  bringing its inputs exceeds its compute time), with those three times;
+- ``critical_path``: from the node that finishes last, back through the predecessor that
+  finished last (the dependence that held it up), merged into runs of one op or one transfer
+  kind: ``{what, kind, start, finish}``;
+- ``collectives``: every group of transfers timed as one NCCL collective
+  (``costmodel.collectives``): tensor, producer, kind, algorithm, ranks, nodes, buffer bytes,
+  seconds.
+
+``gantt(evaluation, path)`` draws the simulated schedule per device (compute on one lane,
+transfers and collectives on a second), PNG or SVG by the file's suffix (matplotlib).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from costmodel.evaluate import Evaluation, Evaluator
+from costmodel.lowering import kernel_class_of
+from ir.graph import Graph
+
+__all__ = ["explain", "gantt"]
+
+
+def _bounds(ev: Evaluation, g: Graph) -> list[dict[str, Any]]:
+    low, hw = ev.lowered, ev.hardware
+    b = ev.breakdown()
+    out = []
+    for i, o in enumerate(b.ops):
+        a, z = int(low.op_offsets[i]), int(low.op_offsets[i + 1])
+        op = g.ops[o["op"]]
+        ce, me = hw.efficiency_for(kernel_class_of(op))
+        peak = hw.peak_flops(g.tensors[op.output].dtype) * ce
+        t_f = float(low.flops[a:z].sum()) / peak
+        t_b = float(low.nbytes[a:z].sum()) / (hw.device.mem_bandwidth * me)
+        bound = "comm" if o["in_s"] > o["compute_s"] else ("compute" if t_f >= t_b else "memory")
+        out.append({"op": o["op"], "bound": bound, "compute_s": o["compute_s"], "flop_s": t_f, "memory_s": t_b,
+                    "comm_s": o["in_s"], "shards": o["shards"], "start": o["start"], "finish": o["finish"]})
+    return out
+
+
+def _critical_path(ev: Evaluation) -> list[dict[str, Any]]:
+    low, s = ev.lowered, ev.schedule
+    n = low.kind.shape[0]
+    if n == 0:
+        return []
+    src = np.repeat(np.arange(n), np.diff(low.succ_ptr))
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for u, v in zip(src.tolist(), low.succ_idx.tolist()):
+        preds[v].append(u)
+    nc = low.n_compute
+    op_of = np.repeat(np.arange(len(low.op_names)), np.diff(low.op_offsets))
+    u = int(np.argmax(s.finish))
+    path = []
+    while True:
+        if u < nc:
+            what, kind = low.op_names[int(op_of[u])], "compute"
+        else:
+            what = low.op_names[int(low.transfer_op[u - nc])]
+            kind = "collective" if low.kind[u] == 2 else "transfer"
+        path.append((what, kind, float(s.start[u]), float(s.finish[u])))
+        if not preds[u]:
+            break
+        u = max(preds[u], key=lambda p: (s.finish[p], -p))
+    runs: list[dict[str, Any]] = []
+    for what, kind, a, z in reversed(path):
+        if runs and runs[-1]["what"] == what and runs[-1]["kind"] == kind:
+            runs[-1]["start"] = min(runs[-1]["start"], a)
+            runs[-1]["finish"] = max(runs[-1]["finish"], z)
+        else:
+            runs.append({"what": what, "kind": kind, "start": a, "finish": z})
+    return runs
+
+
+def _collectives(evaluator: Evaluator) -> list[dict[str, Any]]:
+    low = evaluator.lowerer
+    if not low._states:
+        return []
+    st = low._states[-1]  # the plan just lowered
+    out = []
+    for gi, piece in enumerate(st.group_pieces):
+        c = piece.collective
+        if c is None:
+            continue
+        prod, tensor, _readers = st.struct.groups[gi]
+        out.append({"tensor": tensor, "producer": st.struct.order[prod], "kind": c.kind, "algorithm": c.algorithm,
+                    "ranks": c.ranks, "nodes": c.nodes, "bytes": c.nbytes, "seconds": c.seconds})
+    return out
+
+
+def explain(evaluator: Evaluator, g: Graph) -> dict[str, Any]:
+    """Evaluate ``g`` and explain where its time goes (see the module docstring)."""
+    ev = evaluator(g, keep=True)
+    ops = _bounds(ev, g)
+    counts = {k: sum(1 for o in ops if o["bound"] == k) for k in ("compute", "memory", "comm")}
+    return {"makespan": ev.makespan, "bounds": counts, "ops": ops, "critical_path": _critical_path(ev),
+            "collectives": _collectives(evaluator), "evaluation": ev}
+
+
+def gantt(ev: Evaluation, path: str | Path, title: str = "") -> Path:
+    """Draw ``ev``'s schedule (evaluated with ``keep=True``) per device to ``path`` (.png/.svg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    low, s = ev.lowered, ev.schedule
+    nc = low.n_compute
+    used = np.flatnonzero(s.used)
+    row = {int(d): i for i, d in enumerate(used)}
+    op_of = np.repeat(np.arange(len(low.op_names)), np.diff(low.op_offsets))
+    cmap = plt.get_cmap("tab20")
+    fig, ax = plt.subplots(figsize=(12, 0.5 + 0.45 * len(used)))
+    scale = 1e3  # ms
+    for u in range(nc):
+        d = int(low.dev[u])
+        ax.broken_barh([(s.start[u] * scale, max(low.dur[u] * scale, 1e-9))], (row[d] - 0.4, 0.5),
+                       facecolors=cmap(int(op_of[u]) % 20), linewidth=0)
+    for u in range(nc, low.kind.shape[0]):
+        if low.kind[u] == 2:
+            devs = low.part_dev[low.part_ptr[u]:low.part_ptr[u + 1]]
+            color = "black"
+        else:
+            devs = [low.dst[u]]
+            color = "grey"
+        for d in devs:
+            if int(d) in row:
+                ax.broken_barh([(s.start[u] * scale, max(low.dur[u] * scale, 1e-9))], (row[int(d)] + 0.12, 0.25),
+                               facecolors=color, linewidth=0)
+    ax.set_yticks(range(len(used)))
+    ax.set_yticklabels([f"dev {d}" for d in used])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms): compute coloured by op; grey = transfers in, black = collectives")
+    ax.set_title(title or f"simulated schedule, makespan {ev.makespan * 1e3:.3g} ms")
+    fig.tight_layout()
+    p = Path(path)
+    fig.savefig(p, format=p.suffix.lstrip(".") or "png")
+    plt.close(fig)
+    return p

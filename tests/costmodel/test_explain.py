@@ -1,0 +1,53 @@
+"""``costmodel.explain``: per-op bounds, critical path, collectives, Gantt chart."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel import Evaluator
+from costmodel.explain import explain, gantt
+from costmodel.presets import PRESETS
+from ir import workloads
+from ir.builder import GraphBuilder
+from ir.mesh import Mesh
+from ir.rewrites import retile, unshard
+from ir.rewrites.layout import layout
+
+HW = PRESETS["h100-sxm-8"]
+
+
+def test_bounds_by_hand():
+    b = GraphBuilder("bfloat16")
+    y = b.matmul(b.input("a", (4096, 4096)), b.parameter("w", (4096, 4096)), name="mm")  # compute-bound
+    b.relu(y, name="act")  # memory-bound
+    r = explain(Evaluator(HW), b.build())
+    ops = {o["op"]: o for o in r["ops"]}
+    assert ops["mm"]["bound"] == "compute" and ops["act"]["bound"] == "memory"
+    assert ops["mm"]["flop_s"] == pytest.approx(2 * 4096**3 / 989.4e12)
+    assert [p["what"] for p in r["critical_path"]] == ["mm", "act"]
+    assert r["critical_path"][-1]["finish"] == pytest.approx(r["makespan"])
+    assert r["collectives"] == []
+
+
+def test_training_plan_lists_its_collectives_and_draws(tmp_path):
+    g = workloads.build("mlp", batch=64, widths=[256, 1024, 256], mode="train", optimizer="sgd")
+    p = layout(unshard(g), "all", Mesh((8,), 8), ("b",))
+    r = explain(Evaluator(HW), p)
+    kinds = {c["kind"] for c in r["collectives"]}
+    assert {"reduce_scatter", "all_gather"} <= kinds
+    assert all(c["ranks"] == 8 and c["nodes"] == 1 and c["algorithm"] == "ring" for c in r["collectives"])
+    assert sum(r["bounds"].values()) == len(p.ops)
+    for suffix in ("png", "svg"):
+        out = gantt(r["evaluation"], tmp_path / f"g.{suffix}")
+        assert out.stat().st_size > 1000
+
+
+def test_comm_bound_op():
+    b = GraphBuilder()
+    y = b.relu(b.input("x", (4096, 4096)), name="a")
+    b.relu(y, name="b")
+    g = retile(b.build(), "b", [1, 1], [1])  # b waits for 64 MB over NVLink and then reads it once
+    r = explain(Evaluator(HW), g)
+    ops = {o["op"]: o for o in r["ops"]}
+    assert ops["b"]["bound"] == "comm" and ops["b"]["comm_s"] == pytest.approx(4 * 4096**2 / 450e9)
+    assert [p["kind"] for p in r["critical_path"]] == ["compute", "transfer", "compute"]
