@@ -7,7 +7,15 @@ child with a long-lived ``costmodel.Evaluator`` (lowering, simulation, energy, l
 - ``transformer@8``: ``transformer(batch=8, seq=512, d_model=1024, heads=16, d_ff=4096)`` on
   ``h100-sxm-8``, at most 32 shards per op;
 - ``transformer@64``: the same block on ``h100-sxm-64``, every op first retiled 8-64 ways over the
-  64 devices, at most 64 shards per op.
+  64 devices, at most 64 shards per op;
+- ``gpt2-small-train@8``: one training step of GPT-2 small (``gpt``, preset ``gpt2-small``: 12
+  layers, d_model 768, vocabulary 50257, seq 1024; batch 8, bfloat16 with fp32 master weights,
+  AdamW; about 1,000 ops) on ``h100-sxm-8``, started from the ZeRO-3 layout (every op split 8
+  ways over the batch, ``ir.rewrites.layout``), at most 32 shards per op;
+- ``llama2-7b-train@64``: one training step of Llama-2 7B (32 layers, batch 8, seq 4096, bfloat16,
+  AdamW; about 3,300 ops) on ``h100-sxm-64``, started from Megatron TP8 inside nodes x DP8 across
+  (233,000 shards; its first, fresh lowering takes about a minute), at most 64 shards per op.
+  Not in the default ``--cases``.
 
 Each start plan is pre-sharded with 20-25 random rewrites (tens of shards at 8 devices, hundreds
 at 64). The walk then accepts a child as the next parent with probability 1/2 and restarts from
@@ -56,7 +64,8 @@ from ir.rewrites import RewriteError, random_rewrite, retile  # noqa: E402
 # CPU time of this process: the machine may be shared, and "per core" means per CPU-second.
 CLOCK = time.process_time
 TRANSFORMER = dict(batch=8, seq=512, d_model=1024, heads=16, d_ff=4096)
-CAP = {"mlp@8": 32, "transformer@8": 32, "transformer@64": 64}  # max shards per op in random rewrites
+CAP = {"mlp@8": 32, "transformer@8": 32, "transformer@64": 64,  # max shards per op in random rewrites
+       "gpt2-small-train@8": 32, "llama2-7b-train@64": 64}
 
 
 def start_plan(case: str, seed: int):
@@ -66,6 +75,16 @@ def start_plan(case: str, seed: int):
         g, hw, n, warm = workloads.build("mlp", batch=1024, widths=[1024, 4096, 4096, 1024]), "h100-sxm-8", 8, 20
     elif case == "transformer@8":
         g, hw, n, warm = workloads.build("transformer", **TRANSFORMER), "h100-sxm-8", 8, 25
+    elif case in ("gpt2-small-train@8", "llama2-7b-train@64"):
+        from ir.mesh import Mesh
+        from ir.rewrites.layout import layout
+
+        if case == "gpt2-small-train@8":
+            g = workloads.build("gpt", preset="gpt2-small", batch=8, mode="train", dtype="bfloat16")
+            g, hw, n, warm = layout(g, "all", Mesh((8,), 8), ("b",)), "h100-sxm-8", 8, 0
+        else:
+            g = workloads.build("llama", preset="llama2-7b", batch=8, mode="train", dtype="bfloat16")
+            g, hw, n, warm = layout(g, "all", Mesh((8, 8), 8), ("b", "t")), "h100-sxm-64", 64, 0
     elif case == "transformer@64":
         g, hw, n, warm = workloads.build("transformer", **TRANSFORMER), "h100-sxm-64", 64, 20
         for name in list(g.topo_order):  # every op 8-64 ways over the 64 devices
@@ -127,8 +146,9 @@ def run_case(case: str, seconds: float, repeats: int, restart: int, seed: int) -
             wall_rates.append(steps / w_eval)
     low = ev(g0, keep=True).lowered
     nodes = len(low.kind)
-    split = profile_split(ev, g0, rng, n, CAP[case], restart)
-    caches = cache_hit_rates(ev, g0, rng, n, CAP[case], restart)
+    extra = 20 if case == "llama2-7b-train@64" else 300  # steps of the split and cache runs (~1 s each there)
+    split = profile_split(ev, g0, rng, n, CAP[case], restart, extra)
+    caches = cache_hit_rates(ev, g0, rng, n, CAP[case], restart, extra)
     return {"caches": caches, "case": case, "hardware": hw, "ops": len(g0.ops), "start_shards": g0.n_shards,
             "mean_shards": float(np.mean(shards)) if shards else float(g0.n_shards), "start_nodes": nodes,
             "start_transfers": int((low.kind == 1).sum()),
@@ -198,8 +218,6 @@ def cache_hit_rates(ev, g0, rng, n, cap: int, restart: int, steps: int = 300) ->
 
 def profile_split(ev, g0, rng, n, cap: int, restart: int, steps: int = 300) -> dict:
     """Mean microseconds per step in: the rewrite, lowering the child, simulating it."""
-    from costmodel.simulate import simulate_arrays
-
     t_rw = t_low = t_sim = 0.0
     perf = CLOCK
     g = g0
@@ -209,8 +227,7 @@ def profile_split(ev, g0, rng, n, cap: int, restart: int, steps: int = 300) -> d
         t1 = perf()
         low = ev.lowerer.lower(child)
         t2 = perf()
-        simulate_arrays(low.kind, low.dev, low.dst, low.dur, low.succ_ptr, low.succ_idx, low.alloc,
-                        low.resident, low.n_devices, lat=low.lat)
+        low.simulate()
         t3 = perf()
         t_rw += t1 - t0
         t_low += t2 - t1
@@ -228,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds per case (median reported)")
     ap.add_argument("--restart", type=int, default=50, help="restart the walk from the start plan every N steps")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cases", nargs="*", default=["mlp@8", "transformer@8", "transformer@64"])
+    ap.add_argument("--cases", nargs="*", default=["mlp@8", "transformer@8", "transformer@64", "gpt2-small-train@8"])
     ap.add_argument("--json", help="also write the results as JSON to this path")
     ap.add_argument("--cpu", type=int, default=None, help="core to pin to (default: the first allowed)")
     a = ap.parse_args(argv)
@@ -236,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {a.cpu if a.cpu is not None else cpus[0]})
     results = [run_case(c, a.seconds, a.repeats, a.restart, a.seed) for c in a.cases]
-    goals = {"transformer@8": 5000.0, "transformer@64": 500.0}
+    goals = {"transformer@8": 5000.0, "transformer@64": 500.0, "gpt2-small-train@8": 200.0}
     print(f"{'case':<16}{'ops':>5}{'shards':>8}{'nodes':>7}{'eval/s':>10}{'step/s':>10}{'goal':>8}   "
           "us per step: rewrite / lower / simulate")
     for r in results:
