@@ -48,6 +48,7 @@ from costmodel.energy import energy_breakdown
 from costmodel.hardware import Hardware
 from costmodel.hardware_io import load_hardware
 from costmodel.lowering import Lowered, Lowerer, program_key
+from costmodel.lookahead import DEFAULT_WINDOW, lookahead_edges
 from costmodel.simulate import Schedule
 from ir.graph import SOURCE_ROLES, Graph
 from ir.kernels import ELEMENTWISE, ITEMSIZE, get_kernel
@@ -174,11 +175,14 @@ def breakdown(ev: Evaluation) -> Breakdown:
 class Evaluator:
     """Evaluates plans on one hardware; reuse it (its caches make re-evaluation incremental)."""
 
-    def __init__(self, hw: Hardware | str, collectives: bool = True, curves: Any = None) -> None:
+    def __init__(self, hw: Hardware | str, collectives: bool = True, curves: Any = None,
+                 lookahead: int = DEFAULT_WINDOW) -> None:
         """``collectives``: time the transfer groups that are NCCL collectives as such
         (``costmodel.collectives``); False: every transfer point to point. ``curves``: a
         ``costmodel.efficiency.Curves``, ``"default"`` (the device's published curves, if any),
-        or None (the hardware's constant efficiency factors)."""
+        or None (the hardware's constant efficiency factors). ``lookahead``: how many compute
+        nodes a device may run ahead of program order (``costmodel.lookahead``; 0: unbounded)."""
+        self.lookahead = lookahead
         self.hw = load_hardware(hw) if not isinstance(hw, Hardware) else hw
         if isinstance(curves, str):
             if curves != "default":
@@ -190,7 +194,7 @@ class Evaluator:
 
     def __call__(self, g: Graph, keep: bool = False) -> Evaluation:
         low = self.lowerer.lower(g)
-        s = low.simulate()
+        s = low.simulate(lookahead_edges(low, g, self.lookahead))
         nc = low.n_compute
         # = schedule_energy(s, hw, kind, dev, dst, alloc), with the per-transfer link energies from the lowering
         energy = energy_breakdown(s.makespan, s.busy_compute, s.used, self.hw.device, low.alloc[nc:],

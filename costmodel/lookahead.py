@@ -33,7 +33,7 @@ import numpy as np
 
 from ir.graph import Graph
 
-DEFAULT_WINDOW = 64
+DEFAULT_WINDOW = 16  # compute nodes per device: about a transformer sub-layer's forward or backward
 
 _ORDER_CACHE: OrderedDict = OrderedDict()
 _ORDER_CACHE_CAP = 64

@@ -139,14 +139,16 @@ class Lowered:
         self._ints, self._flts = ints, flts
         self.link, self.part_ptr, self.part_dev, self.part_alloc = link, part_ptr, part_dev, part_alloc
 
-    def simulate(self):
+    def simulate(self, ctl=None):
         """The schedule of these arrays (``costmodel.simulate.simulate_arrays``, ports and
-        collectives included)."""
+        collectives included); ``ctl``: control edges ``(ctl_ptr, ctl_idx)`` such as
+        ``costmodel.lookahead.lookahead_edges`` gives, or None."""
         from costmodel.simulate import simulate_arrays
 
+        ctl_ptr, ctl_idx = ctl if ctl is not None else (None, None)
         return simulate_arrays(self.kind, self.dev, self.dst, self.dur, self.succ_ptr, self.succ_idx, self.alloc,
                                self.resident, self.n_devices, lat=self.lat, link=self.link, part_ptr=self.part_ptr,
-                               part_dev=self.part_dev, part_alloc=self.part_alloc)
+                               part_dev=self.part_dev, part_alloc=self.part_alloc, ctl_ptr=ctl_ptr, ctl_idx=ctl_idx)
 
     @property
     def elapsed(self) -> np.ndarray:
