@@ -242,8 +242,8 @@ class AttentionCombine(Kernel):
 #     dk = scale · dSᵀ · q   (index: key rows; sums over query rows and groups),
 #     dv = Pᵀ · dy           (index: key rows).
 #
-# dk and dv declare the query rows a splittable ``sum`` reduction: their partial sums over query
-# blocks are sequence-parallel (ring) attention's backward.
+# dk and dv declare the query rows a splittable ``sum`` reduction, dq the keys: their partial sums
+# over query or key blocks are sequence-parallel (ring) attention's backward.
 
 
 class _GradBase(Kernel):
@@ -333,16 +333,31 @@ class AttentionGradQ(_GradBase):
                           "lse": Projection(rows, (0,) * n, (1,) * n)},
                          Projection(rows + (zero_row(n),), zb, (1,) * n + (e,)),
                          TensorSpec(lead + (s, e), ins["q"].dtype),
-                         seen * (4.0 * e + 2.0 * ev + 5.0) + 2.0 * ev)
+                         seen * (4.0 * e + 2.0 * ev + 5.0) + 2.0 * ev,
+                         (Reduction("t", t, "sum", (("k", nk), ("v", nk))),))
 
     def run(self, xp, blocks, params, box, sig):
-        q, k, v, o, dy = (blocks[p] for p in ("q", "k", "v", "o", "dy"))
-        P = _probs(xp, q, k, blocks["lse"], params["scale"], params["causal"], box.start[-1], 0, params["offset"])
+        q0 = box.start[-1]
+        split = params.get("split")
+        if not split:
+            return self._grad(xp, blocks, params, q0, 0).astype(blocks["q"].dtype)
+        # dq sums over keys given each row's log-sum-exp: key blocks are partial sums (ring backward).
+        chunk = sig.split_from.extent // split["parts"]
+        parts = []
+        for j in range(box.start[0], box.end[0]):
+            local = slice((j - box.start[0]) * chunk, (j - box.start[0] + 1) * chunk)
+            sub = {**blocks, "k": blocks["k"][..., local, :], "v": blocks["v"][..., local, :]}
+            parts.append(self._grad(xp, sub, params, q0, j * chunk).astype(blocks["q"].dtype))
+        return xp.stack(parts, axis=0)
+
+    def _grad(self, xp, b, params, q0, k0):
+        q, k, v, o, dy = (b[p] for p in ("q", "k", "v", "o", "dy"))
+        P = _probs(xp, q, k, b["lse"], params["scale"], params["causal"], q0, k0, params["offset"])
         ct = P.dtype
         dy32 = dy.astype(ct)
         D = (dy32 * o.astype(ct)).sum(axis=-1)
         dS = P * (dy32 @ xp.swapaxes(_broadcast_kv(v.astype(ct), q.ndim), -1, -2) - D[..., None])
-        return (ct.type(params["scale"]) * (dS @ _broadcast_kv(k.astype(ct), q.ndim))).astype(q.dtype)
+        return ct.type(params["scale"]) * (dS @ _broadcast_kv(k.astype(ct), q.ndim))
 
     def compute(self, xp, blocks, params):
         raise SignatureError("attention_grad_q needs its index box (absolute query rows): call run()")
