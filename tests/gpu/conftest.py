@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from fake_cupy import make_fake_cupy
+from fake_cupy import make_fake_cupy, make_fake_cupyx
 
 
 def _real_cupy():
@@ -27,6 +27,8 @@ def cupy(request, monkeypatch):
         return _real_cupy()
     fake = make_fake_cupy(n_gpus=2)
     monkeypatch.setitem(sys.modules, "cupy", fake)
+    for name, module in make_fake_cupyx().items():
+        monkeypatch.setitem(sys.modules, name, module)
     return fake
 
 

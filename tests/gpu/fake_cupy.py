@@ -70,6 +70,8 @@ def _plain(x: Any) -> Any:
 def _wrap(x: Any) -> Any:
     if isinstance(x, np.ndarray) and not isinstance(x, ndarray):
         return x.view(ndarray)
+    if isinstance(x, np.generic):  # CuPy reductions return 0-d device arrays, never host scalars
+        return np.asarray(x).view(ndarray)
     if isinstance(x, tuple):
         return tuple(_wrap(v) for v in x)
     return x
@@ -181,3 +183,22 @@ def make_fake_cupy(n_gpus: int = 2, available: bool = True) -> types.ModuleType:
     mod.__getattr__ = __getattr__  # type: ignore[attr-defined]
     mod.stats = stats  # type: ignore[attr-defined]
     return mod
+
+
+def make_fake_cupyx() -> dict[str, types.ModuleType]:
+    """``cupyx.scipy.special`` with ``erf`` (the one cupyx function the kernels use), on the fake's
+    arrays: the modules to put in ``sys.modules`` beside the fake ``cupy``."""
+    import scipy.special  # noqa: PLC0415
+
+    special = types.ModuleType("cupyx.scipy.special")
+
+    def erf(x: Any) -> Any:
+        _check((x,), "erf")
+        return _wrap(scipy.special.erf(_plain(x)))
+
+    special.erf = erf
+    sci = types.ModuleType("cupyx.scipy")
+    sci.special = special
+    root = types.ModuleType("cupyx")
+    root.scipy = sci
+    return {"cupyx": root, "cupyx.scipy": sci, "cupyx.scipy.special": special}
