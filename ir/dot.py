@@ -46,6 +46,8 @@ def to_dot(g: Graph, max_shards: int = 16) -> str:
         kernel = o.kernel if o.kernel != "fused" else "fused[" + " → ".join(s["kernel"] for s in o.params["stages"]) + "]"
         if o.kernel == "attention":  # a substitution: say what it replaced, not its whole origin record
             kernel = attention_label(o.params)
+        elif o.kernel == "einsum" and o.params.get("origin"):
+            kernel = "einsum (reassociated)"
         elif o.kernel == "norm_matmul":
             kernel = f"norm_matmul[{o.params['norm']['kernel']} → {o.params['inner']['kernel']}]"
         lines.append(f"  subgraph cluster_{idx} {{")

@@ -274,6 +274,9 @@ class Graph:
                 shown = {k: v for k, v in o.params.items() if k != "origin"}
                 was = " → ".join(r["kernel"] for r in o.params["origin"]["ops"])
                 params = f"[{json.dumps(shown, sort_keys=True, separators=(',', ':'))}; was {was}]"
+            elif o.kernel == "einsum" and o.params.get("origin"):  # a reassociated chain
+                shown = {k: v for k, v in o.params.items() if k != "origin"}
+                params = f"[{json.dumps(shown, sort_keys=True, separators=(',', ':'))}; reassociated]"
             elif o.kernel == "norm_matmul":
                 params = f"[{o.params['norm']['kernel']} → {o.params['inner']['kernel']}]"
             else:

@@ -69,7 +69,8 @@ class Einsum(Kernel):
     name = "einsum"
     inputs = ("a", "b")
     kernel_class = "matmul"
-    params_defaults = {"equation": "", "alpha": 1.0}
+    # ``origin``: the chain a reassociation replaced (``ir.rewrites.substitute_reassoc``), else None.
+    params_defaults = {"equation": "", "alpha": 1.0, "origin": None}
 
     def base_signature(self, ins, params):
         return einsum_signature(params["equation"], ins)

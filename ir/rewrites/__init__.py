@@ -9,6 +9,7 @@
 - ``fuse_norm`` / ``unfuse_norm``: a layernorm/rmsnorm computed inside the contractions reading it;
 - ``merge_matmuls`` / ``split_matmuls``: contractions sharing an input as one over concatenated
   weights (QKV, gate+up), and back;
+- ``reassociate`` / ``unreassociate``: ``(A·B)·R`` as ``A·(B·R)`` where the extents favour it, and back;
 - ``random_rewrite``: one random legal rewrite; ``unshard``: the logical program of a plan.
 Moves (``ir.rewrites.moves``) are the same rewrites as printable, parseable data.
 """
@@ -24,8 +25,10 @@ from ir.rewrites.shard import merge, move, place, retile, split
 from ir.rewrites.substitute_attention import fuse_attention, match_attention, unfuse_attention
 from ir.rewrites.substitute_merge import merge_matmuls, split_matmuls
 from ir.rewrites.substitute_norm import fuse_norm, unfuse_norm
+from ir.rewrites.substitute_reassoc import reassociate, unreassociate
 
 __all__ = ["DEFAULT_WEIGHTS", "align", "MOVES", "Move", "RewriteError", "draw_move", "fusable", "fuse",
            "fuse_attention", "fuse_norm", "match_attention", "merge", "merge_matmuls", "merge_reduction", "move",
-           "parse_move", "place", "random_rewrite", "random_walk", "retile", "split", "split_matmuls",
-           "split_reduction", "unfuse", "unfuse_attention", "unfuse_norm", "unshard"]
+           "parse_move", "place", "random_rewrite", "random_walk", "reassociate", "retile", "split",
+           "split_matmuls", "split_reduction", "unfuse", "unfuse_attention", "unfuse_norm", "unreassociate",
+           "unshard"]

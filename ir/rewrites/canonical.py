@@ -1,8 +1,8 @@
 """``unshard``: the logical program behind any plan (the reference that ``verify`` runs).
 
 Undoes every fusion, reduction split, substitution (``unfuse_attention``, ``unfuse_norm``,
-``split_matmuls``) and activation recomputation, and puts each op back to one whole shard on
-device 0.
+``split_matmuls``, ``unreassociate``) and activation recomputation, and puts each op back to one
+whole shard on device 0.
 Two plans of one program have equal ``unshard`` digests.
 """
 
@@ -15,6 +15,7 @@ from ir.rewrites.reduction import merge_reduction
 from ir.rewrites.substitute_attention import fused_attentions, unfuse_attention
 from ir.rewrites.substitute_merge import merged_matmuls, split_matmuls
 from ir.rewrites.substitute_norm import fused_norms, unfuse_norm
+from ir.rewrites.substitute_reassoc import reassociated, unreassociate
 
 
 def unshard(g: Graph) -> Graph:
@@ -34,4 +35,6 @@ def unshard(g: Graph) -> Graph:
         g = unfuse_norm(g, n)
     for n in merged_matmuls(g):
         g = split_matmuls(g, n)
+    for n in reassociated(g):
+        g = unreassociate(g, n)
     return g.with_ops({n: o.replace(shards=Shards.whole(g.signature(o).extents)) for n, o in g.ops.items()})

@@ -13,7 +13,7 @@ from typing import ClassVar
 from ir.graph import Graph
 from ir.mesh import parse_mesh
 from ir.rewrites import (fusion, hierarchical, layout, recompute, reduction, shard, substitute_attention,
-                         substitute_merge, substitute_norm)
+                         substitute_merge, substitute_norm, substitute_reassoc)
 from ir.rewrites.align import align as align_shards
 from ir.rewrites.errors import RewriteError
 
@@ -229,6 +229,29 @@ class SplitMatmuls(Move):
 
 
 @dataclass(frozen=True)
+class Reassociate(Move):
+    """``(A·B)·R -> A·(B·R)`` (``keep=a``) or ``(A·R)·B`` (``keep=b``) for the chain ending at ``op``."""
+
+    op: str
+    keep: str | None = None
+    kind: ClassVar[str] = "reassociate"
+
+    def apply(self, g: Graph) -> Graph:
+        return substitute_reassoc.reassociate(g, self.op, self.keep or "a")
+
+
+@dataclass(frozen=True)
+class Unreassociate(Move):
+    """Restore the chain a ``reassociate`` rewrote."""
+
+    op: str
+    kind: ClassVar[str] = "unreassociate"
+
+    def apply(self, g: Graph) -> Graph:
+        return substitute_reassoc.unreassociate(g, self.op)
+
+
+@dataclass(frozen=True)
 class Sequence(Move):
     """Several moves applied in order (structured search moves are sequences)."""
 
@@ -273,7 +296,8 @@ class TwoLevel(Move):
 MOVES: dict[str, type[Move]] = {c.kind: c for c in (Split, Merge, Retile, Place, MoveShard, SplitReduction,
                                                       MergeReduction, Fuse, Unfuse, Align, FuseAttention,
                                                       UnfuseAttention, Recompute, Unrecompute, Layout, TwoLevel,
-                                                      FuseNorm, UnfuseNorm, MergeMatmuls, SplitMatmuls)}
+                                                      FuseNorm, UnfuseNorm, MergeMatmuls, SplitMatmuls,
+                                                      Reassociate, Unreassociate)}
 _MOVE_RE = re.compile(r"^\s*(\w+)\{(.*)\}\s*$")
 _ARG_RE = re.compile(r"(\w+)=(\[[^\]]*\]|[^,\]]+)")
 

@@ -17,11 +17,13 @@ from ir.rewrites.fusion import fusable
 from ir.rewrites.substitute_attention import attention_sites, fused_attentions
 from ir.rewrites.substitute_merge import merge_sites, merged_matmuls
 from ir.rewrites.substitute_norm import fused_norms, norm_sites
+from ir.rewrites.substitute_reassoc import reassociated, reassociation_sites
 
 DEFAULT_WEIGHTS: dict[str, float] = {
     "split": 3.0, "merge": 1.5, "place": 2.0, "move": 1.0, "split_reduction": 0.6,
     "merge_reduction": 0.3, "fuse": 0.6, "unfuse": 0.3, "fuse_attention": 0.4, "unfuse_attention": 0.1,
     "fuse_norm": 0.2, "unfuse_norm": 0.05, "merge_matmuls": 0.1, "split_matmuls": 0.05,
+    "reassociate": 0.1, "unreassociate": 0.03,
 }
 
 
@@ -45,6 +47,8 @@ class Structure:
         self.norms = fused_norms(g)
         self.merge_sites = merge_sites(g)
         self.merged = merged_matmuls(g)
+        self.reassoc_sites = reassociation_sites(g)
+        self.reassociated = reassociated(g)
 
 
 _STRUCTURES: dict[int, tuple[object, Structure]] = {}
@@ -127,6 +131,12 @@ def draw_move(g: Graph, rng: np.random.Generator, n_devices: int, kind: str,
     if kind == "split_matmuls":
         cands = structure(g).merged
         return M.SplitMatmuls(_choice(rng, cands)) if cands else None
+    if kind == "reassociate":
+        cands = structure(g).reassoc_sites
+        return M.Reassociate(*_choice(rng, cands)) if cands else None
+    if kind == "unreassociate":
+        cands = structure(g).reassociated
+        return M.Unreassociate(_choice(rng, cands)) if cands else None
     raise ValueError(f"unknown move kind {kind!r}; kinds are {sorted(DEFAULT_WEIGHTS)}")
 
 
