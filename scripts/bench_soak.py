@@ -141,7 +141,7 @@ def plot(samples: list[dict[str, Any]], summary: dict[str, Any], path: str, titl
     ax = axes[1, 0]
     ax.plot(t, [s["evals_per_s"] for s in samples])
     ax.set_ylabel("evaluations/s")
-    ax.set_xlabel("minutes")
+    ax.set_xlabel("minutes since the campaign started")
     ax = axes[1, 1]
     ax.plot(t, [s["hypervolume"] for s in samples])
     ax.set_ylabel("hypervolume")
