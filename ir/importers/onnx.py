@@ -135,7 +135,7 @@ def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
     prog = Program()
     for name, shape, dt in inputs:
         prog.source(name, shape, dt, "input")
-    ctx = Context(prog, dict(inits), dtype, opset)
+    ctx = Context(prog, dict(inits), dtype, opset, frozenset(inits))
     unsupported: dict[str, list[str]] = {}
     unknown: set[str] = set()
     for i, node in enumerate(m.graph.node):

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ir.importers.program import Program
+from ir.importers.program import _BAD, Program
 
 
 class Unsupported(Exception):
@@ -37,8 +37,10 @@ _ONNX_FLOAT = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
 
 
 class Context:
-    def __init__(self, prog: Program, const: dict[str, np.ndarray], dtype: str, opset: int) -> None:
+    def __init__(self, prog: Program, const: dict[str, np.ndarray], dtype: str, opset: int,
+                 initializers: frozenset[str] = frozenset()) -> None:
         self.prog, self.const, self.dtype, self.opset = prog, const, dtype, opset
+        self.initializers = initializers  # keep their ONNX names; folded constants get tidy ones
         self.aliases: dict[str, str] = {}
         self._params: dict[str, str] = {}
 
@@ -79,7 +81,8 @@ class Context:
             v = v.astype(np.float32 if dt == "bfloat16" else dt)
         if v.ndim == 0:
             v = v.reshape(1)
-        t = self.prog.tensor_name(name)
+        tidy = name if name in self.initializers else _BAD.sub("_", name).strip("_.+-") or "const"
+        t = self.prog.tensor_name(tidy)
         self.prog.source(t, v.shape, dt, "parameter", v)
         self._params[name] = t
         return t

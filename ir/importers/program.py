@@ -18,7 +18,7 @@ from ir.graph import Graph, Op, Shards, Tensor
 from ir.kernels import TensorSpec, get_kernel
 from ir.validate import check
 
-_BAD = re.compile(r"[^A-Za-z0-9_.+-]")
+_BAD = re.compile(r"[^A-Za-z0-9_.+-]")  # characters op names may not hold (ir.validate.OP_NAME)
 
 
 @dataclass
