@@ -64,7 +64,43 @@ def import_torch(module: Any, example_inputs: Mapping[str, Any], params: Mapping
     except Exception as e:  # noqa: BLE001  (the exporter raises many types)
         raise ImportFailure(f"torch.onnx.export could not export the module: {type(e).__name__}: "
                             f"{str(e)[:300]}") from None
-    return import_onnx(buf.getvalue(), params, what="imported PyTorch model")
+    model = _name_folded_weights(buf.getvalue(), module.state_dict())
+    return import_onnx(model, params, what="imported PyTorch model")
+
+
+def _name_folded_weights(onnx_bytes: bytes, state: Mapping[str, Any]) -> Any:
+    """The exporter folds ``weight.T`` of 3-D ``nn.Linear`` calls into new initializers named like
+    ``onnx::MatMul_109``; name each after the ``state_dict`` entry it holds (``q.weight.T``), so
+    parameters say what they are and names stay legal in op names (a training step names its
+    update ops after them). Initializers matching no entry get the exporter's name made legal."""
+    import onnx  # noqa: PLC0415
+    from onnx import numpy_helper  # noqa: PLC0415
+
+    from ir.importers.program import _BAD
+
+    m = onnx.load_from_string(onnx_bytes)
+    arrays = {k: v.detach().cpu().numpy() for k, v in state.items() if v.dtype.is_floating_point}
+    taken = {t.name for t in m.graph.initializer}
+    rename = {}
+    for t in m.graph.initializer:
+        if not _BAD.search(t.name):
+            continue
+        a = numpy_helper.to_array(t)
+        new = next((k for k, v in arrays.items() if v.shape == a.shape and np.array_equal(v, a)), None)
+        if new is None:
+            new = next((f"{k}.T" for k, v in arrays.items() if v.ndim == 2 and v.T.shape == a.shape
+                        and np.array_equal(v.T, a)), None)
+        new = new if new is not None and new not in taken else _BAD.sub("_", t.name).strip("_.+-")
+        while new in taken:
+            new += "_"
+        taken.add(new)
+        rename[t.name] = new
+        t.name = new
+    for node in m.graph.node:
+        for i, x in enumerate(node.input):
+            if x in rename:
+                node.input[i] = rename[x]
+    return m
 
 
 def import_torch_factory(spec: str, example_inputs: Sequence[tuple[str, str, Sequence[int]]],

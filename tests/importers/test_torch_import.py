@@ -150,6 +150,12 @@ def test_llama_block_from_torch_maps_patterns():
     with torch.no_grad():
         np.testing.assert_allclose(execute(g, ins)["output"], m(ids).numpy(), rtol=1e-5, atol=2e-6)
     assert verify(random_walk(g, np.random.default_rng(1), 4, 25), values=values).ok
+    # weights the exporter folded as weight.T are named after their state_dict entries, and train
+    np.testing.assert_array_equal(values["q.weight.T"], m.q.weight.detach().numpy().T)
+    from ir.autodiff import training_step
+
+    step = training_step(g, loss="mse", optimizer="sgd")
+    assert "q.weight.T.next" in step.tensors
 
 
 class ResNetStem(torch.nn.Module):
