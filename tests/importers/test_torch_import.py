@@ -9,9 +9,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
 from executor import verify  # noqa: E402
+from ir.autodiff import training_step  # noqa: E402
 from executor.run import execute, random_inputs  # noqa: E402
 from ir.importers.torch_export import import_torch  # noqa: E402
 from ir.rewrites import random_walk  # noqa: E402
+from optimizer.cli import main  # noqa: E402
 
 
 class Block(torch.nn.Module):
@@ -49,8 +51,6 @@ def test_torch_module_import_equals_module():
 
 
 def test_torch_factory_cli(tmp_path, capsys):
-    from optimizer.cli import main
-
     src = tmp_path / "model.py"
     src.write_text("import torch\n\ndef make_model():\n    torch.manual_seed(0)\n"
                    "    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))\n")
@@ -152,8 +152,6 @@ def test_llama_block_from_torch_maps_patterns():
     assert verify(random_walk(g, np.random.default_rng(1), 4, 25), values=values).ok
     # weights the exporter folded as weight.T are named after their state_dict entries, and train
     np.testing.assert_array_equal(values["q.weight.T"], m.q.weight.detach().numpy().T)
-    from ir.autodiff import training_step
-
     step = training_step(g, loss="mse", optimizer="sgd")
     assert "q.weight.T.next" in step.tensors
 
