@@ -16,6 +16,7 @@ pytest.importorskip("onnx")
 from costmodel.transfers import transfer_plan  # noqa: E402
 from executor.codegen import CodegenError, generate_program  # noqa: E402
 from executor.run import execute, random_inputs  # noqa: E402
+from ir.autodiff import training_step  # noqa: E402
 from ir.importers.onnx import import_onnx  # noqa: E402
 from ir.importers.values import save_values  # noqa: E402
 from ir.rewrites import unshard  # noqa: E402
@@ -85,8 +86,6 @@ def test_bad_transfer_refused(program):
 def test_training_step_with_sharded_state(tmp_path, program):
     """A ZeRO-sharded training step of the imported MLP: parameters start at their homes, the
     state transfers gather them where read, and the new parameters and loss match."""
-    from ir.autodiff import training_step
-
     step = plans.zero_sharded(training_step(program[0], loss="mse", optimizer="sgd"))
     tp = transfer_plan(step, 4).to_json()
     assert tp["state_transfers"]

@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
 from executor import verify  # noqa: E402
-from ir.autodiff import training_step  # noqa: E402
 from executor.run import execute, random_inputs  # noqa: E402
+from ir.autodiff import training_step  # noqa: E402
 from ir.importers.torch_export import import_torch  # noqa: E402
 from ir.rewrites import random_walk  # noqa: E402
 from optimizer.cli import main  # noqa: E402
