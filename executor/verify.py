@@ -1,7 +1,19 @@
-"""``verify``: run a plan and the unsharded original on the same inputs and compare outputs."""
+"""``verify``: run a plan and its program (the unsharded original) on the same inputs and compare.
+
+The reference is the program the plan was derived from (a plan file names it by digest; see
+``ir.serialize``), or ``unshard(g)`` when none is given: that default proves only that the
+sharding is consistent with the plan's own operations. Before running anything, ``verify``
+checks that the plan reads and writes the program's tensors (same sources and outputs, shapes
+and dtypes): a plan that drops or renames one FAILs with the difference named.
+
+Execution is bounded (``ExecutionTooLarge``, a user error): both runs together may hold at most
+``max_bytes`` of tensors and compute at most ``max_flops``, so a plan with 2**20 rows is
+refused at once instead of running until killed.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -9,8 +21,17 @@ import numpy as np
 
 from executor.backend import to_numpy
 from executor.run import execute, outputs, random_inputs
-from ir.graph import Graph
+from ir.graph import SOURCE_ROLES, Graph
+from ir.kernels import ITEMSIZE
 from ir.rewrites import unshard
+
+#: default bounds of one verify (both runs together)
+MAX_BYTES = 4 << 30
+MAX_FLOPS = 2e12
+
+
+class ExecutionTooLarge(ValueError):
+    """Running the plan and its program would take more memory or compute than allowed."""
 
 # Relative error bounds (max |plan - ref| / max |ref|): summation order changes under reduction
 # splits, so the bound scales with the storage dtype's unit roundoff (float16 eps ~ 9.8e-4).
@@ -23,9 +44,12 @@ class VerifyReport:
     max_rel_error: float
     tolerance: float
     per_output: dict[str, float] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # interface differences (then nothing ran)
 
     def __str__(self) -> str:
         verdict = "PASS" if self.ok else "FAIL"
+        if self.problems:
+            return f"{verdict}: the plan does not compute the program's tensors: " + "; ".join(self.problems)
         rows = ", ".join(f"{k}: {v:.2e}" for k, v in self.per_output.items())
         return f"{verdict}: max relative error {self.max_rel_error:.2e} (tolerance {self.tolerance:.0e}; {rows})"
 
@@ -38,14 +62,53 @@ def rel_error(a: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(a - ref))) / scale
 
 
+def interface_problems(g: Graph, ref: Graph) -> list[str]:
+    """How ``g``'s sources and outputs differ from ``ref``'s (names, shapes, dtypes, roles)."""
+    def face(x: Graph) -> dict[str, tuple]:
+        return {n: (t.shape, t.dtype, t.role) for n, t in x.tensors.items()
+                if t.role in SOURCE_ROLES or t.role == "output"}
+
+    mine, want = face(g), face(ref)
+    out = [f"{what} {n!r} of the program is missing" for n, (_, _, what) in want.items() if n not in mine]
+    out += [f"{what} {n!r} is not in the program" for n, (_, _, what) in mine.items() if n not in want]
+    out += [f"{n!r} is {mine[n][1]}{list(mine[n][0])} ({mine[n][2]}), the program's is "
+            f"{want[n][1]}{list(want[n][0])} ({want[n][2]})" for n in mine.keys() & want.keys() if mine[n] != want[n]]
+    return sorted(out)
+
+
+def execution_cost(g: Graph) -> tuple[float, float]:
+    """(bytes of every tensor, FLOPs of every op) of one execution of ``g``."""
+    nbytes = sum(math.prod(t.shape) * ITEMSIZE.get(t.dtype, 8) for t in g.tensors.values())
+    flops = 0.0
+    for o in g.ops.values():
+        sig = g.signature(o)
+        flops += float(math.prod(sig.extents)) * float(sig.flops_per_point)
+    return float(nbytes), flops
+
+
+def check_execution_size(g: Graph, ref: Graph, max_bytes: float = MAX_BYTES, max_flops: float = MAX_FLOPS) -> None:
+    """``ExecutionTooLarge`` unless running ``g`` and ``ref`` stays within the bounds."""
+    (b1, f1), (b2, f2) = execution_cost(g), execution_cost(ref)
+    if b1 + b2 > max_bytes or f1 + f2 > max_flops:
+        raise ExecutionTooLarge(
+            f"running the plan and its program needs {(b1 + b2) / 1e9:.3g} GB of tensors and {f1 + f2:.3g} FLOPs; "
+            f"verify runs at most {max_bytes / 1e9:.3g} GB and {max_flops:.3g} FLOPs (--max-bytes, --max-flops "
+            f"raise the bounds; or verify the same plan on a smaller instance of the program)")
+
+
 def verify(g: Graph, seed: int = 0, reference: Graph | None = None, backend: str = "numpy",
-           values: Mapping[str, np.ndarray] | None = None) -> VerifyReport:
+           values: Mapping[str, np.ndarray] | None = None, max_bytes: float = MAX_BYTES,
+           max_flops: float = MAX_FLOPS) -> VerifyReport:
     """Compare ``g`` against ``reference`` (default: ``unshard(g)``) on seeded random inputs.
 
     ``values``: arrays for named source tensors (an imported model's weights, ``program.npz``);
     they replace the random draws of those tensors.
     """
     ref_graph = unshard(g) if reference is None else reference
+    problems = interface_problems(g, ref_graph)
+    if problems:
+        return VerifyReport(False, float("inf"), TOLERANCE["float32"], {}, problems)
+    check_execution_size(g, ref_graph, max_bytes, max_flops)
     inputs = random_inputs(ref_graph, seed)
     inputs.update({n: np.asarray(v) for n, v in (values or {}).items() if n in inputs})
     plan = execute(g, inputs, backend)

@@ -29,7 +29,8 @@ def device_colour(device: int) -> str:
 
 
 def _q(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A DOT string: backslashes and quotes escaped, line breaks as DOT's ``\\n``."""
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
 def to_dot(g: Graph, max_shards: int = 16) -> str:
@@ -37,7 +38,7 @@ def to_dot(g: Graph, max_shards: int = 16) -> str:
     lines = ["digraph tapestry {", "  rankdir=LR; compound=true; fontname=Helvetica;",
              "  node [fontname=Helvetica, fontsize=10]; edge [color=\"#5f6368\"];"]
     for name, t in g.tensors.items():
-        label = f"{name}\\n{t.dtype}{list(t.shape)}"
+        label = f"{name}\n{t.dtype}{list(t.shape)}"
         lines.append(f"  {_q('t:' + name)} [label={_q(label)}, {ROLE_STYLE.get(t.role, '')}];")
     for idx, name in enumerate(g.topo_order):
         o = g.ops[name]
@@ -59,14 +60,14 @@ def to_dot(g: Graph, max_shards: int = 16) -> str:
                 node = f"s:{name}:{i}"
                 box = ZRange(sh.lo[i], sh.hi[i])
                 dev = int(sh.device[i])
-                label = f"{box!r}\\ndevice {dev}"
+                label = f"{box!r}\ndevice {dev}"
                 lines.append(f"    {_q(node)} [label={_q(label)}, shape=box, style=filled, "
                              f"fillcolor={_q(device_colour(dev))}];")
                 anchor = anchor or node
         else:
             for dev, n in sorted(Counter(sh.device.tolist()).items()):
                 node = f"s:{name}:d{dev}"
-                label = f"{n} shards\\ndevice {dev}"
+                label = f"{n} shards\ndevice {dev}"
                 lines.append(f"    {_q(node)} [label={_q(label)}, shape=box, style=filled, "
                              f"fillcolor={_q(device_colour(dev))}];")
                 anchor = anchor or node

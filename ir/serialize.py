@@ -6,52 +6,178 @@
  "ops": [{"name": "fc1", "kernel": "linear", "params": {}, "inputs": {"x": "x", "W": "W1", "b": "b1"},
           "output": "fc1.out", "shards": {"lo": [[0, 0]], "hi": [[8, 32]], "device": [0]}}, ...]}
 ```
+
+**Provenance.** A plan document may name the program it was derived from: ``program_digest``
+(the digest of that unsharded program) and, optionally, ``program`` (the program's own graph
+document). Neither is part of the plan's graph or digest. Tools that derive plans write them
+(``graph build``, ``graph rewrite``, ``export``) so that ``verify`` compares a plan with its
+program, not with the plan's own unsharded form; ``load_document`` returns them, checked: an
+embedded program must be an unsharded program whose digest is ``program_digest``.
+
+Reading is bounded, so a hostile or broken file costs milliseconds and gives one clear
+``GraphFormatError`` (never a traceback, never a hang): at most ``MAX_PLAN_BYTES`` of UTF-8 text
+(UTF-16 and binary files are named as such), JSON nested at most ``MAX_JSON_DEPTH`` deep, no
+``NaN``/``Infinity``, integers of at most ``MAX_INT_DIGITS`` digits and shapes, shard bounds and
+devices within ``±MAX_COORD``, at most ``MAX_ITEMS`` tensors, ops and shards.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ir.graph import FORMAT, Graph, Op, Shards, Tensor
 from ir.validate import InvalidGraph, Issue, check
 
+MAX_PLAN_BYTES = 64 << 20
+MAX_JSON_DEPTH = 64
+MAX_INT_DIGITS = 19
+MAX_COORD = 2**53
+MAX_ITEMS = 1_000_000
+MAX_RANK = 32
+
 
 class GraphFormatError(InvalidGraph):
     """The document is not a graph document at all (bad JSON, missing or mistyped fields)."""
 
 
-def dumps(g: Graph, indent: int | None = 1) -> str:
-    return json.dumps(g.to_json(), indent=indent)
+def _bad(code: str, path: str, msg: str, source: str) -> GraphFormatError:
+    return GraphFormatError([Issue(code, path, msg)], source)
 
 
-def save(g: Graph, path: str | Path) -> None:
-    Path(path).write_text(dumps(g) + "\n")
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"the number {text[:12]}... has {len(text.lstrip('-'))} digits; at most "
+                         f"{MAX_INT_DIGITS} are allowed")
+    return int(text)
 
 
-def loads(text: str, source: str = "graph") -> Graph:
+def _parse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a plan may hold")
+
+
+def _depth_problem(data: Any) -> str | None:
+    stack = [(data, 1)]
+    while stack:
+        v, d = stack.pop()
+        if d > MAX_JSON_DEPTH:
+            return f"the document is nested more than {MAX_JSON_DEPTH} levels deep"
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v)
+    return None
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What a plan document says about the program it derives from (see the module docstring)."""
+
+    program_digest: str | None = None
+    program: Graph | None = None
+
+
+def dumps(g: Graph, indent: int | None = 1, program: Graph | None = None, program_digest: str | None = None) -> str:
+    """The plan's JSON document; with ``program`` (embedded, and its digest) or ``program_digest``
+    the document records the program the plan was derived from."""
+    doc = g.to_json()
+    if program is not None:
+        doc["program_digest"] = program.digest
+        doc["program"] = program.to_json()
+    elif program_digest is not None:
+        doc["program_digest"] = program_digest
+    return json.dumps(doc, indent=indent)
+
+
+def save(g: Graph, path: str | Path, program: Graph | None = None) -> None:
+    Path(path).write_text(dumps(g, program=program) + "\n")
+
+
+def loads(text: str, source: str = "graph", n_devices: int | None = None) -> Graph:
+    """Parse and validate a plan document (see the module docstring for the limits)."""
+    return loads_document(text, source, n_devices)[0]
+
+
+def loads_document(text: str, source: str = "graph", n_devices: int | None = None) -> tuple[Graph, Provenance]:
+    """The plan and its provenance, both checked (``InvalidGraph`` otherwise)."""
+    if len(text) > MAX_PLAN_BYTES:
+        raise _bad("too-large", "$", f"the document holds {len(text)} characters; plans are at most "
+                   f"{MAX_PLAN_BYTES} bytes", source)
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_parse_int, parse_constant=_parse_constant)
     except json.JSONDecodeError as e:
-        raise GraphFormatError([Issue("bad-json", f"line {e.lineno} column {e.colno}", e.msg)], source) from None
-    return from_json(data, source)
+        raise _bad("bad-json", f"line {e.lineno} column {e.colno}", e.msg, source) from None
+    except ValueError as e:
+        raise _bad("bad-number", "$", str(e), source) from None
+    except RecursionError:
+        raise _bad("too-deep", "$", f"the document is nested too deeply (plans nest at most {MAX_JSON_DEPTH} "
+                   "levels)", source) from None
+    problem = _depth_problem(data)
+    if problem:
+        raise _bad("too-deep", "$", problem, source)
+    g = from_json(data, source, n_devices=n_devices)
+    return g, _provenance(data, source)
 
 
-def load(path: str | Path) -> Graph:
+def _provenance(data: dict, source: str) -> Provenance:
+    digest, program_doc = data.get("program_digest"), data.get("program")
+    if digest is None and program_doc is None:
+        return Provenance()
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise _bad("bad-provenance", "$.program_digest", "program_digest must be the 64 hex digits of the "
+                   "program's digest", source)
+    if program_doc is None:
+        return Provenance(digest)
+    program = from_json(program_doc, f"{source} (embedded program)")
+    if program.digest != digest:
+        raise _bad("bad-provenance", "$.program", f"the embedded program's digest is {program.digest[:12]}..., not "
+                   f"program_digest {digest[:12]}...: the file was edited", source)
+    if any(len(o.shards) != 1 for o in program.ops.values()):
+        raise _bad("bad-provenance", "$.program", "the embedded program must be unsharded (one shard per op)", source)
+    return Provenance(digest, program)
+
+
+def load(path: str | Path, n_devices: int | None = None) -> Graph:
+    """Read, parse and validate a plan file; ``n_devices``: devices of the hardware it is for."""
+    return load_document(path, n_devices)[0]
+
+
+def load_document(path: str | Path, n_devices: int | None = None) -> tuple[Graph, Provenance]:
+    """Read, parse and validate a plan file and its provenance."""
     p = Path(path)
+    src = str(p)
     try:
-        text = p.read_text()
+        if p.is_dir():
+            raise _bad("no-file", src, "is a folder, not a plan file", src)
+        size = p.stat().st_size
+        if size > MAX_PLAN_BYTES:
+            raise _bad("too-large", src, f"the file is {size} bytes; plans are at most {MAX_PLAN_BYTES} bytes", src)
+        raw = p.read_bytes()
     except OSError as e:
-        raise GraphFormatError([Issue("no-file", str(p), e.strerror or str(e))], str(p)) from None
-    return loads(text, str(p))
+        raise _bad("no-file", src, e.strerror or str(e), src) from None
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff") or (len(raw) > 3 and (raw[0] == 0) != (raw[1] == 0)):
+        raise _bad("bad-encoding", src, "the file is UTF-16 (or UTF-32) text; save the plan as UTF-8", src)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise _bad("bad-encoding", src, f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}): is it a "
+                   "plan file?", src) from None
+    if "\x00" in text:
+        raise _bad("bad-encoding", src, "the file holds NUL bytes: it is binary, not a JSON plan", src)
+    return loads_document(text, src, n_devices)
 
 
 def _all_ints(v: Any) -> bool:
-    """``v`` is an int (not a bool) or a (nested) list of them."""
+    """``v`` is an int (not a bool) within ``±MAX_COORD``, or a (nested) list of them."""
     if isinstance(v, list):
         return all(_all_ints(x) for x in v)
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool) and -MAX_COORD <= v <= MAX_COORD
 
 
 def _need(cond: bool, path: str, msg: str) -> None:
@@ -59,30 +185,43 @@ def _need(cond: bool, path: str, msg: str) -> None:
         raise GraphFormatError([Issue("bad-format", path, msg)], "document")
 
 
-def from_json(data: Any, source: str = "graph", validate: bool = True) -> Graph:
-    """Build a graph from its JSON document and validate it (raises ``InvalidGraph``)."""
+def from_json(data: Any, source: str = "graph", validate: bool = True, n_devices: int | None = None) -> Graph:
+    """Build a graph from its JSON document and validate it (raises ``InvalidGraph``;
+    ``n_devices``: the device count of the hardware the plan is for, if any)."""
     try:
-        return _from_json(data, source, validate)
+        return _from_json(data, source, validate, n_devices)
     except GraphFormatError as e:
         raise GraphFormatError(e.issues, source) from None
+    except InvalidGraph:
+        raise
+    except RecursionError:
+        raise _bad("too-deep", "$", "the document is nested too deeply", source) from None
+    except Exception as e:  # noqa: BLE001  (a document no check above foresaw: still bad input, not a crash)
+        raise _bad("unreadable", "$", f"the plan cannot be read: {type(e).__name__}: {str(e)[:200]}", source) from None
 
 
-def _from_json(data: Any, source: str, validate: bool) -> Graph:
+def _from_json(data: Any, source: str, validate: bool, n_devices: int | None = None) -> Graph:
     _need(isinstance(data, dict), "$", "a graph document is a JSON object")
     _need(data.get("format") == FORMAT, "$.format",
-          f"format must be {FORMAT!r} (got {data.get('format')!r}); re-export the plan with this version")
+          f"format must be {FORMAT!r} (got {str(data.get('format'))[:40]!r}); re-export the plan with this version")
     _need(isinstance(data.get("tensors"), list), "$.tensors", "tensors must be a list")
     _need(isinstance(data.get("ops"), list), "$.ops", "ops must be a list")
+    _need(len(data["tensors"]) <= MAX_ITEMS and len(data["ops"]) <= MAX_ITEMS, "$",
+          f"a plan holds at most {MAX_ITEMS} tensors and {MAX_ITEMS} ops")
+    n_shards = 0
     tensors: dict[str, Tensor] = {}
     for i, t in enumerate(data["tensors"]):
         p = f"$.tensors[{i}]"
         _need(isinstance(t, dict) and isinstance(t.get("name"), str), p, "a tensor needs a string name")
         _need(t["name"] not in tensors, p, f"duplicate tensor name {t['name']!r}")
         shape = t.get("shape")
-        _need(isinstance(shape, list) and all(not isinstance(x, list) and _all_ints(x) for x in shape),
-              p + ".shape", "shape must be a list of integers")
+        _need(isinstance(shape, list) and len(shape) <= MAX_RANK
+              and all(not isinstance(x, list) and _all_ints(x) for x in shape),
+              p + ".shape", f"shape must be a list of at most {MAX_RANK} integers, each within ±2**53")
         unknown = set(t) - {"name", "shape", "dtype", "role"}
-        _need(not unknown, p, f"unknown tensor field(s) {sorted(unknown)}")
+        _need(not unknown, p, f"unknown tensor field(s) {sorted(unknown)[:10]}")
+        _need(isinstance(t.get("dtype", ""), str) and isinstance(t.get("role", ""), str), p,
+              "dtype and role must be strings")
         tensors[t["name"]] = Tensor(t["name"], tuple(t["shape"]), t.get("dtype", "float32"),
                                     t.get("role", "intermediate"))
     ops: dict[str, Op] = {}
@@ -91,22 +230,26 @@ def _from_json(data: Any, source: str, validate: bool) -> Graph:
         _need(isinstance(o, dict) and isinstance(o.get("name"), str), p, "an op needs a string name")
         _need(o["name"] not in ops, p, f"duplicate op name {o['name']!r}")
         unknown = set(o) - {"name", "kernel", "params", "inputs", "output", "shards"}
-        _need(not unknown, p, f"unknown op field(s) {sorted(unknown)}")
+        _need(not unknown, p, f"unknown op field(s) {sorted(unknown)[:10]}")
         _need(isinstance(o.get("kernel"), str), p + ".kernel", "kernel must be a string")
-        _need(isinstance(o.get("inputs"), dict), p + ".inputs", "inputs must map port names to tensor names")
+        _need(isinstance(o.get("inputs"), dict) and all(isinstance(v, str) for v in o["inputs"].values()),
+              p + ".inputs", "inputs must map port names to tensor names")
         _need(isinstance(o.get("output"), str), p + ".output", "output must be a tensor name")
         _need(isinstance(o.get("params", {}), dict), p + ".params", "params must be an object")
         sh = o.get("shards")
         _need(isinstance(sh, dict) and all(k in sh for k in ("lo", "hi", "device")), p + ".shards",
               "shards must be an object with lo, hi and device lists")
         for key in ("lo", "hi", "device"):  # numpy would silently truncate 0.5 or true to an integer
-            _need(_all_ints(sh[key]), f"{p}.shards.{key}", f"shard {key} must hold integers only")
+            _need(isinstance(sh[key], list) and _all_ints(sh[key]), f"{p}.shards.{key}",
+                  f"shard {key} must be a list of integers within ±2**53")
+        n_shards += len(sh["device"])
+        _need(n_shards <= MAX_ITEMS, p + ".shards", f"a plan holds at most {MAX_ITEMS} shards in all")
         try:
             shards = Shards(sh["lo"], sh["hi"], sh["device"])
             _need(shards.lo.shape == shards.hi.shape, p + ".shards", "lo and hi differ in shape")
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, OverflowError) as e:
             raise GraphFormatError([Issue("bad-format", p + ".shards", f"malformed shard table: {e}")]) from None
         ops[o["name"]] = Op(o["name"], o["kernel"], tuple(o["inputs"].items()), o["output"],
                             o.get("params", {}), shards)
     g = Graph(tensors, ops)
-    return check(g, source) if validate else g
+    return check(g, source, n_devices) if validate else g

@@ -3,23 +3,32 @@
 Rules: tensors have a rank >= 1 shape, a known dtype and role; every op's kernel exists and
 accepts its inputs (shapes, dtypes, params), and its output tensor matches the signature; the
 output projection of the whole index space covers the output tensor exactly once; shards
-partition the index space exactly (overlaps that still add up are caught); every non-source
-tensor has exactly one producer and sources have none; no cycles; devices are >= 0.
+partition the index space exactly (overlaps that still add up are caught) and none is empty;
+every non-source tensor has exactly one producer and sources have none; no cycles; devices are
+>= 0 and below ``MAX_DEVICES`` (below the hardware's device count when one is given); no tensor
+holds more than ``MAX_TENSOR_CELLS`` cells. A fused op's stages name fresh operations and fresh
+intermediate tensors, so that ``unfuse`` (and ``unshard``, which verify and eval use) gives back
+a valid graph instead of overwriting a tensor of the plan.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from ir.graph import DTYPES_OK, ROLES, SOURCE_ROLES, Graph
-from ir.kernels import SignatureError
+from ir.kernels import SignatureError, get_kernel
 from ir.zspace import ZRange, partition_problem
 
 
 OP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+#: device numbers at or above this are refused whatever the hardware (no fleet is that large)
+MAX_DEVICES = 1 << 20
+#: cells of one tensor (the cost model counts bytes in float64: exact below 2**53)
+MAX_TENSOR_CELLS = 1 << 50
 
 
 @dataclass(frozen=True)
@@ -42,8 +51,9 @@ class InvalidGraph(ValueError):
                                    + ([f"  ... and {len(issues) - 20} more"] if len(issues) > 20 else [])))
 
 
-def validate(g: Graph) -> list[Issue]:
-    """Every problem of ``g``; an empty list means valid."""
+def validate(g: Graph, n_devices: int | None = None) -> list[Issue]:
+    """Every problem of ``g``; an empty list means valid. ``n_devices``: the hardware's device
+    count, when the plan is meant for a given hardware (devices must be below it)."""
     issues: list[Issue] = []
     add = lambda code, path, msg: issues.append(Issue(code, path, msg))  # noqa: E731
 
@@ -51,6 +61,9 @@ def validate(g: Graph) -> list[Issue]:
         p = f"tensors.{name}"
         if len(t.shape) == 0 or any((not isinstance(x, int)) or x < 1 for x in t.shape):
             add("bad-shape", p, f"shape {list(t.shape)} must be a non-empty list of positive integers")
+        elif math.prod(t.shape) > MAX_TENSOR_CELLS:
+            add("bad-shape", p, f"shape {list(t.shape)} has {math.prod(t.shape):.3g} cells; at most "
+                f"2**50 are supported")
         if t.dtype not in DTYPES_OK:
             add("bad-dtype", p, f"dtype {t.dtype!r} is not one of {list(DTYPES_OK)}")
         if t.role not in ROLES:
@@ -71,13 +84,20 @@ def validate(g: Graph) -> list[Issue]:
             add("unknown-tensor", p + ".output", f"writes unknown tensor {o.output!r}")
         if missing or o.output not in g.tensors or any(t in bad_tensors for _, t in o.inputs + (("y", o.output),)):
             continue
+        declared = _declared_ports(o)
+        extra = sorted(port for port, _ in o.inputs if declared is not None and port not in declared)
+        if extra:
+            add("unknown-port", p + ".inputs", f"kernel {o.kernel} has no input port(s) {extra[:8]}; its ports are "
+                f"{sorted(declared)}")
+            continue
         try:
             sig = g.signature(o)
         except SignatureError as e:
             add("signature", p, str(e))
             continue
-        except (TypeError, KeyError, AttributeError, IndexError, ValueError) as e:  # malformed params
-            add("signature", p, f"kernel {o.kernel!r} cannot take params {o.params_key}: {type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001  (malformed params of a plan file: any failure is a bad plan)
+            add("signature", p, f"kernel {o.kernel!r} cannot take params {_short(o.params_key)}: "
+                f"{type(e).__name__}: {_short(str(e))}")
             continue
         out = g.tensors[o.output]
         if sig.out_spec.shape != out.shape or sig.out_spec.dtype != out.dtype:
@@ -101,9 +121,22 @@ def validate(g: Graph) -> list[Issue]:
         prob = partition_problem((sh.lo, sh.hi), whole)
         if prob:
             add(prob[0], p + ".shards", prob[1] + "; shards must partition the index space exactly")
+        empty = np.nonzero(np.any(sh.hi <= sh.lo, axis=1))[0] if sh.ndim else np.zeros(0, int)
+        if empty.size:
+            i = int(empty[0])
+            add("empty-shard", f"{p}.shards[{i}]", f"shard box {sh.lo[i].tolist()}..{sh.hi[i].tolist()} holds no "
+                f"index point ({empty.size} empty shard{'s' if empty.size > 1 else ''}); merge it away")
         bad = np.nonzero(sh.device < 0)[0]
         if bad.size:
             add("bad-device", f"{p}.shards[{int(bad[0])}]", f"device {int(sh.device[bad[0]])} is negative")
+        limit = MAX_DEVICES if n_devices is None else min(n_devices, MAX_DEVICES)
+        far = np.nonzero(sh.device >= limit)[0]
+        if far.size:
+            what = (f"the hardware has {n_devices} devices (0..{n_devices - 1})" if n_devices is not None
+                    else f"device numbers are below {MAX_DEVICES}")
+            add("bad-device", f"{p}.shards[{int(far[0])}]", f"device {int(sh.device[far[0]])} does not exist: {what}")
+        if o.kernel == "fused":
+            _check_fused(g, name, o, add)
 
     for name, t in g.tensors.items():
         prods = producers.get(name, [])
@@ -121,13 +154,69 @@ def validate(g: Graph) -> list[Issue]:
     return issues
 
 
+def _declared_ports(o) -> set[str] | None:  # noqa: ANN001
+    """The input ports ``o``'s kernel declares (None: the kernel takes ports from its params)."""
+    try:
+        k = get_kernel(o.kernel)
+    except Exception:  # noqa: BLE001  (unknown kernels are reported by the signature check)
+        return None
+    if k.inputs:
+        return set(k.inputs)
+    if o.kernel == "fused" and isinstance(o.params.get("stages"), list):
+        ports: set[str] = set()
+        for i, st in enumerate(o.params["stages"]):
+            try:
+                sk = get_kernel(st["kernel"])
+            except Exception:  # noqa: BLE001
+                return None
+            ports |= {f"{i}.{port}" for port in sk.inputs if not (i > 0 and port == st.get("chain"))}
+        return ports
+    return None
+
+
+def _check_fused(g: Graph, name: str, o, add) -> None:  # noqa: ANN001
+    """A fused op's stages name fresh ops and fresh intermediate tensors (what ``unfuse`` creates)."""
+    p = f"ops.{name}.params.stages"
+    stages = o.params.get("stages") or []
+    seen_ops: set[str] = set()
+    seen_via: set[str] = set()
+    for i, st in enumerate(stages):
+        if not isinstance(st, dict):
+            add("fused-stage", f"{p}[{i}]", "a stage is an object with op, kernel, params, chain and via")
+            continue
+        op, via = st.get("op"), st.get("via")
+        if not isinstance(op, str) or not OP_NAME.fullmatch(op):
+            add("fused-stage", f"{p}[{i}].op", f"stage operation name {_short(op)} must match {OP_NAME.pattern}")
+        elif op in seen_ops or op in g.ops:
+            add("fused-stage", f"{p}[{i}].op", f"stage operation {op!r} repeats another stage or names an "
+                "operation of the plan")
+        else:
+            seen_ops.add(op)
+        if i == 0:
+            if st.get("chain") is not None or via is not None:
+                add("fused-stage", f"{p}[0]", "the first stage reads no previous stage: chain and via must be null")
+            continue
+        if not isinstance(via, str) or not via:
+            add("fused-stage", f"{p}[{i}].via", "a later stage names its intermediate tensor in via")
+        elif via in g.tensors or via in seen_via:
+            add("fused-stage", f"{p}[{i}].via", f"intermediate {via!r} repeats another stage's or names a tensor "
+                "of the plan; unfusing would overwrite it")
+        else:
+            seen_via.add(via)
+
+
+def _short(text: object, n: int = 120) -> str:
+    s = str(text)
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
 def out_size(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape))
 
 
-def check(g: Graph, source: str = "graph") -> Graph:
+def check(g: Graph, source: str = "graph", n_devices: int | None = None) -> Graph:
     """Return ``g`` if valid, else raise ``InvalidGraph`` listing every issue."""
-    issues = validate(g)
+    issues = validate(g, n_devices)
     if issues:
         raise InvalidGraph(issues, source)
     return g

@@ -1,16 +1,32 @@
 """Read-only SQL over an archive (``tapestry sql``), and formatting of the result rows.
 
-Safety does not rest on reading the SQL text. The database itself refuses writes:
+Three independent layers, each enough against writes on its own:
 
-* SQLite: the file is opened with ``mode=ro``, ``PRAGMA query_only`` is on, and an authorizer
-  allows only reads (SELECT, reading columns, functions, recursive CTEs, introspection pragmas),
-  which also blocks TEMP tables and ATTACH that ``mode=ro`` alone would allow;
-* PostgreSQL: the session starts with ``default_transaction_read_only=on`` and the statement is
-  sent as a prepared statement (extended protocol), which the server refuses to run when it holds
-  more than one command, so no ``COMMIT; BEGIN READ WRITE; ...`` sequence can slip through.
+1. **The statement is parsed** (sqlglot, in the archive's dialect) and must be exactly one query:
+   ``SELECT``, ``WITH ... SELECT``, set operations of them, or ``VALUES``. Anything else is
+   refused before it reaches the database: every write and DDL (also inside a ``WITH``),
+   ``SELECT ... INTO``, ``FOR UPDATE/SHARE`` row locks, ``COPY`` (which on PostgreSQL runs
+   shell commands or writes server files), ``LOCK``, ``PREPARE``, ``EXPLAIN``, ``SET``,
+   transaction control, and functions that act outside the query (advisory locks, sleeps,
+   server files and large objects, ``dblink``, ``query_to_xml``-style dynamic SQL, sequences,
+   ``set_config``, backend signals; ``load_extension`` on SQLite). On SQLite, introspection
+   ``PRAGMA``s (``table_info``, ``index_list``, ...) are allowed too, judged by layer 2.
+2. **The database refuses writes.** SQLite: the file is opened with ``mode=ro``,
+   ``PRAGMA query_only`` is on, and an authorizer allows only reads (SELECT, reading columns,
+   functions, recursive CTEs, introspection pragmas), which also blocks TEMP tables and ATTACH
+   that ``mode=ro`` alone would allow. PostgreSQL: the session starts with
+   ``default_transaction_read_only=on`` and the query runs in a ``READ ONLY`` transaction
+   through a server-side cursor (``DECLARE ... CURSOR FOR``, which accepts only a query).
+3. **Time and size are bounded.** A statement timeout (PostgreSQL ``statement_timeout`` and
+   ``lock_timeout``; SQLite a progress handler that interrupts the query), so an endless
+   ``WITH RECURSIVE`` cannot hold a snapshot forever; rows are fetched incrementally up to
+   ``limit``.
 
-On top, a small lexer counts statements first so that a multi-statement query gets a clear
-message on every backend.
+For defence in depth on a shared PostgreSQL server, give ``tapestry sql`` a role that can only
+read (README, "Read-only SQL"): the parser is careful, a role is a guarantee.
+
+A small lexer counts statements first so that a multi-statement query gets a clear message on
+every backend.
 """
 
 from __future__ import annotations
@@ -22,13 +38,17 @@ import io
 import json
 import math
 import re
+import logging
 import sqlite3
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import sqlglot
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
+from sqlglot import exp
 
 from storage.engine import display_url, make_engine, normalize_url
 from storage.errors import (
@@ -41,7 +61,29 @@ from storage.errors import (
     translate_db_error,
 )
 
-__all__ = ["format_rows", "run_readonly_query", "split_statements"]
+__all__ = ["DEFAULT_TIMEOUT_S", "check_query", "format_rows", "run_readonly_query", "split_statements"]
+
+#: default time limit of one ``tapestry sql`` query (seconds)
+DEFAULT_TIMEOUT_S = 30.0
+
+# Statement kinds that may appear nowhere in a query (writes, DDL, locks, side channels).
+_FORBIDDEN_NODES: tuple[type, ...] = tuple(
+    getattr(exp, name)
+    for name in ("DML", "DDL", "Into", "Lock", "Command", "Copy", "Set", "Transaction", "Commit", "Rollback",
+                 "Attach", "Detach", "Pragma", "Use", "Grant", "Kill", "Cache", "Uncache", "Refresh", "Analyze",
+                 "Declare", "LoadData", "TruncateTable", "Merge")
+    if hasattr(exp, name)
+)
+# Function names (lower case) or prefixes that act outside the query: refused on every backend.
+_FORBIDDEN_FUNCTIONS = (
+    "pg_advisory", "pg_try_advisory", "pg_sleep", "pg_read_", "pg_ls_", "pg_stat_file", "pg_file_",
+    "pg_logdir", "lo_", "dblink", "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf",
+    "pg_rotate_logfile", "pg_promote", "pg_switch_wal", "pg_create_", "pg_drop_", "pg_replication_",
+    "pg_logical_", "pg_notify", "pg_export_snapshot", "pg_import_system_collations", "set_config", "nextval",
+    "setval", "query_to_xml", "query_to_xmlschema", "query_to_xml_and_xmlschema", "cursor_to_xml",
+    "txid_current", "pg_current_xact_id", "load_extension", "readfile", "writefile", "edit", "fts3_tokenizer",
+)
+logging.getLogger("sqlglot").setLevel(logging.ERROR)  # its "falling back to Command" warnings
 
 Format = Literal["table", "csv", "json"]
 
@@ -149,7 +191,7 @@ def _refusal(sql: str, where: str, reason: str) -> ReadOnlyViolation:
     keyword = _first_keyword(sql)
     return ReadOnlyViolation(
         f"tapestry sql is read-only and refused {keyword} on {where} ({reason}). It runs a single "
-        "query (SELECT, WITH ... SELECT, EXPLAIN, introspection PRAGMA); change the archive "
+        "query (SELECT, WITH ... SELECT, VALUES; on SQLite also introspection PRAGMAs); change the archive "
         "only through the campaign commands."
     )
 
@@ -166,21 +208,61 @@ def _sqlite_authorizer(action: int, arg1: str | None, arg2: str | None, *_: Any)
     return sqlite3.SQLITE_DENY
 
 
+def _function_name(node: exp.Expression) -> str:
+    if isinstance(node, exp.Anonymous):
+        return str(node.name).lower()
+    try:
+        return node.sql_name().lower()
+    except (AttributeError, NotImplementedError):
+        return type(node).__name__.lower()
+
+
+def check_query(statement: str, dialect: str, where: str = "the archive") -> None:
+    """Refuse (``ReadOnlyViolation``, or ``QueryError`` for text that is not SQL) anything but one
+    read-only query; see the module docstring, layer 1."""
+    if dialect == "sqlite" and _first_keyword(statement) == "PRAGMA":
+        return  # introspection pragmas: judged by the authorizer (layer 2), which refuses the rest
+    try:
+        parsed = sqlglot.parse(statement, read="postgres" if dialect == "postgresql" else "sqlite")
+    except sqlglot.errors.SqlglotError as exc:
+        first = str(exc).strip().splitlines()[0][:200]
+        raise QueryError(f"cannot read the query as SQL ({first}); tapestry sql runs one SELECT") from None
+    parsed = [e for e in parsed if e is not None]
+    if len(parsed) != 1:
+        raise MultipleStatements(f"the query holds {len(parsed)} statements; tapestry sql runs exactly one")
+    root = parsed[0]
+    query = root.this if isinstance(root, exp.Subquery) else root
+    if not isinstance(query, (exp.Query, exp.Values)):
+        raise _refusal(statement, where, "not a query: only SELECT, WITH ... SELECT and VALUES are allowed")
+    for node in root.walk():
+        if isinstance(node, _FORBIDDEN_NODES):
+            what = type(node).__name__.upper()
+            what = {"INTO": "SELECT ... INTO", "LOCK": "FOR UPDATE/SHARE"}.get(what, what)
+            raise _refusal(statement, where, f"it contains {what}, which writes or locks")
+        if isinstance(node, exp.Func):
+            name = _function_name(node)
+            if name.startswith(_FORBIDDEN_FUNCTIONS):
+                raise _refusal(statement, where, f"function {name}() acts outside the query")
+
+
 def run_readonly_query(
-    url: str | Path | URL, sql: str, limit: int | None = None
+    url: str | Path | URL, sql: str, limit: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Run one read-only SQL statement against an archive; return ``(columns, rows)``.
+    """Run one read-only SQL query against an archive; return ``(columns, rows)``.
 
-    ``limit`` caps the number of rows fetched (None: all). A statement that returns no rows
-    gives ``([], [])``.
+    ``limit`` caps the number of rows fetched (None: all); ``timeout_s`` stops a query that runs
+    longer. A statement that returns no rows gives ``([], [])``.
 
-    Raises :class:`~storage.errors.ReadOnlyViolation` for any write (INSERT, UPDATE, DELETE,
-    CREATE, DROP, ...), :class:`~storage.errors.MultipleStatements` for more than one statement,
-    :class:`~storage.errors.QueryError` for SQL the database rejects, and
-    :class:`~storage.errors.ArchiveUnavailable` when the archive cannot be opened.
+    Raises :class:`~storage.errors.ReadOnlyViolation` for anything but a read-only query (writes,
+    DDL, COPY, locks, ... see the module docstring), :class:`~storage.errors.MultipleStatements`
+    for more than one statement, :class:`~storage.errors.QueryError` for SQL the database rejects
+    or a query that ran out of time, and :class:`~storage.errors.ArchiveUnavailable` when the
+    archive cannot be opened.
     """
     if limit is not None and limit < 0:
         raise InvalidRecord(f"limit must be >= 0, got {limit}")
+    if not timeout_s > 0:
+        raise InvalidRecord(f"timeout_s must be > 0, got {timeout_s}")
     parsed = normalize_url(url)
     where = display_url(parsed)
     dialect = parsed.get_backend_name()
@@ -193,6 +275,7 @@ def run_readonly_query(
             "(remove the extra ';'-separated statements)"
         )
     statement = statements[0]
+    check_query(statement, dialect, where)
 
     engine = make_engine(parsed, readonly=True)
     try:
@@ -200,9 +283,9 @@ def run_readonly_query(
         try:
             driver: Any = raw.driver_connection
             if dialect == "sqlite":
-                return _run_sqlite(driver, statement, limit, where)
+                return _run_sqlite(driver, statement, limit, where, timeout_s)
             if dialect == "postgresql":
-                return _run_postgresql(driver, statement, limit, where)
+                return _run_postgresql(driver, statement, limit, where, timeout_s)
             raise StorageError(
                 f"tapestry sql supports SQLite and PostgreSQL archives, not {dialect}"
             )
@@ -225,10 +308,25 @@ def _fetch(cursor: Any, limit: int | None) -> tuple[list[str], list[tuple[Any, .
     return columns, [tuple(r) for r in rows]
 
 
+def _timeout(where: str, timeout_s: float) -> QueryError:
+    return QueryError(f"the query on {where} ran longer than {timeout_s:g} s and was stopped; narrow it "
+                      f"(WHERE, LIMIT) or raise --timeout")
+
+
 def _run_sqlite(
-    conn: sqlite3.Connection, statement: str, limit: int | None, where: str
+    conn: sqlite3.Connection, statement: str, limit: int | None, where: str, timeout_s: float
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
     conn.execute("PRAGMA query_only = ON")
+    deadline = time.monotonic() + timeout_s
+    expired: list[bool] = []
+
+    def progress() -> int:
+        if time.monotonic() > deadline:
+            expired.append(True)
+            return 1  # interrupts the statement (sqlite3.OperationalError "interrupted")
+        return 0
+
+    conn.set_progress_handler(progress, 10_000)
     denied: list[int] = []
 
     def authorizer(action: int, *args: Any) -> int:
@@ -248,6 +346,8 @@ def _run_sqlite(
             ) from exc
         raise QueryError(f"query on {where} failed: {exc}") from exc
     except sqlite3.Error as exc:
+        if expired:
+            raise _timeout(where, timeout_s) from exc
         code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
         if code in (11, 14, 26):  # SQLITE_CORRUPT, SQLITE_CANTOPEN, SQLITE_NOTADB
             raise ArchiveUnavailable(
@@ -260,20 +360,29 @@ def _run_sqlite(
         raise QueryError(f"query on {where} failed: {exc}") from exc
     finally:
         conn.set_authorizer(None)
+        conn.set_progress_handler(None, 0)
 
 
 def _run_postgresql(
-    conn: Any, statement: str, limit: int | None, where: str
+    conn: Any, statement: str, limit: int | None, where: str, timeout_s: float
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
     import psycopg
 
     try:
-        with conn.cursor() as cursor:
-            # prepare=True: extended protocol, so the server runs at most one command.
-            cursor.execute(statement, prepare=True)
+        with conn.cursor() as setup:
+            # First statements of the transaction: READ ONLY, and limits that end with it.
+            setup.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            setup.execute("SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
+                          (f"{int(timeout_s * 1000)}ms", f"{int(min(timeout_s, 5.0) * 1000)}ms"))
+        # A server-side cursor (DECLARE ... CURSOR FOR <query>): the server accepts only a query
+        # there, and rows arrive as they are fetched, never all at once.
+        with conn.cursor(name="tapestry_sql") as cursor:
+            cursor.execute(statement)
             return _fetch(cursor, limit)
     except psycopg.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if exc.sqlstate in ("57014", "55P03"):  # query_canceled (statement_timeout), lock_not_available
+            raise _timeout(where, timeout_s) from exc
         if exc.sqlstate == "25006":
             raise _refusal(statement, where, first) from exc
         if exc.sqlstate == "42601" and "multiple commands" in first:

@@ -3,24 +3,68 @@
 A campaign = workload + hardware + objectives (+ constraints) + search settings + budget, plus
 where it runs (cluster), where it is stored, and how plans are sampled for real execution.
 ``load_config`` turns every problem into a ``ConfigError`` naming the field and the fix.
+
+Limits on what a config file may be (so that a hostile or broken file costs milliseconds and a
+clear error, never a hang or a traceback): at most ``MAX_CONFIG_BYTES``, UTF-8 text, at most
+``MAX_YAML_ALIASES`` aliases, at most ``MAX_YAML_NODES`` values counted with every alias
+expanded (a "billion laughs" file is refused while it is counted, before anything prints it),
+nested at most ``MAX_YAML_DEPTH`` deep. Error messages quote values shortened.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+import reprlib
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from optimizer.search.mutation import OPERATORS
+
 OBJECTIVE_NAMES = ("makespan", "energy", "peak_memory", "devices")
 STRATEGIES = ("native", "optuna-nsga2", "optuna-tpe", "random")
 
 
+MAX_CONFIG_BYTES = 1 << 20
+MAX_YAML_ALIASES = 64
+MAX_YAML_NODES = 100_000
+MAX_YAML_DEPTH = 32
+#: the largest integer a config value may hold (budgets, workload parameters)
+MAX_INT = 2**53
+
+
 class ConfigError(ValueError):
     """A campaign config is unusable; the message names the field and the fix."""
+
+
+_SCHEMES = ("tcp", "tls", "ucx", "ws", "wss")
+_ADDRESS = re.compile(r"^(?:(?P<scheme>[a-z]+)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})/?$")
+
+
+def check_scheduler_address(address: str, where: str = "--scheduler") -> str:
+    """``address`` if it is a Dask scheduler address with a port (``tcp://host:8786``,
+    ``host:8786``, ``tls://[::1]:8786``); ``ConfigError`` naming the form otherwise."""
+    a = address.strip()
+    m = _ADDRESS.match(a)
+    ok = m is not None and (m["scheme"] is None or m["scheme"] in _SCHEMES) and 0 < int(m["port"]) < 65536
+    if not ok and not a.startswith("inproc://"):
+        raise ConfigError(f"{where} {_short(address)} is not a Dask scheduler address; write it with its port, "
+                          f"e.g. tcp://10.0.0.5:8786 or 10.0.0.5:8786 (dask scheduler prints it at start)")
+    return a
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 60, 60
+_REPR.maxlong = 40
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to a few dozen characters (safe on huge or self-sharing values)."""
+    return _REPR.repr(value)
 
 
 class Strict(BaseModel):
@@ -45,8 +89,8 @@ class WorkloadConfig(Strict):
 
 
 class ConstraintsConfig(Strict):
-    max_devices: int | None = Field(default=None, ge=1)
-    max_peak_memory: float | None = Field(default=None, gt=0, description="bytes per device")
+    max_devices: int | None = Field(default=None, ge=1, le=MAX_INT)
+    max_peak_memory: float | None = Field(default=None, gt=0, le=1e18, description="bytes per device")
     feasible_only: bool = True
 
 
@@ -59,30 +103,28 @@ class SearchConfig(Strict):
     returns_per_task: int = Field(default=16, ge=1, le=1024)
     mutation_weights: dict[str, float] = Field(default_factory=dict)
     adaptive_weights: bool = True
-    migration_interval: int = Field(default=4, ge=1, description="tasks per island between migrations")
+    migration_interval: int = Field(default=4, ge=1, le=1_000_000, description="tasks per island between migrations")
     epsilon: float = Field(default=0.01, gt=0, le=1, description="relative ε-box size of the front archive")
-    max_shards_per_op: int | None = Field(default=None, ge=1)
+    max_shards_per_op: int | None = Field(default=None, ge=1, le=1_000_000)
     seed_baselines: bool = Field(default=True, description="start from the hand-built baselines, not only "
                                                          "the single-device program")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="a non-negative integer")
 
     @field_validator("mutation_weights")
     @classmethod
     def _known_ops(cls, v: dict[str, float]) -> dict[str, float]:
-        from optimizer.search.mutation import OPERATORS
-
         for k, w in v.items():
             if k not in OPERATORS:
-                raise ValueError(f"unknown mutation operator {k!r}; operators are {sorted(OPERATORS)}")
-            if w < 0:
-                raise ValueError(f"mutation weight {k} must be >= 0")
+                raise ValueError(f"unknown mutation operator {_short(k)}; operators are {sorted(OPERATORS)}")
+            if not 0 <= w < float("inf"):
+                raise ValueError(f"mutation weight {k} must be a finite number >= 0")
         return v
 
 
 class BudgetConfig(Strict):
-    evaluations: int | None = Field(default=20_000, ge=1)
-    wall_time: float | None = Field(default=None, gt=0, description="seconds")
-    stall_evaluations: int | None = Field(default=None, ge=1,
+    evaluations: int | None = Field(default=20_000, ge=1, le=MAX_INT)
+    wall_time: float | None = Field(default=None, gt=0, le=1e9, description="seconds")
+    stall_evaluations: int | None = Field(default=None, ge=1, le=MAX_INT,
                                           description="stop when the hypervolume has not grown for this many")
 
     @model_validator(mode="after")
@@ -92,10 +134,80 @@ class BudgetConfig(Strict):
         return self
 
 
+def with_budget(cfg: CampaignConfig, **overrides: Any) -> CampaignConfig:
+    """``cfg`` with budget fields replaced (``None`` values are ignored), validated like the file's."""
+    update = {k: v for k, v in overrides.items() if v is not None}
+    if not update:
+        return cfg
+    try:
+        budget = BudgetConfig.model_validate({**cfg.budget.model_dump(), **update})
+    except ValidationError as e:
+        raise ConfigError(_budget_error(e, "budget on the command line", update)) from None
+    return cfg.model_copy(update={"budget": budget})
+
+
+def _budget_error(e: ValidationError, source: str, flags: dict[str, Any]) -> str:
+    """A budget validation error, naming the command-line flags (``--wall-time``) that were given."""
+    text = _explain(e, source).split(" is invalid: ", 1)[-1]
+    for k in flags:
+        text = text.replace(f"'{k}'", "--" + k.replace("_", "-"))
+    return f"invalid {source}: {text}"
+
+
+def budget_with(budget: BudgetConfig, counters: dict[str, Any], evaluations: int | None, wall_time: float | None,
+                source: str) -> tuple[BudgetConfig, list[str]]:
+    """The budget of a resumed campaign: ``budget`` with the new totals ``evaluations`` and
+    ``wall_time`` (validated like the config's), and ``notes`` for the user.
+
+    A new total must exceed what the campaign has already spent. A limit the user did not give
+    that is already spent is lifted (with a note), so that ``--evaluations 20000`` after a spent
+    wall-time budget runs to 20000 evaluations instead of stopping at once."""
+    update: dict[str, Any] = {k: v for k, v in (("evaluations", evaluations), ("wall_time", wall_time))
+                              if v is not None}
+    try:
+        new = BudgetConfig.model_validate({**budget.model_dump(), **update})
+    except ValidationError as e:
+        raise ConfigError(_budget_error(e, f"budget for {source}", update)) from None
+    done_e = int(counters.get("evaluations", 0) or 0)
+    done_w = float(counters.get("wall_seconds", 0.0) or 0.0)
+    stalled = done_e - int(counters.get("hv_improved_at", 0) or 0)
+    if evaluations is not None and evaluations <= done_e:
+        raise ConfigError(f"{source}: --evaluations is the new total and must exceed the {done_e} evaluations "
+                          f"already done, e.g. --evaluations {done_e + 5000}")
+    if wall_time is not None and wall_time <= done_w:
+        raise ConfigError(f"{source}: --wall-time is the new total in seconds and must exceed the {done_w:.0f} s "
+                          f"already searched, e.g. --wall-time {done_w + 600:.0f}")
+    notes: list[str] = []
+    if update:
+        lift: dict[str, Any] = {}
+        if "evaluations" not in update and new.evaluations is not None and done_e >= new.evaluations:
+            lift["evaluations"] = None
+            notes.append(f"the evaluation budget ({new.evaluations}) was spent; lifted (add --evaluations to set one)")
+        if "wall_time" not in update and new.wall_time is not None and done_w >= new.wall_time:
+            lift["wall_time"] = None
+            notes.append(f"the wall-time budget ({new.wall_time:g} s) was spent; lifted (add --wall-time to set one)")
+        if new.stall_evaluations is not None and stalled >= new.stall_evaluations:
+            lift["stall_evaluations"] = None
+            notes.append(f"the stall budget ({new.stall_evaluations} evaluations without progress) was spent; lifted")
+        if lift:
+            new = BudgetConfig.model_validate({**new.model_dump(), **lift})
+    return new, notes
+
+
 class ClusterConfig(Strict):
     scheduler: str | None = None
-    workers: int | None = Field(default=None, ge=1)
-    threads_per_worker: int = Field(default=1, ge=1)
+    workers: int | None = Field(default=None, ge=1, le=4096)
+    threads_per_worker: int = Field(default=1, ge=1, le=1024)
+
+    @field_validator("scheduler")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                check_scheduler_address(v, "address")
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
+        return v
 
 
 class StorageConfig(Strict):
@@ -105,8 +217,8 @@ class StorageConfig(Strict):
 class SamplingConfig(Strict):
     rate: float = Field(default=0.0, ge=0, le=1, description="fraction of new front plans executed for real")
     backend: Literal["numpy", "cupy"] = "numpy"
-    max_per_minute: float = Field(default=6.0, gt=0)
-    repeats: int = Field(default=3, ge=1)
+    max_per_minute: float = Field(default=6.0, gt=0, le=1e6)
+    repeats: int = Field(default=3, ge=1, le=10_000)
     hardware: str | None = Field(default=None, description="hardware the measured times are predicted on")
 
 
@@ -140,7 +252,7 @@ class CampaignConfig(Strict):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
-    checkpoint_seconds: float = Field(default=5.0, gt=0)
+    checkpoint_seconds: float = Field(default=5.0, gt=0, le=86_400)
 
     @field_validator("objectives")
     @classmethod
@@ -169,7 +281,7 @@ def _explain(e: ValidationError, source: str) -> str:
             parts.append(f"missing key '{loc}': add it")
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            parts.append(f"'{loc}': {msg} (got {err.get('input')!r})")
+            parts.append(f"'{loc}': {msg} (got {_short(err.get('input'))})")
     more = f"; and {len(e.errors()) - 5} more" if len(e.errors()) > 5 else ""
     return f"campaign config {source} is invalid: " + "; ".join(parts) + more
 
@@ -177,7 +289,9 @@ def _explain(e: ValidationError, source: str) -> str:
 def parse_config(data: Any, source: str = "config", base_dir: Path | None = None) -> CampaignConfig:
     """Validate a config mapping; relative file paths resolve against ``base_dir``."""
     if not isinstance(data, dict):
-        raise ConfigError(f"campaign config {source} must be a YAML mapping of keys to values")
+        raise ConfigError(f"campaign config {source} must be a YAML mapping of keys to values, not "
+                          f"{type(data).__name__} {_short(data)}")
+    _check_size(data, source)
     try:
         cfg = CampaignConfig.model_validate(data)
     except ValidationError as e:
@@ -194,13 +308,95 @@ def parse_config(data: Any, source: str = "config", base_dir: Path | None = None
 
 def load_config(path: str | Path) -> CampaignConfig:
     p = Path(path)
+    return parse_config(read_yaml(p), str(p), p.parent)
+
+
+class _CountingLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses more than ``MAX_YAML_ALIASES`` aliases."""
+
+    aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_YAML_ALIASES:
+                raise ConfigError(f"uses more than {MAX_YAML_ALIASES} YAML aliases (*name); write the values out")
+        return super().compose_node(parent, index)
+
+
+def _check_size(data: Any, source: str) -> None:
+    """Refuse documents with more than ``MAX_YAML_NODES`` values (aliases expanded) or deeper than
+    ``MAX_YAML_DEPTH``; stops counting at the limit, so a billion-laughs file is cheap."""
+    stack, n = [(data, 0)], 0
+    while stack:
+        v, depth = stack.pop()
+        n += 1
+        if n > MAX_YAML_NODES:
+            raise ConfigError(f"campaign config {source} holds more than {MAX_YAML_NODES} values (counting every "
+                              f"alias expansion); a campaign config is a few dozen keys")
+        if depth > MAX_YAML_DEPTH:
+            raise ConfigError(f"campaign config {source} is nested more than {MAX_YAML_DEPTH} levels deep")
+        if isinstance(v, dict):
+            stack.extend((x, depth + 1) for kv in v.items() for x in kv)
+        elif isinstance(v, list):
+            stack.extend((x, depth + 1) for x in v)
+
+
+def read_yaml(p: Path) -> Any:
+    """The YAML document in file ``p`` as plain data, within the module's limits; ``ConfigError``
+    for a missing file, a folder, a file too large, not UTF-8, or not valid YAML."""
     if not p.exists():
         raise ConfigError(f"campaign config {str(p)!r} does not exist; see configs/quickstart.yaml for an example")
+    if p.is_dir():
+        raise ConfigError(f"campaign config {str(p)!r} is a folder; give the YAML file inside it, e.g. "
+                          f"configs/quickstart.yaml")
     try:
-        data = yaml.safe_load(p.read_text())
+        size = p.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"campaign config {p} is {size} bytes; a config is at most {MAX_CONFIG_BYTES} bytes "
+                              f"(is it the right file?)")
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read campaign config {p}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"campaign config {p} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                          f"save it as UTF-8") from None
+    if "\x00" in text:
+        raise ConfigError(f"campaign config {p} holds NUL bytes: it is not a text file")
+    try:
+        data = yaml.load(text, Loader=_CountingLoader)  # noqa: S506  (a SafeLoader subclass)
+    except ConfigError as e:
+        raise ConfigError(f"campaign config {p} {e}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"campaign config {p} is not valid YAML: {e}") from None
-    return parse_config(data, str(p), p.parent)
+        raise ConfigError(f"campaign config {p} is not valid YAML: {_first_lines(str(e))}") from None
+    except RecursionError:
+        raise ConfigError(f"campaign config {p} is nested too deeply to read") from None
+    _check_size(data, str(p))
+    return data
+
+
+def _first_lines(text: str, n: int = 6, width: int = 200) -> str:
+    return "\n".join(line[:width] for line in text.splitlines()[:n])
+
+
+def _bad_param(v: Any, depth: int = 0) -> str | None:
+    """Why a workload parameter value is unusable (None if it is fine): plain numbers, words,
+    booleans and short lists of them only."""
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return None if abs(v) <= MAX_INT else "integers are at most 2**53 in size"
+    if isinstance(v, float):
+        return None if abs(v) < float("inf") else "numbers must be finite"
+    if isinstance(v, str):
+        return None if len(v) <= 256 else "words are at most 256 characters"
+    if isinstance(v, list):
+        if depth >= 3 or len(v) > 4096:
+            return "lists are at most 4096 items, nested at most 3 deep"
+        return next((w for w in (_bad_param(x, depth + 1) for x in v) if w), None)
+    return f"expected a number, word, boolean or list, not a {type(v).__name__}"
 
 
 def check_references(cfg: CampaignConfig, source: str = "config") -> None:
@@ -215,10 +411,13 @@ def check_references(cfg: CampaignConfig, source: str = "config") -> None:
             raise ConfigError(f"{source}: workload.name {wl.name!r} is unknown; built-in workloads are "
                               f"{sorted(WORKLOADS)} (or give workload.file)")
         known = workload_params(wl.name)
-        for k in wl.params:
+        for k, v in wl.params.items():
             if k not in known:
-                raise ConfigError(f"{source}: workload.params.{k} is not a parameter of {wl.name!r}; "
+                raise ConfigError(f"{source}: workload.params.{str(k)[:60]} is not a parameter of {wl.name!r}; "
                                   f"its parameters are {sorted(known)}")
+            why = _bad_param(v)
+            if why:
+                raise ConfigError(f"{source}: workload.params.{k} = {_short(v)}: {why}")
     elif wl.onnx is not None:
         if not Path(wl.onnx).is_file():
             raise ConfigError(f"{source}: workload.onnx {wl.onnx!r} does not exist")

@@ -1,12 +1,17 @@
 """``tapestry export``: a campaign's front as files people and tools can use.
 
-``OUT/plans/NN_<digest12>.json`` (+ ``.svg`` through Graphviz, else ``.dot``), ``front.parquet``
-(objectives and metadata), ``pareto.png`` (the front with the baselines), and ``summary.md``
-comparing the front with the single-device and data-parallel baselines on the same model.
+``OUT/plans/NN_<digest12>.json`` (+ ``.svg`` through Graphviz, else ``.dot``; each plan file
+names and embeds the campaign's program, so ``tapestry verify`` checks it against the program),
+``front.parquet`` (objectives and metadata), ``pareto.png`` (every pair of objectives, front and
+baselines, in readable units), and ``summary.md`` comparing the front with the single-device and
+data-parallel baselines on the same model and saying what each front plan does in words.
+Exporting again into the same folder replaces the plans of the previous export.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,40 +23,108 @@ from optimizer.campaign.plans import replay_rewrite
 from optimizer.campaign.progress import fmt_bytes, fmt_seconds
 
 
-def _plot(path: Path, objectives: list[str], front: list[dict], base: dict[str, dict]) -> None:
+#: plan files an export writes (``NN_<digest12>.json|svg|dot``): a new export removes the old ones
+_PLAN_FILE = re.compile(r"^\d{2,}_[0-9a-f]{12}\.(json|svg|dot)$")
+
+_UNITS = {"makespan": [(1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")],
+          "energy": [(1.0, "J"), (1e-3, "mJ"), (1e-6, "µJ")],
+          "peak_memory": [(1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B")],
+          "devices": [(1.0, "devices")]}
+
+
+def _unit(name: str, values: list[float]) -> tuple[float, str]:
+    """(scale, unit) so that the smallest value reads as a number >= 1 (2×10⁻⁵ s → 20 µs)."""
+    steps = _UNITS.get(name, [(1.0, "")])
+    low = min((v for v in values if v > 0), default=1.0)
+    for scale, unit in steps:
+        if low >= scale:
+            return scale, unit
+    return steps[-1]
+
+
+def _plot(path: Path, objectives: list[str], front: list[dict], base: dict[str, dict], campaign: str = "") -> None:
+    """Every pair of objectives in its own panel (a front in three objectives has points that look
+    dominated in any one plane: the step line marks the plans non-dominated in that plane)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    x_name = "makespan"
-    y_name = next((o for o in objectives if o != "makespan"), "peak_memory")
-    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
-    fx = [r["objectives"][x_name] for r in front]
-    fy = [r["objectives"][y_name] for r in front]
     from optimizer.search.pareto import nondominated_mask
 
-    if fx:
-        # The front may be non-dominated only in more than these two objectives: draw the step
-        # through the plans that are non-dominated in this plane alone.
-        F2 = np.column_stack([fx, fy])
-        nd = F2[nondominated_mask(F2)]
-        nd = nd[np.argsort(nd[:, 0])]
-        ax.step(nd[:, 0], nd[:, 1], where="post", color="#1a73e8", alpha=0.6)
-    ax.scatter(fx, fy, color="#1a73e8", label=f"front ({len(fx)} plans)", zorder=3)
-    markers = iter(["s", "^", "D", "v"])
-    for name, ev in base.items():
-        ax.scatter([ev[x_name]], [ev[y_name]], marker=next(markers, "o"), s=60, label=name, zorder=4)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel(f"{x_name} (s)")
-    ax.set_ylabel(y_name + (" (bytes)" if y_name == "peak_memory" else " (J)" if y_name == "energy" else ""))
-    ax.set_title("Pareto front")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    names = list(objectives) if len(objectives) > 1 else list(objectives) + ["devices"]
+    pairs = list(itertools.combinations(names, 2))
+    cols = min(3, len(pairs))
+    rows = -(-len(pairs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), dpi=110, squeeze=False)
+    markers = ["s", "^", "D", "v", "P", "X"]
+    for k, (x_name, y_name) in enumerate(pairs):
+        ax = axes[k // cols][k % cols]
+        xs = [r["objectives"][x_name] for r in front] + [ev[x_name] for ev in base.values()]
+        ys = [r["objectives"][y_name] for r in front] + [ev[y_name] for ev in base.values()]
+        (sx, ux), (sy, uy) = _unit(x_name, xs or [1.0]), _unit(y_name, ys or [1.0])
+        fx = np.array([r["objectives"][x_name] for r in front], dtype=float) / sx
+        fy = np.array([r["objectives"][y_name] for r in front], dtype=float) / sy
+        if len(fx):
+            F2 = np.column_stack([fx, fy])
+            nd = F2[nondominated_mask(F2)]
+            nd = nd[np.argsort(nd[:, 0])]
+            ax.step(nd[:, 0], nd[:, 1], where="post", color="#1a73e8", alpha=0.6)
+        ax.scatter(fx, fy, color="#1a73e8", label=f"front ({len(fx)} plans)", zorder=3)
+        for (bname, ev), m in zip(base.items(), itertools.cycle(markers)):
+            ax.scatter([ev[x_name] / sx], [ev[y_name] / sy], marker=m, s=60, label=bname, zorder=4)
+        for axis, name in ((ax.set_xscale, x_name), (ax.set_yscale, y_name)):
+            if name != "devices":
+                axis("log")
+        ax.set_xlabel(f"{x_name} ({ux})")
+        ax.set_ylabel(f"{y_name} ({uy})")
+        ax.grid(True, which="both", alpha=0.3)
+        if k == 0:
+            ax.legend(fontsize=7)
+    for k in range(len(pairs), rows * cols):
+        axes[k // cols][k % cols].axis("off")
+    fig.suptitle(f"campaign {campaign}: Pareto front of {len(front)} plans over {', '.join(objectives)}"
+                 if campaign else "Pareto front")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def plan_in_words(g: Any) -> str:
+    """What a plan does, in the words practitioners use: ``data parallel 8 + fused fc1·act1``,
+    ``fc1 split o×4, fc2 reduction split 4 (tensor parallel) on 4 devices``, ``single device``."""
+    notes: list[str] = []
+    splits: dict[str, list[str]] = {}
+    batch_only: set[int] = set()
+    other = False
+    for name in g.topo_order:
+        o = g.ops[name]
+        if o.kernel == "fused":
+            notes.append("fused " + "·".join(str(s.get("op", "?")) for s in o.params.get("stages", [])))
+        if o.params.get("split"):
+            notes.append(f"{name} reduction split {o.params['split'].get('parts', '?')}")
+        sh = o.shards
+        if len(sh) <= 1:
+            continue
+        dims = g.signature(o).dims
+        factors = [(dims[d], len(np.unique(sh.lo[:, d]))) for d in range(sh.ndim)]
+        factors = [(d, f) for d, f in factors if f > 1]
+        splits[name] = [f"{d}×{f}" for d, f in factors]
+        if len(factors) == 1 and factors[0][0] == dims[0] and not o.params.get("split"):
+            batch_only.add(factors[0][1])
+        else:
+            other = True
+    devices = len(set(g.devices))
+    if not splits:
+        layout = "single device" if devices <= 1 else f"whole ops on {devices} devices"
+    elif not other and len(batch_only) == 1 and len(splits) == sum(1 for o in g.ops.values() if len(o.shards) > 1):
+        layout = f"data parallel {batch_only.pop()}"
+    else:
+        shown = [f"{n} split {' '.join(s)}" for n, s in list(splits.items())[:4]]
+        more = len(splits) - len(shown)
+        layout = ", ".join(shown) + (f" and {more} more split ops" if more > 0 else "")
+    text = " + ".join([layout] + notes[:4] + ([f"{len(notes) - 4} more"] if len(notes) > 4 else []))
+    return f"{text} on {devices} device{'s' if devices != 1 else ''}" if splits or devices > 1 else text
 
 
 def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any]:
@@ -59,13 +132,13 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
     from costmodel.hardware import Hardware
     from ir.dot import RenderError, render_svg, to_dot
     from ir.rewrites.substitute_attention import substitution_summary
-    from ir.serialize import loads
-    from optimizer.search.baselines import baselines
-    from optimizer.campaign.lifecycle import resolve_url
+    from ir.serialize import dumps, loads
+    from optimizer.campaign.lifecycle import existing_archive
     from optimizer.realrun.sampling import rank_correlation
+    from optimizer.search.baselines import baselines
     from storage import Archive
 
-    url = resolve_url("tapestry.db", db)
+    url = existing_archive(db)
     outdir = Path(out)
     with Archive.open(url, readonly=True) as archive:
         row = archive.get_campaign(name)
@@ -73,16 +146,24 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
         front = sorted(archive.current_front(name), key=lambda r: r["objectives"]["makespan"])
         graphs = {r["digest"]: archive.get_graph_json(name, r["digest"], replay=replay_rewrite) for r in front}
         measurements = archive.measurements(name)
+        program = _program(archive, name, row["config"].get("base_digest"))
         progress = progress_report(row, archive.storage_stats(name))
         (outdir / "plans").mkdir(parents=True, exist_ok=True)
+        for old in (outdir / "plans").iterdir():  # plans of an earlier export, now stale
+            if old.is_file() and _PLAN_FILE.match(old.name):
+                old.unlink()
         archive.export_front_parquet(name, outdir / "front.parquet")
     have_dot = shutil.which("dot") is not None
     substituted: list[dict[str, int]] = []
+    words: dict[str, str] = {}
     for i, r in enumerate(front):
         stem = outdir / "plans" / f"{i:02d}_{r['digest'][:12]}"
-        stem.with_suffix(".json").write_text(graphs[r["digest"]])
         g = loads(graphs[r["digest"]], f"plan {r['digest'][:12]}")
+        # the file names (and embeds) the campaign's program, so 'tapestry verify' checks the plan against it
+        stem.with_suffix(".json").write_text(dumps(g, program=program, program_digest=row["config"].get(
+            "base_digest")) + "\n")
         substituted.append(substitution_summary(g))
+        words[r["digest"]] = plan_in_words(g)
         dot = to_dot(g)
         try:
             if not have_dot:
@@ -92,17 +173,34 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
             stem.with_suffix(".dot").write_text(dot)
     hw = Hardware.from_dict(row["config"]["hardware"])
     ev = Evaluator(hw)
-    program = loads(graphs[front[0]["digest"]]) if front else None
+    if program is None and front:
+        program = loads(graphs[front[0]["digest"]])  # the baselines unshard it first
     base_evals: dict[str, dict] = {}
     if program is not None:
         for bname, bg in baselines(program, hw.n_devices).items():
             e = ev(bg)
             base_evals[bname] = {**e.objectives(), "gap": e.gap, "feasible": e.feasible}
-    _plot(outdir / "pareto.png", objectives, front, base_evals)
+    _plot(outdir / "pareto.png", objectives, front, base_evals, name)
     plot_progress(progress, outdir / "progress.png", f"campaign {name}: hypervolume and best makespan over time")
     corr = rank_correlation(measurements)
-    (outdir / "summary.md").write_text(_summary(name, row, hw, front, base_evals, corr) + _substitutions(substituted))
+    (outdir / "summary.md").write_text(_summary(name, row, hw, front, base_evals, corr, words)
+                                       + _substitutions(substituted))
     return {"out": str(outdir), "plans": len(front), "have_svg": have_dot}
+
+
+def _program(archive: Any, name: str, digest: str | None) -> Any:
+    """The campaign's program as the archive stores it (its single-device baseline), checked
+    against the campaign's program digest; None when it is not there."""
+    from ir.serialize import loads
+    from storage import StorageError
+
+    if not digest:
+        return None
+    try:
+        g = loads(archive.get_graph_json(name, digest), f"program of campaign {name}")
+    except StorageError:
+        return None
+    return g if g.digest == digest else None
 
 
 def _substitutions(per_plan: list[dict[str, int]]) -> str:
@@ -118,25 +216,27 @@ def _substitutions(per_plan: list[dict[str, int]]) -> str:
                       + ", ".join(f"{f}/{t}" for f, t in zip(fused, total)) + ".", ""])
 
 
-def _summary(name: str, row: dict, hw: Any, front: list[dict], base: dict[str, dict], corr: dict | None) -> str:
+def _summary(name: str, row: dict, hw: Any, front: list[dict], base: dict[str, dict], corr: dict | None,
+             words: dict[str, str] | None = None) -> str:
     c = row["counters"]
     lines = [f"# Campaign `{name}`", "",
              f"- hardware: `{hw.name}` ({hw.n_devices} devices); objectives: {', '.join(row['objectives'])}",
              f"- status: {row['status']}; evaluations: {c.get('evaluations', 0)}; front plans: {len(front)}", ""]
     single = base.get("single-device")
-    head = "| plan | makespan | vs single device | gap to bound | energy | peak memory | devices |"
-    lines += ["## Front against baselines", "", head, "|---|---:|---:|---:|---:|---:|---:|"]
+    head = "| plan | what it does | makespan | vs single device | gap to bound | energy | peak memory | devices |"
+    lines += ["## Front against baselines", "", head, "|---|---|---:|---:|---:|---:|---:|---:|"]
 
-    def row_of(label: str, o: dict, gap: float | None) -> str:
+    def row_of(label: str, what: str, o: dict, gap: float | None) -> str:
         speed = f"{single['makespan'] / o['makespan']:.2f}×" if single else "-"
         g = f"{gap:.2f}×" if gap is not None and np.isfinite(gap) else "-"
-        return (f"| {label} | {fmt_seconds(o['makespan'])} | {speed} | {g} | {o['energy']:.3g} J | "
+        return (f"| {label} | {what} | {fmt_seconds(o['makespan'])} | {speed} | {g} | {o['energy']:.3g} J | "
                 f"{fmt_bytes(o['peak_memory'])} | {int(o['devices'])} |")
 
     for bname, o in base.items():
-        lines.append(row_of(f"baseline: {bname}", o, o.get("gap")))
+        lines.append(row_of(f"baseline: {bname}", "", o, o.get("gap")))
     for i, r in enumerate(front):
-        lines.append(row_of(f"front {i:02d} `{r['digest'][:12]}`", r["objectives"], r.get("gap")))
+        lines.append(row_of(f"front {i:02d} `{r['digest'][:12]}`", (words or {}).get(r["digest"], ""),
+                            r["objectives"], r.get("gap")))
     if front and base:
         best = min(r["objectives"]["makespan"] for r in front)
         ref = min(o["makespan"] for o in base.values())

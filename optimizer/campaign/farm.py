@@ -7,7 +7,8 @@ Loop (Dask "futures" pattern: bounded in-flight, refill as results land, plain d
    checked at least twice a second; results become plain dicts at once and futures are
    released (futures held after completion are recomputed when a worker dies);
 3. a failed task (``KilledWorker``, a worker lost mid-task, ...) is logged and resubmitted
-   with the same spec up to three times;
+   with the same spec up to three times; when ``MAX_FAILED_IN_A_ROW`` tasks in a row fail for
+   good the campaign stops as failed (a broken setup, not bad luck);
 4. results are merged into the strategy's populations and the global ε-box front, and written
    in one short transaction (results, front changes, counters);
 5. every ``checkpoint_seconds`` and on Ctrl-C/SIGTERM: a checkpoint of the strategy state,
@@ -15,10 +16,16 @@ Loop (Dask "futures" pattern: bounded in-flight, refill as results land, plain d
    with the same random streams;
 6. every ``retention.every_seconds`` (when the lifecycle sets a ``compactor``): a checkpoint,
    then the retention policy (``optimizer.campaign.retention``), so the archive stays bounded.
+
+Budgets stop within a task's length: a task is submitted only while the evaluation budget has
+room beyond the evaluations already in flight, with its steps cut to that room, and with a time
+limit that ends it by the wall-time deadline (``SearchTaskSpec.time_limit``). The run's reason
+names the budget that stopped it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -37,6 +44,8 @@ from optimizer.search.worker import EvaluateTaskSpec, SearchTaskSpec, evaluate_t
 
 log = logging.getLogger("tapestry.farm")
 MAX_RETRIES = 3
+#: tasks in a row that fail for good (after MAX_RETRIES resubmissions each) before the run stops
+MAX_FAILED_IN_A_ROW = 3
 #: task functions by name, with their spec types (checkpoints name them)
 TASKS: dict[str, tuple[Callable, type]] = {"search_task": (search_task, SearchTaskSpec),
                                            "evaluate_task": (evaluate_task, EvaluateTaskSpec)}
@@ -82,6 +91,7 @@ class Farm:
         self._t0 = time.monotonic()
         self._wall0 = 0.0
         self._best_gap = math.inf
+        self._failed_in_a_row = 0
         self.compactor: Any = None  # optimizer.campaign.retention.Compactor, set by the lifecycle
 
     # -- state ------------------------------------------------------------------------
@@ -97,8 +107,12 @@ class Farm:
         return hypervolume(F, self.reference) if len(F) else 0.0
 
     def restore(self, counters: dict, front_rows: list[dict], checkpoint: dict | None,
-                fetch_graph: Callable[[str], str]) -> None:
-        """Continue from the archive: committed counters and front, checkpointed strategy and RNG."""
+                fetch_graph: Callable[[str], str], seed_records: list[dict] | None = None) -> None:
+        """Continue from the archive: committed counters and front, checkpointed strategy and RNG.
+
+        Without a checkpoint (stopped before the first one, or a start that failed), the strategy
+        starts again from the front and ``seed_records`` (the evaluated baselines), which are
+        archived first if nothing is."""
         me = self.counters.get("driver")
         self.counters.update(counters)
         if me:
@@ -113,6 +127,12 @@ class Farm:
             self.strategy.load_json(st["strategy"], fetch_graph)
             self._pending = [(TASKS[t["fn"]][0], TASKS[t["fn"]][1].from_json(t["spec"]), t["meta"], 0)
                              for t in st.get("in_flight", [])]
+        elif seed_records is not None:
+            members = [{"digest": r["digest"], "graph_json": fetch_graph(r["digest"]), "objectives": r["objectives"]}
+                       for r in front_rows]
+            self.strategy.seed_population(members + seed_records)
+            if not front_rows:
+                self.merge(seed_records, len(seed_records), "driver")
 
     def checkpoint(self) -> None:
         state = {"rng": self.rng.bit_generator.state, "strategy": self.strategy.to_json(),
@@ -193,6 +213,25 @@ class Farm:
         fut = self.client.submit(fn, spec, pure=False)
         self._in_flight[fut] = (fn, spec, meta, tries)
 
+    def _evaluations_room(self) -> float:
+        """Evaluations the budget still allows beyond those done and those in flight (inf: no limit)."""
+        if self.budget.evaluations is None:
+            return math.inf
+        in_flight = sum(spec.max_evaluations() for _, spec, _, _ in self._in_flight.values())
+        return self.budget.evaluations - self.counters["evaluations"] - in_flight
+
+    def _fit(self, spec: Any) -> Any:
+        """``spec`` with its steps cut to the evaluation budget's room and a time limit that ends it
+        by the wall-time deadline."""
+        changes: dict[str, Any] = {}
+        room = self._evaluations_room()
+        if isinstance(spec, SearchTaskSpec) and room < spec.max_evaluations():
+            changes["steps"] = max(1, int(room) - len(spec.parents))
+        if self.budget.wall_time is not None:
+            left = self.budget.wall_time - (self._wall0 + time.monotonic() - self._t0)
+            changes["time_limit"] = max(0.05, left if spec.time_limit is None else min(spec.time_limit, left))
+        return dataclasses.replace(spec, **changes) if changes else spec
+
     def _target_in_flight(self) -> int:
         try:
             n = len(self.client.scheduler_info(n_workers=-1)["workers"])
@@ -203,16 +242,16 @@ class Farm:
     def _fill(self) -> None:
         target = self._target_in_flight()
         while len(self._in_flight) < target:
+            if self.exhausted() or self.stop_reason or self._evaluations_room() <= 0:
+                return
             if self._pending:
-                self._submit(*self._pending.pop(0))
-                continue
-            if self.exhausted() or self.stop_reason:
-                return
-            task = self.strategy.next_task(self.rng, self.front_members())
-            if task is None:
-                return
-            fn, spec, meta = task
-            self._submit(fn, spec, meta, 0)
+                fn, spec, meta, tries = self._pending.pop(0)
+            else:
+                task = self.strategy.next_task(self.rng, self.front_members())
+                if task is None:
+                    return
+                (fn, spec, meta), tries = task, 0
+            self._submit(fn, self._fit(spec), meta, tries)
 
     def _install_signals(self) -> list:
         if threading.current_thread() is not threading.main_thread():
@@ -250,9 +289,14 @@ class Farm:
                             self._pending.append((fn, spec, meta, tries + 1))
                         else:
                             self.strategy.on_failure(meta)
+                            self._failed_in_a_row += 1
+                            if self._failed_in_a_row >= MAX_FAILED_IN_A_ROW:
+                                self.stop_reason = (f"failed: {self._failed_in_a_row} tasks in a row failed "
+                                                    f"{MAX_RETRIES + 1} times each (last: {type(e).__name__}: {e})")
                         continue
                     finally:
                         fut.release()
+                    self._failed_in_a_row = 0
                     self.counters["tasks_done"] += 1
                     records = self.strategy.on_result(meta, res, self.front_members())
                     entered = self.merge(records, res.get("evaluations", 0), res.get("worker"), res.get("seconds"))
@@ -268,7 +312,7 @@ class Farm:
                     self.compact()
                 if self.progress:
                     self.progress.update(self)
-                if self.stop_reason and self.stop_reason.startswith("stopped by"):
+                if self.stop_reason and self.stop_reason.startswith(("stopped by", "failed")):
                     break  # interrupted: checkpoint keeps the in-flight specs for resume
                 self._fill()
             if self.sampler is not None:
@@ -281,7 +325,9 @@ class Farm:
                 signal.signal(s, h)
             for fut in list(self._in_flight):
                 fut.cancel()
-        return self.stop_reason or "done"
+        if self.stop_reason is None and self.exhausted() is None:
+            self.stop_reason = "nothing left to search (the strategy has no task to run)"
+        return self.stop_reason or self.exhausted() or "done"
 
     @property
     def best_gap(self) -> float:

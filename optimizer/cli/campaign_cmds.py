@@ -17,28 +17,41 @@ def run_cmd(
     db: Annotated[Optional[str], typer.Option(help=DB_HELP)] = None,
     scheduler: Annotated[Optional[str], typer.Option(help="address of an existing Dask scheduler")] = None,
     workers: Annotated[Optional[int], typer.Option(help="local Dask workers (default: one per core)")] = None,
+    evaluations: Annotated[Optional[int], typer.Option(help="evaluation budget (overrides budget.evaluations)")] = None,
+    wall_time: Annotated[Optional[float], typer.Option(help="wall-time budget in seconds (overrides "
+                                                            "budget.wall_time)")] = None,
+    stall_evaluations: Annotated[Optional[int], typer.Option(help="stop after this many evaluations without "
+                                                                  "progress (overrides budget.stall_evaluations)")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress display")] = False,
 ) -> None:
     """Start a campaign and search until its budget is spent (Ctrl-C pauses; resume continues)."""
-    from optimizer.campaign.config import load_config
+    from optimizer.campaign.config import load_config, with_budget
     from optimizer.campaign.lifecycle import run_campaign
 
-    res = run_campaign(load_config(config), db, scheduler, workers, quiet)
-    _report(res)
+    cfg = with_budget(load_config(config), evaluations=evaluations, wall_time=wall_time,
+                      stall_evaluations=stall_evaluations)
+    _report(run_campaign(cfg, db, scheduler, workers, quiet))
 
 
 def _report(res: dict) -> None:
+    """Print the run's outcome (and notes); a failed run exits with status 1."""
+    for note in res.get("notes", []):
+        console.print(f"note: {note}")
     gap = f"{res['best_gap']:.2f}×" if res["best_gap"] < float("inf") else "-"
     console.print(f"campaign {res['campaign']}: {res['status']} ({res['reason']}); {res['evaluations']} evaluations, "
                   f"front {res['front']}, hypervolume {res['hypervolume']:.4g}, best gap to bound {gap}")
+    if res["status"] == "failed":
+        raise typer.Exit(1)
 
 
 def resume_cmd(
     campaign: Annotated[str, typer.Argument(help="campaign name")],
     db: Annotated[Optional[str], typer.Option(help=DB_HELP)] = None,
     config: Annotated[Optional[str], typer.Option(help="updated config (only budget, cluster, sampling may change)")] = None,
-    evaluations: Annotated[Optional[int], typer.Option(help="new total evaluation budget")] = None,
-    wall_time: Annotated[Optional[float], typer.Option(help="new total wall-time budget (s)")] = None,
+    evaluations: Annotated[Optional[int], typer.Option(help="new total evaluation budget (more than those done); "
+                                                            "a spent wall-time budget is then lifted")] = None,
+    wall_time: Annotated[Optional[float], typer.Option(help="new total wall-time budget in seconds (more than "
+                                                            "already searched)")] = None,
     scheduler: Annotated[Optional[str], typer.Option(help="address of an existing Dask scheduler")] = None,
     workers: Annotated[Optional[int], typer.Option(help="local Dask workers")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress display")] = False,
@@ -75,6 +88,9 @@ def status_cmd(
     row, front = st["campaign"], st["front"]
     c = row["counters"]
     budget = st["budget"]
+    if row.get("driver_note") and row["status"] == "interrupted":
+        console.print(f"campaign {row['name']} is interrupted: {row['driver_note']}; continue it with "
+                      f"'tapestry resume {row['name']}'")
     console.print(f"campaign {row['name']}: {row['status']}; {c.get('evaluations', 0)} evaluations"
                   + (f" of {budget['evaluations']}" if budget.get("evaluations") else "")
                   + f"; {c.get('tasks_done', 0)} tasks ({c.get('tasks_failed', 0)} failed); "
@@ -120,17 +136,30 @@ def export_cmd(
 
 
 def sql_cmd(
-    query: Annotated[str, typer.Argument(help="one read-only SQL statement")],
+    query: Annotated[str, typer.Argument(help="one read-only query: SELECT or WITH ... SELECT")],
     db: Annotated[Optional[str], typer.Option(help=DB_HELP)] = None,
     format: Annotated[str, typer.Option(help="table, csv or json")] = "table",
-    limit: Annotated[Optional[int], typer.Option(help="at most this many rows")] = None,
+    limit: Annotated[int, typer.Option(help="at most this many rows (0: no limit)")] = 1000,
+    timeout: Annotated[float, typer.Option(help="stop the query after this many seconds")] = 30.0,
 ) -> None:
-    """Query the archive read-only (writes are refused and change nothing)."""
-    from optimizer.campaign.lifecycle import resolve_url
+    """Query the archive read-only: one SELECT, checked by a SQL parser, run in a read-only
+    transaction with a time limit (writes, COPY, locks and server functions are refused and change
+    nothing). On PostgreSQL, give it a read-only role (see the README)."""
+    import sys
+
+    from optimizer.campaign.lifecycle import existing_archive
     from optimizer.cli.errors import UserError
     from storage import format_rows, run_readonly_query
 
     if format not in ("table", "csv", "json"):
         raise UserError(f"--format {format!r} must be table, csv or json")
-    cols, rows = run_readonly_query(resolve_url("tapestry.db", db), query, limit=limit)
-    print(format_rows(cols, rows, format))
+    if limit < 0:
+        raise UserError(f"--limit must be >= 0 (0: no limit), got {limit}")
+    if not 0 < timeout <= 86_400:
+        raise UserError(f"--timeout must be between 0 and 86400 seconds, got {timeout}")
+    cols, rows = run_readonly_query(existing_archive(db), query, limit=(limit + 1) if limit else None,
+                                    timeout_s=timeout)
+    cut = bool(limit) and len(rows) > limit
+    print(format_rows(cols, rows[:limit] if cut else rows, format))
+    if cut:
+        sys.stderr.write(f"note: showing the first {limit} rows; --limit N shows more (--limit 0: all)\n")

@@ -13,13 +13,19 @@ from optimizer.cli.errors import UserError
 console = Console(highlight=False)
 
 
-def load_plan(path: str) -> Any:
-    """Load and validate a plan file (raises ``InvalidGraph`` with every problem)."""
-    from ir.serialize import load
+def load_plan(path: str, n_devices: int | None = None) -> Any:
+    """Load and validate a plan file (raises ``InvalidGraph`` with every problem); with
+    ``n_devices``, its devices must exist on a hardware of that many devices."""
+    return load_plan_document(path, n_devices)[0]
+
+
+def load_plan_document(path: str, n_devices: int | None = None) -> tuple[Any, Any]:
+    """The plan and its ``ir.serialize.Provenance`` (the program it derives from)."""
+    from ir.serialize import load_document
 
     if not Path(path).exists():
         raise UserError(f"plan file {path!r} does not exist; build one with 'tapestry graph build'")
-    return load(path)
+    return load_document(path, n_devices)
 
 
 def parse_settings(items: list[str] | None) -> dict[str, Any]:

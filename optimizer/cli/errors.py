@@ -22,6 +22,8 @@ USER_ERRORS = (
     "storage.errors.StorageError",
     "optimizer.campaign.config.ConfigError",
     "optimizer.campaign.cluster.ClusterError",
+    "costmodel.lowering.PlanSizeError",
+    "executor.verify.ExecutionTooLarge",
     "ir.importers.errors.ImportFailure",
     "executor.codegen.program.CodegenError",
 )

@@ -29,7 +29,7 @@ def eval_report(plan: str, hardware: str, explain: bool = False, gantt: str | No
     from costmodel import evaluate, load_hardware
 
     hw = load_hardware(hardware)
-    g = load_plan(plan)
+    g = load_plan(plan, hw.n_devices)  # its devices must exist on this hardware
     extra: dict[str, Any] = {}
     if explain or gantt:
         from costmodel import Evaluator

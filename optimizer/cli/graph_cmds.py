@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Optional
 
 import typer
 
-from optimizer.cli.common import console, load_plan, parse_settings, write_text
+from optimizer.cli.common import console, load_plan, load_plan_document, parse_settings, write_text
 from optimizer.cli.errors import UserError
 
 graph_app = typer.Typer(help="Build, rewrite, inspect, validate and render block graphs.", no_args_is_help=True)
@@ -28,12 +29,15 @@ def build_cmd(
     rewrite: Annotated[Optional[list[str]], typer.Option("--rewrite", "-r",
                                                          help="move to apply, e.g. split{op=fc1,dim=o,parts=4}")] = None,
 ) -> None:
-    """Build a built-in workload (optionally rewritten) and write it as a plan file."""
+    """Build a built-in workload (optionally rewritten) and write it as a plan file that names
+    (and embeds) its program, so that 'tapestry verify' checks plans derived from it against it."""
     from ir import workloads
+    from ir.rewrites import unshard
     from ir.serialize import dumps
 
-    g = _apply_moves(workloads.build(workload, **parse_settings(set_)), rewrite or [])
-    write_text(out, dumps(g) + "\n")
+    built = workloads.build(workload, **parse_settings(set_))
+    g = _apply_moves(built, rewrite or [])
+    write_text(out, dumps(g, program=unshard(built)) + "\n")
     console.print(f"wrote {out}: {len(g.ops)} ops, {g.n_shards} shards, digest {g.digest[:12]}")
 
 
@@ -43,11 +47,17 @@ def rewrite_cmd(
     moves: Annotated[list[str], typer.Argument(help="moves, e.g. 'split{op=fc1,dim=o,parts=4}' 'fuse{producer=fc1,consumer=act1}'")],
     out: Annotated[str, typer.Option("-o", "--out", help="plan file to write")],
 ) -> None:
-    """Apply rewrite moves to a plan; each move must be legal or nothing is written."""
+    """Apply rewrite moves to a plan; each move must be legal or nothing is written. The output
+    names the same program as the input (or the input itself, when the input is a program)."""
+    from ir.rewrites import unshard
     from ir.serialize import dumps
 
-    g = _apply_moves(load_plan(plan), moves)
-    write_text(out, dumps(g) + "\n")
+    g0, prov = load_plan_document(plan)
+    g = _apply_moves(g0, moves)
+    program = prov.program
+    if prov.program_digest is None and unshard(g0).digest == g0.digest:
+        program = g0  # the input is an unsharded program: the plans derived from it name it
+    write_text(out, dumps(g, program=program, program_digest=prov.program_digest) + "\n")
     console.print(f"wrote {out}: {len(g.ops)} ops, {g.n_shards} shards, digest {g.digest[:12]}")
 
 
@@ -72,9 +82,18 @@ def show_cmd(
 
 
 @graph_app.command("validate")
-def validate_cmd(plan: Annotated[str, typer.Argument(help="plan file (JSON)")]) -> None:
+def validate_cmd(
+    plan: Annotated[str, typer.Argument(help="plan file (JSON)")],
+    hardware: Annotated[Optional[str], typer.Option("--hardware", "-H", help="preset or hardware YAML the plan is "
+                                                    "for: its devices must exist there")] = None,
+) -> None:
     """Validate a plan file; lists every problem and exits 2 when it is invalid."""
-    g = load_plan(plan)
+    n_devices = None
+    if hardware:
+        from costmodel.hardware_io import load_hardware
+
+        n_devices = load_hardware(hardware).n_devices
+    g = load_plan(plan, n_devices)
     console.print(f"{plan}: valid ({len(g.ops)} ops, {g.n_shards} shards on {len(g.devices)} devices, "
                   f"digest {g.digest})")
 
@@ -97,24 +116,96 @@ def render_cmd(
 
 def verify_cmd(
     plan: Annotated[str, typer.Argument(help="plan file (JSON)")],
+    reference: Annotated[Optional[str], typer.Option(help="the program the plan must compute (a plan or program "
+                                                     "file; its unsharded form is the reference)")] = None,
+    db: Annotated[Optional[str], typer.Option(help="archive to find the plan's program in (by its digest)")] = None,
+    self_check: Annotated[bool, typer.Option("--self-check", help="compare with the plan's own unsharded form: "
+                                             "proves the sharding consistent, not the program")] = False,
     seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
     backend: Annotated[str, typer.Option(help="numpy or cupy")] = "numpy",
     values: Annotated[Optional[str], typer.Option(
         help="parameter values (.npz from 'tapestry import'); default: <plan stem>.npz when it exists")] = None,
+    max_bytes: Annotated[float, typer.Option(help="most bytes of tensors both runs may hold")] = 4 * 2**30,
+    max_flops: Annotated[float, typer.Option(help="most FLOPs both runs may compute")] = 2e12,
+    timeout: Annotated[float, typer.Option(help="stop after this many seconds")] = 600.0,
 ) -> None:
-    """Run a plan and its unsharded original on the same random inputs and compare outputs.
+    """Run a plan and the program it derives from on the same random inputs and compare outputs.
 
-    Exit status 0 when the outputs agree within the dtype's tolerance, 1 when they do not.
+    The program is, in order: --reference; the program embedded in the plan file (written by
+    'graph build', 'graph rewrite' and 'export'); the archive's copy (--db) of the program the
+    plan names; the plan itself when it is an unsharded program. A plan whose program cannot be
+    found is an error, not a PASS (--self-check compares it with its own unsharded form instead).
+    Exit status 0 when the outputs agree within the dtype's tolerance, 1 when they do not, 2 for
+    bad input.
     """
     from pathlib import Path
 
     from executor import verify
     from ir.importers.values import load_values, values_file
 
+    if backend not in ("numpy", "cupy"):
+        raise UserError(f"--backend {backend!r} is not one of numpy, cupy")
     if values is not None and not Path(values).is_file():
         raise UserError(f"--values {values!r} does not exist; 'tapestry import' writes it beside the program")
     vfile = values or (str(values_file(plan)) if values_file(plan).is_file() else None)
-    report = verify(load_plan(plan), seed=seed, backend=backend, values=load_values(vfile) if vfile else None)
-    console.print(str(report))
+    g, prov = load_plan_document(plan)
+    ref, how = _reference(g, prov, reference, db, self_check)
+    with _time_limit(timeout, "verify"):
+        report = verify(g, seed=seed, reference=ref, backend=backend, values=load_values(vfile) if vfile else None,
+                        max_bytes=max_bytes, max_flops=max_flops)
+    console.print(f"{report} [reference: {how}]", markup=False, soft_wrap=True)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _reference(g, prov, reference: str | None, db: str | None, self_check: bool):  # noqa: ANN001, ANN202
+    """(the program to compare with, how it was found); ``UserError`` when none can be found."""
+    from ir.rewrites import unshard
+
+    want = prov.program_digest
+    if reference:
+        ref = unshard(load_plan(reference))
+        if want and ref.digest != want:
+            raise UserError(f"--reference {reference} is program {ref.digest[:12]}, but the plan derives from program "
+                            f"{want[:12]}; pass the program the plan was built from")
+        return ref, f"--reference {reference}"
+    if self_check:
+        return unshard(g), "the plan's own unsharded form (--self-check: the sharding, not the program)"
+    if prov.program is not None:
+        return prov.program, f"the embedded program {want[:12]}"
+    if want and db:
+        from optimizer.campaign.lifecycle import program_from_archive
+
+        return program_from_archive(db, want), f"program {want[:12]} from the archive"
+    if want:
+        raise UserError(f"the plan derives from program {want[:12]}, which is neither embedded in it nor given: pass "
+                        f"--reference PROGRAM.json, or --db with the archive of its campaign")
+    if unshard(g).digest == g.digest:
+        return g, "the plan is itself an unsharded program"
+    raise UserError("the plan does not say which program it derives from (plans written before this version, or "
+                    "edited by hand), so a PASS would only show it agrees with itself; pass --reference "
+                    "PROGRAM.json (e.g. from 'tapestry graph build'), or --self-check to check just the sharding")
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float, what: str):  # noqa: ANN202
+    """Raise ``UserError`` when the body runs longer than ``seconds`` (main thread only)."""
+    import signal
+    import threading
+
+    if not 0 < seconds <= 86_400:
+        raise UserError(f"--timeout must be between 0 and 86400 seconds, got {seconds}")
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):  # noqa: ARG001, ANN001
+        raise UserError(f"{what} stopped after {seconds:g} s (--timeout); try a smaller instance of the program")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -38,11 +38,9 @@ import numpy as np
 
 @lru_cache(maxsize=8)
 def _graph(text: str) -> Any:
-    import json
+    from ir.serialize import loads
 
-    from ir.serialize import from_json
-
-    return from_json(json.loads(text), validate=False)
+    return loads(text, "plan sent to the grid")  # validated: workers never compute on a broken plan
 
 
 @lru_cache(maxsize=8)

@@ -14,7 +14,6 @@ executor runs it*: its shards one after another on one device of the sampling ha
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -42,11 +41,10 @@ def measure_task(spec: MeasureTaskSpec) -> list[dict]:
     buffer set per plan device, only the lowering's transfer boxes moved), check it against the
     unsharded program and time it; plain records out: one per shard, per transfer and one for the plan."""
     from costmodel.hardware import Hardware
-    from ir.serialize import from_json
     from optimizer.realrun.measurement import measure_plan
-    from optimizer.search.worker import worker_name
+    from optimizer.search.worker import plan_from_archive, worker_name
 
-    g = from_json(json.loads(spec.graph_json), validate=False)
+    g = plan_from_archive(spec.graph_json, spec.digest)
     records = measure_plan(g, Hardware.from_dict(spec.hardware), spec.backend, repeats=spec.repeats)
     worker = worker_name()
     for r in records:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import socket
 import time
@@ -21,7 +22,7 @@ import numpy as np
 
 from ir.graph import Graph
 from ir.rewrites import RewriteError
-from ir.serialize import dumps, from_json
+from ir.serialize import dumps, loads
 from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, OPERATORS, AdaptiveWeights, MutationContext
 from optimizer.search.pareto import crowding_distance
 
@@ -54,7 +55,8 @@ class SearchTaskSpec:
     mutate-and-evaluate steps; ``weights``: operator weights; ``returns``: at most this many plans
     come back (by crowding distance); ``mode``: ``"evolve"`` (parents chosen from the task's
     front) or ``"random"`` (random walks of plain random rewrites restarting from the first
-    parent: the baseline)."""
+    parent: the baseline); ``time_limit``: seconds after which the task stops stepping and
+    returns what it has (set by the farm from the wall-time budget; None: no limit)."""
 
     parents: tuple[tuple[str, str], ...]
     hardware: dict[str, Any]
@@ -67,12 +69,18 @@ class SearchTaskSpec:
     adaptive: bool
     returns: int
     mode: Literal["evolve", "random"]
+    time_limit: float | None
+
+    def max_evaluations(self) -> int:
+        """The most evaluations this task can count (its parents and every step)."""
+        return len(self.parents) + self.steps
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SearchTaskSpec:
+        d = {"time_limit": None, **d}  # checkpoints written before time limits existed
         kw = {f.name: d[f.name] for f in fields(cls)}
         kw.update(parents=tuple((str(a), str(b)) for a, b in d["parents"]), objectives=tuple(d["objectives"]),
                   constraints=TaskConstraints.from_json(d["constraints"]), seed=tuple(d["seed"]))
@@ -82,7 +90,8 @@ class SearchTaskSpec:
 @dataclass(frozen=True)
 class EvaluateTaskSpec:
     """What one ``evaluate_task`` runs: ``plans`` as (trial number, graph JSON), each refined by
-    ``refine_steps`` local mutations (the Optuna strategy's trials). Set from the config."""
+    ``refine_steps`` local mutations (the Optuna strategy's trials), refinement stopping after
+    ``time_limit`` seconds. Set from the config."""
 
     plans: tuple[tuple[int, str], ...]
     hardware: dict[str, Any]
@@ -91,12 +100,17 @@ class EvaluateTaskSpec:
     max_shards_per_op: int | None
     seed: tuple[int, ...]
     refine_steps: int
+    time_limit: float | None
+
+    def max_evaluations(self) -> int:
+        return len(self.plans) * (1 + self.refine_steps)
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> EvaluateTaskSpec:
+        d = {"time_limit": None, **d}  # checkpoints written before time limits existed
         kw = {f.name: d[f.name] for f in fields(cls)}
         kw.update(plans=tuple((int(a), str(b)) for a, b in d["plans"]), objectives=tuple(d["objectives"]),
                   constraints=TaskConstraints.from_json(d["constraints"]), seed=tuple(d["seed"]))
@@ -117,6 +131,12 @@ def evaluator_for(hw_dict: dict) -> Any:
         warm_lowering()
         ev = _EVALUATORS[key] = Evaluator(Hardware.from_dict(hw_dict))
     return ev
+
+
+def plan_from_archive(text: str, what: str) -> Graph:
+    """A plan read from the archive (or sent by the driver), validated: a corrupted or hand-edited
+    row fails the task with the plan's problems instead of computing on a broken graph."""
+    return loads(text, f"plan {what[:16]}")
 
 
 def worker_name() -> str:
@@ -175,6 +195,8 @@ class LocalFront:
 def search_task(spec: SearchTaskSpec) -> dict:
     """Run ``spec.steps`` mutate-and-evaluate steps from ``spec.parents`` (see ``SearchTaskSpec``)."""
     t0 = time.perf_counter()
+    if not spec.parents:
+        raise ValueError("a search task needs at least one parent plan; the strategy sent none")
     ev_fn = evaluator_for(spec.hardware)
     names = list(spec.objectives)
     constraints = spec.constraints
@@ -187,7 +209,7 @@ def search_task(spec: SearchTaskSpec) -> dict:
     parents: list[tuple[Graph, str]] = []
     parent_digests = set()
     for digest, text in spec.parents:
-        g = from_json(json.loads(text), validate=False)
+        g = plan_from_archive(text, digest)
         parents.append((g, digest))
         parent_digests.add(digest)
         e = ev_fn(g)
@@ -197,7 +219,10 @@ def search_task(spec: SearchTaskSpec) -> dict:
     random_mode = spec.mode == "random"
     walk_len = RANDOM_WALK_LENGTH
     current, cur_digest = parents[0]
+    deadline = math.inf if spec.time_limit is None else t0 + spec.time_limit
     for step in range(int(spec.steps)):
+        if time.perf_counter() >= deadline:
+            break
         if random_mode:
             if step % walk_len == 0:
                 current, cur_digest = parents[0]
@@ -251,14 +276,17 @@ def evaluate_task(spec: EvaluateTaskSpec) -> dict:
                           devices_per_node=ev_fn.hw.devices_per_node)
     weights = AdaptiveWeights(dict(DEFAULT_OPERATOR_WEIGHTS), False)
     out, evaluations = [], 0
+    deadline = math.inf if spec.time_limit is None else t0 + spec.time_limit
     for key, text in spec.plans:
-        g = from_json(json.loads(text), validate=False)
+        g = plan_from_archive(text, f"trial {key}")
         ts = time.perf_counter()
         best_e, best_g, best_move = ev_fn(g), g, None
         evaluations += 1
         dt = time.perf_counter() - ts
         scalar = lambda e: float(np.sum(np.log(np.maximum(objective_vector(e, names), 1e-30))))  # noqa: E731
         for _ in range(int(spec.refine_steps)):
+            if time.perf_counter() >= deadline:
+                break
             op = weights.choose(rng)
             try:
                 child, move = OPERATORS[op](best_g, rng, ctx)

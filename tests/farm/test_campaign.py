@@ -26,17 +26,21 @@ def front_points(db: str, name: str) -> np.ndarray:
     return np.array([[x["makespan"], x["peak_memory"]] for x in r])
 
 
-def weakly_dominated_by(p: np.ndarray, F: np.ndarray) -> bool:
-    return bool(np.any(np.all(F <= p * (1 + 1e-12), axis=1)))
+def eps_dominated_by(p: np.ndarray, F: np.ndarray, eps: float = 0.01) -> bool:
+    """Whether some row of ``F`` ε-dominates ``p``: the front archive's guarantee for every point it
+    was ever offered (``EpsilonBoxArchive``: a newcomer may replace a member of its ε-box that it
+    does not Pareto-dominate, so plain weak dominance is not promised and failed now and then)."""
+    return bool(np.any(np.all(F <= p * (1 + eps), axis=1)))
 
 
 def test_run_status_export_resume(tmp_path, db):
     cfg = write_config(tmp_path, small_config("c1", db))
-    cli("run", str(cfg), "--db", db, "--quiet", check=True)
+    run = cli("run", str(cfg), "--db", db, "--quiet", check=True)
+    assert "finished (evaluation budget spent)" in run.stdout  # the run names the budget that stopped it
     st = json.loads(cli("status", "c1", "--db", db, "--json", check=True).stdout)
     assert st["campaign"]["status"] == "finished"
     n1 = st["campaign"]["counters"]["evaluations"]
-    assert n1 >= 1500 and len(st["front"]) >= 2 and st["hypervolume"] > 0
+    assert 1500 <= n1 <= 1500 + 5 and len(st["front"]) >= 2 and st["hypervolume"] > 0  # within a task's length
     assert st["best_gap"] >= 1.0  # nothing beats the lower bound
     seq = rows(db, "SELECT count(*) AS n, max(seq) AS s FROM evaluations")[0]
     assert seq["n"] == seq["s"]  # every archived evaluation has its own sequence number
@@ -47,7 +51,8 @@ def test_run_status_export_resume(tmp_path, db):
     assert len(table["digest"]) == len(st["front"])
     assert (out / "pareto.png").stat().st_size > 1000
     summary = (out / "summary.md").read_text()
-    assert "single-device" in summary and "data-parallel-8" in summary
+    assert "single-device" in summary and "data-parallel-8" in summary and "| what it does |" in summary
+    assert " on 8 devices" in summary or "single device" in summary
     plans = sorted((out / "plans").glob("*.json"))
     assert len(plans) == len(st["front"])
     assert cli("graph", "validate", str(plans[0]), check=True).returncode == 0
@@ -60,6 +65,12 @@ def test_run_status_export_resume(tmp_path, db):
     assert st2["hypervolume"] >= st["hypervolume"] - 1e-12
     seq2 = rows(db, "SELECT count(*) AS n, max(seq) AS s, min(seq) AS lo FROM evaluations")[0]
     assert seq2["n"] == seq2["s"] and seq2["lo"] == 1 and seq2["n"] > seq["n"]
+
+    # exporting again replaces the earlier export's plans: none is stale
+    (out / "plans" / "99_0123456789ab.json").write_text("{}")
+    cli("export", "c1", "--db", db, "--out", str(out), check=True)
+    names = {p.stem.split("_", 1)[1] for p in (out / "plans").glob("*.json")}
+    assert names == {r["digest"][:12] for r in st2["front"]}
 
 
 def test_resume_refuses_a_changed_problem(tmp_path, db):
@@ -112,7 +123,7 @@ def test_driver_killed_with_sigkill_then_resumed(tmp_path, db):
     c2 = json.loads(rows(db, "SELECT counters_json, status FROM campaigns WHERE name='crash'")[0]["counters_json"])
     assert c2["evaluations"] >= target > counters["evaluations"]
     F_after = front_points(db, "crash")
-    assert all(weakly_dominated_by(p, F_after) for p in F_before)  # the front only improves
+    assert all(eps_dominated_by(p, F_after) for p in F_before)  # the front only improves (up to its ε-boxes)
 
 
 def test_campaign_survives_a_killed_worker(tmp_path, db):

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import time
 
 import pytest
 from hypothesis import given
@@ -95,15 +96,71 @@ def test_query_returns_columns_and_rows(filled: str) -> None:
 )
 def test_writes_are_refused_and_archive_unchanged(filled: str, statement: str) -> None:
     before = _snapshot(filled)
-    if statement.startswith("WITH gone") and not filled.startswith("postgresql"):
-        # SQLite has no data-modifying CTEs: a syntax error, still refused, still unchanged.
-        with pytest.raises(QueryError):
-            run_readonly_query(filled, statement)
-    else:
-        with pytest.raises(ReadOnlyViolation, match="read-only") as info:
-            run_readonly_query(filled, statement)
-        assert statement.split()[0].upper() in str(info.value)
+    with pytest.raises(ReadOnlyViolation, match="read-only") as info:
+        run_readonly_query(filled, statement)
+    assert statement.split()[0].upper() in str(info.value)
     assert _snapshot(filled) == before
+
+
+BEYOND_A_QUERY = [
+        "COPY (SELECT 1) TO PROGRAM 'id > {marker}'",
+        "COPY campaigns TO '{marker}'",
+        "LOCK TABLE campaigns IN ACCESS EXCLUSIVE MODE",
+        "SELECT pg_advisory_lock(1)",
+        "SELECT pg_try_advisory_xact_lock(7), 1",
+        "PREPARE p AS SELECT 1",
+        "EXPLAIN ANALYZE SELECT 1",
+        "SELECT * INTO evil FROM campaigns",
+        "SELECT * FROM campaigns FOR UPDATE",
+        "SELECT name FROM campaigns FOR SHARE",
+        "SET statement_timeout = 0",
+        "SELECT set_config('statement_timeout', '0', false)",
+        "SELECT query_to_xml('DELETE FROM evaluations', true, true, '')",
+        "SELECT pg_sleep(60)",
+        "SELECT lo_import('/etc/hostname')",
+        "SELECT pg_read_file('/etc/hostname')",
+        "DO $$ BEGIN END $$",
+        "CALL anything()",
+        "BEGIN READ WRITE",
+        "VACUUM",
+        "SELECT load_extension('x')",
+        "(SELECT 1) UNION (SELECT * FROM (WITH d AS (DELETE FROM front RETURNING id) SELECT id FROM d) q)",
+]
+
+
+def test_statements_beyond_a_query_are_refused(filled: str, tmp_path) -> None:
+    """Issue 14: COPY ... TO PROGRAM ran shell commands on the server; locks, PREPARE, EXPLAIN and
+    side-effect functions passed. Now the parser refuses them before the database sees them."""
+    marker = tmp_path / "marker"
+    before = _snapshot(filled)
+    for statement in BEYOND_A_QUERY:
+        with pytest.raises((ReadOnlyViolation, QueryError)) as info:
+            run_readonly_query(filled, statement.format(marker=marker))
+        assert "read-only" in str(info.value) or "cannot read the query" in str(info.value), statement
+    assert not marker.exists()
+    assert _snapshot(filled) == before
+
+
+def test_endless_recursive_query_stops_at_the_timeout(filled: str) -> None:
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c"
+    t0 = time.monotonic()
+    with pytest.raises(QueryError, match="ran longer than 0.5 s"):
+        run_readonly_query(filled, "SELECT count(*) FROM (" + endless + ") q", timeout_s=0.5)
+    assert time.monotonic() - t0 < 10
+    # rows stream: a row limit ends an endless query at once
+    _, rows = run_readonly_query(filled, endless, limit=5, timeout_s=5)
+    assert rows == [(1,), (2,), (3,), (4,), (5,)]
+    # the archive is not held: a writer gets through at once
+    with Archive.open(filled) as a:
+        a.set_status(CAMPAIGN, "paused")
+
+
+def test_plain_queries_still_work(filled: str) -> None:
+    for q in ("VALUES (1, 2)", "SELECT 1 UNION SELECT 2 ORDER BY 1",
+              "SELECT upper(name), length(config_json) > 0 FROM campaigns",
+              "WITH f AS (SELECT * FROM front) SELECT count(*) FROM f"):
+        cols, rows = run_readonly_query(filled, q)
+        assert cols and rows, q
 
 
 def test_sqlite_specific_escapes_refused(filled: str, tmp_path) -> None:

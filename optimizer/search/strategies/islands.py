@@ -59,14 +59,21 @@ class IslandStrategy(Strategy):
         return [pop[i] for i in chosen]
 
     def next_task(self, rng: np.random.Generator, front: list[dict] | None = None) -> tuple[Callable, SearchTaskSpec,
-                                                                                            dict]:
+                                                                                            dict] | None:
+        """The next island's task, or None when there is nothing to start from (no population and
+        no front: a campaign whose start failed before its baselines were archived)."""
+        if self.mode == "evolve" and not any(self.islands) and not front:
+            return None
         i = self.next_island
         self.next_island = (i + 1) % self.n_islands
         pop = self.islands[i]
         k = self.ctx.search.parents_per_task
         parents = self._parents(rng, pop, k)
-        if front and self.island_tasks[i] % self.ctx.search.migration_interval == 0:
+        if front and (not parents or self.island_tasks[i] % self.ctx.search.migration_interval == 0):
             parents.append(front[int(rng.integers(len(front)))])
+        if not parents:  # this island is empty: borrow a member of another
+            donors = [m for isl in self.islands for m in isl]
+            parents = [donors[int(rng.integers(len(donors)))]]
         if self.mode == "random":
             parents = [{"digest": self.ctx.base_digest, "graph_json": self.ctx.base_json}]
         self.island_tasks[i] += 1
@@ -76,7 +83,7 @@ class IslandStrategy(Strategy):
                               seed=(self.ctx.seed, i, self.task_index), steps=self.ctx.search.steps_per_task,
                               weights=dict(zip(names, p.tolist())) if self.mode == "evolve" else {"rewrite": 1.0},
                               adaptive=self.ctx.search.adaptive_weights, returns=self.ctx.search.returns_per_task,
-                              mode=self.mode)
+                              mode=self.mode, time_limit=None)
         return search_task, spec, {"island": i, "task": self.task_index}
 
     def on_result(self, meta: dict, result: dict, front: list[dict]) -> list[dict]:

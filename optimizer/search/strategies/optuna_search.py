@@ -111,7 +111,7 @@ class OptunaStrategy(Strategy):
             trials.append(trial.number)
         self.task_index += 1
         spec = EvaluateTaskSpec(**self.common_spec(), plans=tuple(plans), seed=(self.ctx.seed, 0, self.task_index),
-                                refine_steps=self.refine)
+                                refine_steps=self.refine, time_limit=None)
         return evaluate_task, spec, {"trials": trials, "task": self.task_index}
 
     def on_result(self, meta: dict, result: dict, front: list[dict]) -> list[dict]:
