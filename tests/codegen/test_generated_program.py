@@ -19,7 +19,8 @@ from executor.run import execute, random_inputs  # noqa: E402
 from ir.autodiff import training_step  # noqa: E402
 from ir.importers.onnx import import_onnx  # noqa: E402
 from ir.importers.values import save_values  # noqa: E402
-from ir.rewrites import unshard  # noqa: E402
+from ir.rewrites import random_walk, unshard  # noqa: E402
+from optimizer.cli.import_cmds import write_plan_program  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "importers"))
@@ -97,3 +98,16 @@ def test_training_step_with_sharded_state(tmp_path, program):
     r = subprocess.run([sys.executable, str(prog), "--check", "--values", str(tmp_path / "program.npz")],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0 and "PASS" in r.stdout and "W1.next" in r.stdout, r.stderr[-3000:]
+
+
+def test_random_plan_of_an_attention_block(tmp_path):
+    """Whatever the search may produce (fusions, split reductions, retiles over 4 devices) on the
+    imported GPT-2 block: the generated program, in the cost model's simulated order, matches."""
+    g0, values = import_onnx(onnx_models.gpt2_block(), {"batch": 2, "seq": 8})
+    g = random_walk(g0, np.random.default_rng(11), 4, 40)
+    assert len(g.devices) > 1
+    prog, _, _ = write_plan_program(g, tmp_path / "run_plan.py", "h100-sxm-8")
+    save_values(values, tmp_path / "program.npz")
+    r = subprocess.run([sys.executable, str(prog), "--check", "--values", str(tmp_path / "program.npz")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stderr[-3000:]
