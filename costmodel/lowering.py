@@ -368,9 +368,13 @@ class _Cat:
         np.cumsum([a.shape[0] for a in arrays], out=off[1:])
         return cls(np.concatenate(arrays), off)
 
-    def splice(self, changes: dict[int, np.ndarray]) -> "_Cat":
+    def splice(self, changes: dict[int, np.ndarray], pieces: list | None = None) -> "_Cat":
+        """``changes``: piece index -> its new rows. ``pieces``: all pieces' rows, given when a
+        plain concatenation is cheaper (few pieces: NumPy's per-call costs dominate)."""
         if not changes:
             return self
+        if pieces is not None and len(pieces) <= 64:
+            return _Cat.of(pieces, self.arr[:0])
         off = self.off
         keys = sorted(changes)
         if all(changes[i].shape[0] == off[i + 1] - off[i] for i in keys):
@@ -555,6 +559,8 @@ class Lowerer:
         shard = rows[:, 0]
         src = p_dev[shard]
         dst = rows[:, 1]
+        if np.count_nonzero(np.bincount(np.concatenate((src, dst)), minlength=self.hw.n_devices)) < C.MIN_RANKS:
+            return _NO_COLL, _NO_PARTS, None  # the common case, decided without sorting
         nbytes = flts[:, 0]
         kind = C.classify(reduce, src, dst, nbytes, shard)
         if kind is None:
@@ -814,12 +820,17 @@ class Lowerer:
                 source_pieces[si] = self._source_piece(g, st, si, ops, op_pieces)
             c_op, c_gi, c_gf, c_gc, c_gp, c_res = base.cats
             gp = {gi: group_pieces[gi] for gi in tg}
-            cats = (c_op.splice({i: op_pieces[i].f for i in changed}),
-                    c_gi.splice({gi: p.ints for gi, p in gp.items()}),
-                    c_gf.splice({gi: p.flts for gi, p in gp.items()}),
-                    c_gc.splice({gi: p.coll[None, :] for gi, p in gp.items()}),
-                    c_gp.splice({gi: p.parts for gi, p in gp.items()}),
-                    c_res.splice({si: source_pieces[si] for si in ts}))
+            small = len(group_pieces) <= 64  # few pieces: concatenate them all (cheaper than splicing)
+            cats = (c_op.splice({i: op_pieces[i].f for i in changed}, [p.f for p in op_pieces] if small else None),
+                    c_gi.splice({gi: p.ints for gi, p in gp.items()},
+                                [p.ints for p in group_pieces] if small else None),
+                    c_gf.splice({gi: p.flts for gi, p in gp.items()},
+                                [p.flts for p in group_pieces] if small else None),
+                    c_gc.splice({gi: p.coll[None, :] for gi, p in gp.items()},
+                                [p.coll[None, :] for p in group_pieces] if small else None),
+                    c_gp.splice({gi: p.parts for gi, p in gp.items()},
+                                [p.parts for p in group_pieces] if small else None),
+                    c_res.splice({si: source_pieces[si] for si in ts}, source_pieces if small else None))
         low = self._assemble(st, cats, op_sizes, g_counts)
         self._push(g, st, ops, op_pieces, group_pieces, source_pieces, op_sizes, g_counts, low, cats)
         return low
