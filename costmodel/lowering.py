@@ -216,8 +216,10 @@ def program_key(g: Graph) -> tuple:
 def _logical_entries(o: Op, g: Graph) -> list[tuple]:
     if o.kernel == "fused":
         return [(s["op"], s["kernel"], json_key(s.get("params", {}))) for s in o.params["stages"]]
-    if o.kernel == "accumulate" and o.name.endswith(".acc") and o.name[:-4] in g.ops:
-        return []
+    if o.kernel in ("accumulate", "attention_combine") and o.name.endswith(".acc") and o.name[:-4] in g.ops:
+        return []  # the combine step of a split reduction: the same logical op as the unsplit one
+    if o.name.endswith(".re") and o.name[:-3] in g.ops:
+        return []  # a recomputed copy (ir.rewrites.recompute): no new logical work
     if "split" in o.params:
         return [(o.name, o.kernel, json_key({k: v for k, v in o.params.items() if k != "split"}))]
     return [(o.name, o.kernel, o.params_key)]
