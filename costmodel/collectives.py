@@ -132,18 +132,18 @@ def classify(reduce: bool, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
     ranks = np.union1d(src, dst)
     if ranks.shape[0] < MIN_RANKS:
         return None
-    n_dst = np.unique(dst).shape[0]
     if reduce:
-        return "reduce" if n_dst == 1 else "reduce_scatter"
-    # a replicated read: every source shard sends the same bytes to at least two devices
-    order = np.argsort(shard, kind="stable")
-    s, b = shard[order], nbytes[order]
-    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-    counts = np.diff(np.r_[starts, s.shape[0]])
-    if counts.min() < 2:
+        return "reduce" if np.all(dst == dst[0]) else "reduce_scatter"
+    # a replicated read: every source shard sends the same bytes to at least two devices (the
+    # lowering lists a shard's transfers together, so equal shards are adjacent)
+    new = np.empty(shard.shape[0], np.bool_)
+    new[0] = True
+    np.not_equal(shard[1:], shard[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    counts = np.diff(np.append(starts, shard.shape[0]))
+    if counts.min() < 2 or np.unique(shard).shape[0] != starts.shape[0]:
         return None
-    first = np.repeat(b[starts], counts)
-    if not np.all(b == first):
+    if not np.all(nbytes == np.repeat(nbytes[starts], counts)):
         return None
     return "broadcast" if starts.shape[0] == 1 else "all_gather"
 

@@ -375,8 +375,8 @@ class _Cat:
         plain concatenation is cheaper (few pieces: NumPy's per-call costs dominate)."""
         if not changes:
             return self
-        if pieces is not None and len(pieces) <= 64:
-            return _Cat.of(pieces, self.arr[:0])
+        if pieces is not None and len(pieces) <= 64:  # rebuilt whole each time: no offsets needed
+            return _Cat(np.concatenate(pieces) if pieces else self.arr[:0], self.off)
         off = self.off
         keys = sorted(changes)
         if all(changes[i].shape[0] == off[i + 1] - off[i] for i in keys):
@@ -561,13 +561,14 @@ class Lowerer:
         shard = rows[:, 0]
         src = p_dev[shard]
         dst = rows[:, 1]
-        if np.count_nonzero(np.bincount(np.concatenate((src, dst)), minlength=self.hw.n_devices)) < C.MIN_RANKS:
+        seen = np.bincount(np.concatenate((src, dst)), minlength=self.hw.n_devices)
+        if np.count_nonzero(seen) < C.MIN_RANKS:
             return _NO_COLL, _NO_PARTS, None  # the common case, decided without sorting
         nbytes = flts[:, 0]
         kind = C.classify(reduce, src, dst, nbytes, shard)
         if kind is None:
             return _NO_COLL, _NO_PARTS, None
-        ranks = np.union1d(src, dst)
+        ranks = np.flatnonzero(seen)
         S = C.buffer_bytes(float(nbytes.sum()), ranks.shape[0])
         by_node = C.ranks_by_node(ranks, self.hw.devices_per_node)
         ck = (kind, S, tuple(by_node))
