@@ -632,6 +632,9 @@ class Lowerer:
         st = self._structures.get((key, program))
         if st is None:
             st = self._structures[(key, program)] = self._new_structure(g, program)
+            # the piece cache must hold a few plans' worth of pieces, or a model larger than the
+            # cap (a 32-layer training step has ~9,000) would be lowered afresh at every step
+            self.cache_size = max(self.cache_size, 3 * (len(st.order) + len(st.groups) + len(st.sources)))
             if len(self._structures) > 512:
                 self._structures.pop(next(iter(self._structures)))
         return st
