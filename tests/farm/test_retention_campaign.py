@@ -1,6 +1,6 @@
-"""Retention from the campaign's side: ``tapestry archive compact`` on a finished campaign keeps
-the front, its lineage and objectives (same hypervolume), resume continues after it, a running
-driver is refused, the driver compacts by itself, and bad ``retention`` settings exit 2."""
+"""Retention from the campaign's side: the driver compacts by itself; ``tapestry archive
+compact`` keeps the front, its lineage and objectives (same hypervolume); resume continues after
+it; a running driver is refused; bad ``retention`` settings exit 2."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 from ir.rewrites import RewriteError, random_rewrite, unshard
 from ir.serialize import dumps
@@ -36,18 +37,24 @@ def _lineage_ok(archive: Archive, name: str, digest: str) -> int:
     return steps
 
 
-def test_compact_keeps_the_front_and_resume_continues(tmp_path, db):
-    cfg = write_config(tmp_path, small_config("rc", db, budget={"evaluations": 800}))
+@pytest.mark.slow  # a local Dask cluster, 800 + 400 evaluations and five CLI calls: ~40 s on an idle machine
+def test_compaction_keeps_the_front_and_resume_continues(tmp_path, db):
+    """The driver compacts by itself (every second here), then ``tapestry archive compact`` by
+    hand: front, hypervolume, counts and lineage survive; resume and export replay deltas."""
+    cfg = write_config(tmp_path, small_config(
+        "rc", db, budget={"evaluations": 800},
+        retention={"enabled": True, "every_seconds": 1, "grace_seconds": 0, "interval_seconds": 5}))
     cli("run", str(cfg), "--db", db, "--quiet", check=True)
     before = _status(db, "rc")
+    assert before["campaign"]["counters"]["retention"]["runs"] >= 1
+    assert before["progress"]["archive_rows"]["candidates_delta"] > 0
     with Archive.open(db, readonly=True) as a:
         count, last = a.evaluation_count("rc"), a.last_seq("rc")
+        folded = sum(i["evaluations"] for i in a.evaluation_intervals("rc"))
+    assert count >= before["progress"]["archive_rows"]["evaluations"] + folded > 0
     res = cli("archive", "compact", "rc", "--db", db, "--grace-seconds", "0", "--json", check=True)
     report = json.loads(res.stdout)
-    # A small campaign's candidates are nearly all front, lineage or population: most kept
-    # plans become deltas, which resume and export below must replay.
-    assert report["deltas"] + report["deleted_candidates"] + report["dropped_plans"] > 0
-    assert report["rows_after"]["candidates_delta"] >= report["deltas"] > 0
+    assert report["rows_after"]["candidates"] <= report["rows_before"]["candidates"]
     after = _status(db, "rc")
     key = lambda r: r["digest"]  # noqa: E731
     assert sorted(before["front"], key=key) == sorted(after["front"], key=key)
@@ -56,8 +63,6 @@ def test_compact_keeps_the_front_and_resume_continues(tmp_path, db):
         assert (a.evaluation_count("rc"), a.last_seq("rc")) == (count, last)
         for r in after["front"]:
             _lineage_ok(a, "rc", r["digest"])
-        stats = a.storage_stats("rc")["rows"]
-    assert stats["candidates"] == report["rows_after"]["candidates"]
     # Compacting again changes nothing; resume goes on from the compacted archive.
     again = json.loads(cli("archive", "compact", "rc", "--db", db, "--grace-seconds", "0", "--json",
                            check=True).stdout)
@@ -69,6 +74,7 @@ def test_compact_keeps_the_front_and_resume_continues(tmp_path, db):
     out = tmp_path / "export"
     cli("export", "rc", "--db", db, "--out", str(out), check=True)
     assert len(list((out / "plans").glob("*.json"))) == len(st["front"])
+    assert (out / "progress.png").stat().st_size > 1000
 
 
 def test_compact_refuses_while_the_driver_runs(tmp_path, db):
@@ -87,19 +93,6 @@ def test_compact_refuses_while_the_driver_runs(tmp_path, db):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-
-
-def test_driver_compacts_on_its_own(tmp_path, db):
-    cfg = write_config(tmp_path, small_config(
-        "auto", db, budget={"evaluations": 1000},
-        retention={"every_seconds": 1, "grace_seconds": 0, "interval_seconds": 5}))
-    cli("run", str(cfg), "--db", db, "--quiet", check=True)
-    st = _status(db, "auto")
-    assert st["campaign"]["counters"]["retention"]["runs"] >= 1
-    with Archive.open(db, readonly=True) as a:
-        assert a.evaluation_intervals("auto")  # thinned rows were folded, not lost
-        rows = a.storage_stats("auto")["rows"]
-        assert a.evaluation_count("auto") >= rows["evaluations"]
 
 
 def test_bad_retention_settings_exit_2(tmp_path, db):
