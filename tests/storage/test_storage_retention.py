@@ -73,7 +73,9 @@ def build(archive: Archive, noise: int = 30) -> dict[str, list[str]]:
         _item("s1", next(seq), "b0", makespan=0.06),
         _item("k1", next(seq), "c1", makespan=0.07),
     ]
-    items += [_item(f"x{i}", next(seq), "c1" if i % 2 else "b0", makespan=0.1 + i) for i in range(noise)]
+    items += [
+        _item(f"x{i}", next(seq), "c1" if i % 2 else "b0", makespan=0.1 + i) for i in range(noise)
+    ]
     items.append(_item("x0", next(seq), "b0", makespan=0.1))  # a second evaluation of x0
     archive.add_results(CAMPAIGN, items)
     archive.update_front(CAMPAIGN, [d("c3"), d("f2"), d("e1")], [], 10)
@@ -227,7 +229,9 @@ def test_kill_9_during_compaction_loses_nothing_kept(db_url: str, kill_at: int) 
     script = _KILLER.format(
         tests=os.path.dirname(__file__), url=db_url, campaign=CAMPAIGN, kill_at=kill_at
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     with Archive.open(db_url) as archive:
         # Halfway: every kept plan readable, counts exact (no chunk half-applied).
@@ -263,7 +267,8 @@ def test_an_old_archive_migrates_with_its_data(tmp_path) -> None:
         for i, tag in enumerate(("b0", "x1", "x2"), start=1):
             conn.execute(
                 text("INSERT INTO candidates (id, campaign_id, digest, graph_zlib, parent_digest, "
-                     "rewrite, created_at) VALUES (:i, 1, :d, :g, NULL, :r, '2025-01-01 00:00:00')"),
+                     "rewrite, created_at) "
+                     "VALUES (:i, 1, :d, :g, NULL, :r, '2025-01-01 00:00:00')"),
                 {"i": i, "d": d(tag), "g": zlib.compress(graph_json(tag).encode()),
                  "r": "baseline:x" if tag == "b0" else retag(tag)},
             )
