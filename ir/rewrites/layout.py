@@ -112,15 +112,26 @@ class _Assign:
         return True
 
 
-def _param_dims(g: Graph | _View, name: str, sig: Signature) -> list[int]:
-    """Index dims that only weight/state inputs see (one-to-one), in index order."""
+def _weights(v: _View, g: Graph) -> set[str]:
+    """Weight-like tensors: parameters and state, and what ops compute from them alone (the
+    low-precision copies of fp32 master weights, a transposed weight)."""
+    w = {t for t, ten in v.tensors.items() if ten.role in STATE_ROLES}
+    for n in g.topo_order:
+        o = v.ops.get(n)
+        if o is not None and o.inputs and all(t in w for _, t in o.inputs):
+            w.add(o.output)
+    return w
+
+
+def _param_dims(g: Graph | _View, name: str, sig: Signature, weights: set[str]) -> list[int]:
+    """Index dims that only weight-like inputs see (one-to-one), in index order."""
     o = g.ops[name]
     seen_by_act: set[int] = set()
     seen_by_w: set[int] = set()
     for port, t in o.inputs:
         proj = sig.inputs[port]
         cols = {c for c in (_unit_col(r) for r in proj.A) if c is not None}
-        (seen_by_w if g.tensors[t].role in STATE_ROLES else seen_by_act).update(cols)
+        (seen_by_w if t in weights else seen_by_act).update(cols)
     return sorted(seen_by_w - seen_by_act)  # in index order: heads before head dims
 
 
@@ -131,11 +142,11 @@ def _out_dim_col(sig: Signature, r: int) -> int | None:
 
 
 def _decide(g: Graph | _View, name: str, mesh: Mesh, use: Sequence[str],
-            T: dict[str, dict[int, list[int]]], allow_reduction: bool) -> _Assign:
+            T: dict[str, dict[int, list[int]]], allow_reduction: bool, weights: set[str]) -> _Assign:
     o = g.ops[name]
     sig = g.signature(o)
     asg = _Assign(sig, mesh)
-    wdims = _param_dims(g, name, sig)
+    wdims = _param_dims(g, name, sig, weights)
     # 1. one-to-one inheritance from the inputs' shardings; a tensor-parallel axis arriving on a
     #    dim the weights do not see is dropped where the op has weight-only dims (Megatron: the
     #    activations are gathered, the weights stay split)
@@ -329,13 +340,17 @@ def layout(g: Graph, ops: str | Sequence[str], mesh: Mesh, use: Sequence[str],
                     if ten.shape[r] >= have * mesh.shape[a]:
                         s.setdefault(r, []).append(a)
             T[t] = s
-    work = list(names)
+    weights = _weights(v, g)
+    # ops on weights alone (casts to bf16) are laid out last, the way their readers read them
+    deferred = [n for n in names if all(t in weights for _, t in v.ops[n].inputs)]
+    work = [n for n in names if n not in set(deferred)]
+    decided: dict[str, tuple[Signature, dict[int, list[int]]]] = {}
     twos: list[tuple[str, int, Shards]] = []
     i = 0
     while i < len(work):
         name = work[i]
         i += 1
-        asg = _decide(v, name, mesh, use, T, allow_reduction=True)
+        asg = _decide(v, name, mesh, use, T, allow_reduction=True, weights=weights)
         two = None
         if asg.red is not None:
             red, axes = asg.red
@@ -350,8 +365,18 @@ def layout(g: Graph, ops: str | Sequence[str], mesh: Mesh, use: Sequence[str],
         shards = _grid_shards(asg.sig, mesh, asg.dims)
         v.ops[name] = o.replace(shards=shards)
         T[o.output] = _out_sharding(asg.sig, asg.dims)
+        decided[name] = (asg.sig, asg.dims)
         if two is not None:
             twos.append((two[0], two[1], shards))
+    for name in reversed(deferred):
+        o = v.ops[name]
+        sig = v.signature(name)
+        dims = _as_read(g, o.output, sig, mesh, decided)
+        if dims is None:
+            asg = _decide(v, name, mesh, use, T, allow_reduction=False, weights=weights)
+            dims = asg.dims
+        v.ops[name] = o.replace(shards=_grid_shards(sig, mesh, dims))
+        decided[name] = (sig, dims)
     for acc, inner, psh in twos:  # inside the node first, then across nodes
         _two_level_view(v, acc, inner, psh)
     out = v.graph(g)
@@ -359,6 +384,27 @@ def layout(g: Graph, ops: str | Sequence[str], mesh: Mesh, use: Sequence[str],
            for n, o in out.ops.items()) and len(out.ops) == len(before.ops):
         raise RewriteError(f"the region is already laid out like this on mesh {mesh.text}")
     return out
+
+
+def _as_read(g: Graph, tensor: str, sig: Signature, mesh: Mesh,
+             decided: dict[str, tuple[Signature, dict[int, list[int]]]]) -> dict[int, list[int]] | None:
+    """Index-dim axes for the op writing ``tensor`` so that its first laid-out reader finds each
+    box where it reads it (None when no reader was laid out)."""
+    for reader, port in g.consumers.get(tensor, []):
+        if reader not in decided:
+            continue
+        rsig, rdims = decided[reader]
+        proj = rsig.inputs[port]
+        dims: dict[int, list[int]] = {}
+        for r, row in enumerate(proj.A):
+            c = _unit_col(row)
+            oc = _out_dim_col(sig, r)
+            if c is None or proj.s[r] != 1 or not rdims.get(c) or oc is None:
+                continue
+            if sig.extents[oc] >= prod(mesh.shape[a] for a in rdims[c]):
+                dims[oc] = list(rdims[c])
+        return dims
+    return None
 
 
 def _two_level_view(v: _View, acc: str, group: int, producer_shards: Shards) -> None:
