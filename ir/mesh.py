@@ -125,7 +125,7 @@ def enumerate_meshes(n_nodes: int, devices_per_node: int, max_axes: int = 3,
     out = []
     for size in sorted(set(sizes)):
         for shape in _ordered_factorisations(size, max_axes):
-            if node_aligned(shape, devices_per_node):
+            if shape and node_aligned(shape, devices_per_node):
                 out.append(Mesh(shape, devices_per_node))
     return out
 

@@ -38,3 +38,11 @@ def test_show_refuses_a_bad_mesh(tmp_path, capsys):
     code, out, err = run(["graph", "show", str(p), "--mesh", "8by8"], capsys)
     assert code == 2
     assert "--mesh" in err + out and "8x8" in err + out and "Traceback" not in err + out
+
+
+def test_show_of_an_unsharded_program(tmp_path, capsys):
+    p = tmp_path / "plan.json"
+    save(workloads.build("mlp", batch=64, widths=[256, 1024, 256]), p)
+    code, out, err = run(["graph", "show", str(p)], capsys)
+    assert code in (0, None), err
+    assert "# fc1: whole on device 0" in out and "Traceback" not in out + err
