@@ -41,7 +41,7 @@ _ORDER_CACHE_CAP = 64
 
 def program_positions(g: Graph) -> dict[str, int]:
     """Op -> position in program order (op order, repaired to be topological)."""
-    key = tuple((n, o.output, o.inputs) for n, o in g.ops.items())
+    key = tuple(g.ops)  # op names in order: the rewrites that change data flow change names too
     hit = _ORDER_CACHE.get(key)
     if hit is not None:
         _ORDER_CACHE.move_to_end(key)
@@ -95,20 +95,28 @@ def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW) -> tuple[np.nda
         dst.append(order[same])
     # Transfers without predecessors: gated by the node `window` places before their first reader.
     n = low.kind.shape[0]
-    indeg = np.bincount(low.succ_idx, minlength=n)
     ptr, idx = low.succ_ptr, low.succ_idx
-    tkind = np.asarray(low.kind)
-    for t in np.nonzero(indeg[nc:] == 0)[0] + nc:  # point-to-point and collective (kind 2) gathers
-        succ = idx[ptr[t]:ptr[t + 1]]
-        succ = succ[succ < nc]
-        if succ.size == 0:
-            continue
-        first = succ[np.argmin(node_pos[succ])]
-        r = rank[first] - window
-        if r >= 0:
-            d = dev[first]
-            src.append(np.array([order[starts[d] + r]]))
-            dst.append(np.array([t]))
+    indeg = np.bincount(idx, minlength=n)
+    free = np.nonzero(indeg[nc:] == 0)[0] + nc  # point-to-point and collective (kind 2) gathers
+    if free.size:
+        counts = ptr[free + 1] - ptr[free]
+        t_of = np.repeat(free, counts)
+        lo = np.repeat(ptr[free], counts)
+        within = np.arange(t_of.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        v = np.asarray(idx)[lo + within].astype(np.int64)
+        keep = v < nc
+        t_of, v = t_of[keep], v[keep]
+        if t_of.size:
+            o = np.lexsort((node_pos[v], t_of))  # per transfer, its reader earliest in program order first
+            t_sorted, v_sorted = t_of[o], v[o]
+            first = np.ones(t_sorted.size, bool)
+            first[1:] = t_sorted[1:] != t_sorted[:-1]
+            t_first, reader = t_sorted[first], v_sorted[first]
+            r = rank[reader] - window
+            ok = r >= 0
+            if ok.any():
+                src.append(order[starts[dev[reader[ok]]] + r[ok]])
+                dst.append(t_first[ok])
     if not src:
         return None
     s_new = np.concatenate(src)
