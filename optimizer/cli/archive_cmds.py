@@ -31,7 +31,7 @@ def compact_cmd(
     objectives or per-interval counts. Refuses while the campaign's driver runs; safe to
     interrupt (run it again to finish)."""
     from optimizer.campaign.config import ConfigError, RetentionConfig
-    from optimizer.campaign.lifecycle import check_not_running, resolve_url
+    from optimizer.campaign.lifecycle import check_not_running, existing_archive
     from optimizer.campaign.plans import replay_rewrite
     from optimizer.campaign.retention import policy_of
     from storage import Archive
@@ -40,10 +40,11 @@ def compact_cmd(
         raise UserError(f"--history {history!r} is not one of intervals, objectives")
     if grace_seconds is not None and not grace_seconds >= 0:
         raise UserError(f"--grace-seconds must be a number >= 0, got {grace_seconds!r}")
-    with Archive.open(resolve_url("tapestry.db", db)) as archive:
+    with Archive.open(existing_archive(db)) as archive:  # never creates an archive
         row = archive.get_campaign(campaign)
-        try:
-            check_not_running(row)  # the campaign code's driver liveness (pid on this host, heartbeat)
+        ckpt = archive.latest_checkpoint(campaign)
+        try:  # the campaign code's driver liveness: its pid on this host, else its heartbeat
+            check_not_running(row, ckpt and ckpt["created_at"])
         except ConfigError as e:
             raise UserError(f"cannot compact campaign {campaign!r} while its driver runs; a running driver "
                             f"compacts its own archive every retention.every_seconds. {e}") from None
