@@ -60,7 +60,9 @@ producer -> consumer; on a DIFFERENT device, a transfer node (dev = producer's d
 consumer's device, alloc_bytes = bytes of the intersecting box, dur = bytes / link bandwidth,
 lat = link latency) with edges producer -> transfer -> consumer. Graph inputs and parameters are
 not nodes: their bytes go into ``resident_bytes`` of every device that reads them, and reading
-them costs no transfer time (DESIGN.md section 4).
+them costs no transfer time (DESIGN.md section 4) -- except loop-carried state (a training step's
+parameters and optimizer states), which is resident only at its home and read elsewhere through
+transfers (or collectives) without predecessors (``costmodel.lowering``).
 
 Resources and timing model
 --------------------------
