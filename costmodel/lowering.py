@@ -124,6 +124,13 @@ class Lowered:
     ``op_names`` of the first reader needing it), ``transfer_src_op`` (the producer) and
     ``transfer_epb`` (link energy per byte). ``program``: equal tokens mean the same logical
     program (for caching lower bounds).
+
+    With ``Lowerer(collectives=True)`` a group of transfers that is a NCCL collective is one node
+    of kind 2 instead (``costmodel.collectives``): ``alloc`` = the bytes its point-to-point form
+    moves, ``dur``/``lat`` = NCCL's bandwidth and latency terms, participants in ``part_ptr``,
+    ``part_dev``, ``part_alloc`` (bytes each receives); ``link`` int8[n] = the ports a node uses
+    (transfer: 0 NVLink, 1 NIC; collective: mask 1 NVLink, 2 NIC). The "transfer" arrays above
+    cover every non-compute node. :meth:`simulate` passes all of it to the simulator.
     """
 
     __slots__ = ("kind", "dev", "dst", "dur", "lat", "alloc", "succ_ptr", "succ_idx", "resident", "n_devices",
