@@ -371,10 +371,14 @@ def layout(g: Graph, ops: str | Sequence[str], mesh: Mesh, use: Sequence[str],
     for name in reversed(deferred):
         o = v.ops[name]
         sig = v.signature(name)
-        dims = _as_read(g, o.output, sig, mesh, decided)
-        if dims is None:
-            asg = _decide(v, name, mesh, use, T, allow_reduction=False, weights=weights)
-            dims = asg.dims
+        asg = _Assign(sig, mesh)
+        for c, axes in (_as_read(g, o.output, sig, mesh, decided) or {}).items():
+            for a in axes:
+                asg.give(c, a)
+        for a in range(mesh.ndim):  # axes the reader does not split the weight over: shard it
+            if a not in asg.used and mesh.shape[a] > 1:  # anyway (ZeRO: each device holds a part)
+                next((c for c in range(len(sig.dims)) if asg.give(c, a)), None)
+        dims = {c: sorted(x) for c, x in asg.dims.items()}
         v.ops[name] = o.replace(shards=_grid_shards(sig, mesh, dims))
         decided[name] = (sig, dims)
     for acc, inner, psh in twos:  # inside the node first, then across nodes
