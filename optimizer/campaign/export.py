@@ -49,6 +49,7 @@ def _plot(path: Path, objectives: list[str], front: list[dict], base: dict[str, 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     from optimizer.search.pareto import nondominated_mask
 
@@ -73,9 +74,13 @@ def _plot(path: Path, objectives: list[str], front: list[dict], base: dict[str, 
         ax.scatter(fx, fy, color="#1a73e8", label=f"front ({len(fx)} plans)", zorder=3)
         for (bname, ev), m in zip(base.items(), itertools.cycle(markers)):
             ax.scatter([ev[x_name] / sx], [ev[y_name] / sy], marker=m, s=60, label=bname, zorder=4)
-        for axis, name in ((ax.set_xscale, x_name), (ax.set_yscale, y_name)):
+        for axis, set_scale, name in ((ax.xaxis, ax.set_xscale, x_name), (ax.yaxis, ax.set_yscale, y_name)):
             if name != "devices":
-                axis("log")
+                set_scale("log")
+                # plain numbers (20, 30, 40 µs), not 2×10¹; minor ticks labelled where they fit
+                axis.set_major_formatter(matplotlib.ticker.LogFormatter(labelOnlyBase=False))
+                axis.set_minor_formatter(matplotlib.ticker.LogFormatter(labelOnlyBase=False,
+                                                                         minor_thresholds=(2, 0.5)))
         ax.set_xlabel(f"{x_name} ({ux})")
         ax.set_ylabel(f"{y_name} ({uy})")
         ax.grid(True, which="both", alpha=0.3)

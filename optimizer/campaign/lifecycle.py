@@ -220,6 +220,7 @@ def _drive(cfg: CampaignConfig, archive: Any, client: Any, url: str, hw: Any, ba
                 fetch = fetch_plan(archive, cfg.name)  # replays plans stored as deltas
                 farm.restore(resume["counters"], archive.current_front(cfg.name), resume["checkpoint"], fetch,
                              resume["seed_records"])
+                farm.counters["budget"] = cfg.budget.model_dump(mode="json")  # the resumed run's, not the stored one
             reason = farm.run()
             status = ("paused" if reason.startswith("stopped by") else
                       "failed" if reason.startswith("failed") else "finished")
