@@ -202,6 +202,7 @@ def _drive(cfg: CampaignConfig, archive: Any, client: Any, url: str, hw: Any, ba
 
     status = "failed"
     archive.set_status(cfg.name, "running")
+    archive.update_counters(cfg.name, {"driver": driver_identity()})  # liveness from the first moment
     try:
         ctx = _context(cfg, hw, base, url)
         strategy = make_strategy(cfg, ctx)
