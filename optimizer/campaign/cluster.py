@@ -82,7 +82,14 @@ def dask_client(scheduler: str | None, workers: int | None = None, threads: int 
     if resources:
         kw["resources"] = resources
     pin = (local_gpus() if gpus is None else list(gpus)) if resources and resources.get("GPU") else []
-    with warnings.catch_warnings():  # the scheduler's HTTP server moves off a busy port 8787: harmless
+    import dask
+
+    # No statistical profiler in local workers: each keeps a call tree per second for the last
+    # distributed.admin.low-level-log-length (1000) seconds, hundreds of MB for our deep stacks,
+    # which is most of a worker's memory growth in the first ~17 minutes (issue 16). Nannies hand
+    # this config to the worker processes they start (and restart).
+    with warnings.catch_warnings(), dask.config.set({"distributed.worker.profile.enabled": False}):
+        # the scheduler's HTTP server moves off a busy port 8787: harmless
         warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
         if pin:
             cluster = _gpu_cluster_class()(pin, **kw)
