@@ -197,6 +197,7 @@ def search_task(spec: SearchTaskSpec) -> dict:
     t0 = time.perf_counter()
     if not spec.parents:
         raise ValueError("a search task needs at least one parent plan; the strategy sent none")
+    loaded = [(plan_from_archive(text, digest), digest) for digest, text in spec.parents]  # validated first
     ev_fn = evaluator_for(spec.hardware)
     names = list(spec.objectives)
     constraints = spec.constraints
@@ -208,8 +209,7 @@ def search_task(spec: SearchTaskSpec) -> dict:
     front = LocalFront()
     parents: list[tuple[Graph, str]] = []
     parent_digests = set()
-    for digest, text in spec.parents:
-        g = plan_from_archive(text, digest)
+    for g, digest in loaded:
         parents.append((g, digest))
         parent_digests.add(digest)
         e = ev_fn(g)

@@ -213,3 +213,21 @@ def test_cupy_sampling_without_cupy_fails_at_start(tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and "sampling.backend is cupy" in err and "Traceback" not in err
     assert not os.path.exists(db)
+
+
+def test_workers_validate_plans_read_from_the_archive():
+    """A corrupted or hand-edited plan row fails its task with the plan's problems, before any step."""
+    import dataclasses
+
+    from ir import workloads
+    from ir.serialize import InvalidGraph, dumps
+    from optimizer.realrun.sampling import MeasureTaskSpec, measure_task
+    from optimizer.search.worker import search_task
+
+    doc = json.loads(dumps(workloads.mlp(batch=8, widths=(16, 32, 8))))
+    doc["ops"][0]["shards"]["device"] = [-3]
+    bad = json.dumps(doc)
+    with pytest.raises(InvalidGraph, match="negative"):
+        search_task(dataclasses.replace(_spec(), parents=(("d" * 64, bad),)))
+    with pytest.raises(InvalidGraph, match="negative"):
+        measure_task(MeasureTaskSpec("d" * 64, bad, "numpy", 1, {}))
