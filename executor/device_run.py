@@ -314,13 +314,30 @@ def _normalize_transfers(g: Graph, transfers: Iterable[Mapping[str, Any]]) -> di
     return by_op
 
 
+def _normalize_state_transfers(g: Graph, state_transfers: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for index, tr in enumerate(state_transfers):
+        t = tr["tensor"]
+        if t not in g.carried:
+            raise ValueError(f"state transfer {index} moves tensor {t!r}, which is not loop-carried state of the plan")
+        boxes = normalize_boxes(tr["boxes"])
+        cells = sum(int(np.prod([max(0, b - a) for a, b in zip(lo, hi)])) for lo, hi in boxes)
+        out.append({"index": index, "tensor": t, "producer": tr.get("producer", g.producers[g.carried[t]]),
+                    "shard": int(tr.get("shard", -1)), "src": int(tr["src"]), "dst": int(tr["dst"]),
+                    "boxes": boxes, "cells": cells, "bytes": tr.get("bytes"), "state": True})
+    return out
+
+
 def run_on_devices(g: Graph, transfers: Iterable[Mapping[str, Any]], residency: Iterable[Mapping[str, Any]],
                    backend: str = "numpy", device_map: Any = None, timing: bool = False, repeats: int = 3,
-                   warmup: int = 1, inputs: Mapping[str, Any] | None = None, seed: int = 0) -> DeviceRunResult:
+                   warmup: int = 1, inputs: Mapping[str, Any] | None = None, seed: int = 0,
+                   state_transfers: Iterable[Mapping[str, Any]] = ()) -> DeviceRunResult:
     """Run ``g`` with one buffer set per plan device, moving only the given boxes.
 
     ``transfers``: dicts ``{tensor, producer, shard, src, dst, boxes}``; ``residency``: dicts
     ``{tensor, device, boxes}``; boxes are ``(lo, hi)`` pairs (see the module docstring).
+    ``state_transfers``: reads of loop-carried state away from its home (FSDP's gathers, as
+    ``TransferPlan.state_transfers`` lists them), moved before the first op of every run.
     ``inputs``: host arrays of the graph inputs (default: ``random_inputs(g, seed)``).
     ``device_map``: plan device -> GPU (a dict, a list or a function; CuPy only).
     Raises :class:`IncompleteCommunication` when a shard or transfer reads a cell that is not
@@ -329,6 +346,7 @@ def run_on_devices(g: Graph, transfers: Iterable[Mapping[str, Any]], residency: 
     xp = get_backend(backend)
     ops = prepare_ops(g)
     by_op = _normalize_transfers(g, transfers)
+    gathers = _normalize_state_transfers(g, state_transfers)
     res = [{"tensor": r["tensor"], "device": int(r["device"]), "boxes": normalize_boxes(r["boxes"])}
            for r in residency]
     for r in res:
@@ -336,7 +354,7 @@ def run_on_devices(g: Graph, transfers: Iterable[Mapping[str, Any]], residency: 
             raise ValueError(f"residency names tensor {r['tensor']!r}, which the plan does not have")
     host = dict(random_inputs(g, seed) if inputs is None else inputs)
     devices = set(g.devices) | {r["device"] for r in res} | {t["dst"] for ts in by_op.values() for t in ts} | {
-        t["src"] for ts in by_op.values() for t in ts}
+        t["src"] for ts in by_op.values() for t in ts} | {t["src"] for t in gathers} | {t["dst"] for t in gathers}
     gpu_of = _device_map(xp, backend, devices, device_map)
     specs = {n: (t.shape, t.dtype) for n, t in g.tensors.items()}
     mems = {d: DeviceMemory(xp, d, gpu_of[d], specs) for d in sorted(devices)}
@@ -396,6 +414,8 @@ def run_on_devices(g: Graph, transfers: Iterable[Mapping[str, Any]], residency: 
         clock.sync()
         t0 = time.perf_counter()
         shard_t, transfer_t = [], []
+        for tr in gathers:  # the state is at home when the step starts; its gathers come first
+            transfer_t.append(move(tr, check))
         for name in g.topo_order:
             op = ops[name]
             for i in range(op.n):
@@ -439,12 +459,12 @@ def run_on_devices(g: Graph, transfers: Iterable[Mapping[str, Any]], residency: 
                                   "seconds": statistics.median(s[k] for s in shard_s)})
             k += 1
     k = 0
-    for name in g.topo_order:
-        for tr in by_op.get(name, ()):
-            result.transfers.append({key: tr[key] for key in ("index", "tensor", "producer", "shard", "src", "dst",
-                                                              "cells", "bytes")}
-                                    | {"seconds": statistics.median(s[k] for s in transfer_s)})
-            k += 1
+    for tr in gathers + [tr for name in g.topo_order for tr in by_op.get(name, ())]:
+        result.transfers.append({key: tr[key] for key in ("index", "tensor", "producer", "shard", "src", "dst",
+                                                          "cells", "bytes")}
+                                | {"state": tr.get("state", False),
+                                   "seconds": statistics.median(s[k] for s in transfer_s)})
+        k += 1
     result.plan_seconds = statistics.median(r[2] for r in runs)
     result.repeats = len(runs)
     return result

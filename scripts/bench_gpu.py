@@ -162,6 +162,7 @@ def part_plans(backend: str, hw_cal, n: int, repeats: int, seed: int) -> dict:
         tp = transfer_plan(g, hw_plan)
         t0 = time.perf_counter()
         res = run_on_devices(g, tp.transfers, tp.residency, backend=backend, timing=True, repeats=repeats, warmup=1,
+                             state_transfers=tp.state_transfers,
                              inputs=inputs)
         err = max(rel_error(res.outputs[o], np.asarray(ref[o])) for o in outputs(ref_graph))
         low = Lowerer(hw_plan).lower(g)

@@ -49,7 +49,7 @@ def measure_plan(g: Any, hw: Any, backend: str = "numpy", repeats: int = 3, warm
     ref_graph = unshard(g)
     inputs = random_inputs(ref_graph, seed)
     run = run_on_devices(g, tp.transfers, tp.residency, backend=backend, device_map=device_map, timing=True,
-                         repeats=repeats, warmup=warmup, inputs=inputs)
+                         repeats=repeats, warmup=warmup, inputs=inputs, state_transfers=tp.state_transfers)
     ref = execute(ref_graph, inputs, "numpy")
     per = {n: rel_error(run.outputs[n], np.asarray(ref[n])) for n in outputs(ref_graph)}
     worst = max(per.values(), default=0.0)
@@ -58,9 +58,10 @@ def measure_plan(g: Any, hw: Any, backend: str = "numpy", repeats: int = 3, warm
     low = Lowerer(hwp).lower(g)
     nc = int(low.op_offsets[-1])
     first = {name: int(low.op_offsets[i]) for i, name in enumerate(low.op_names)}
-    aligned = (len(low.dur) - nc == len(tp.transfers)
+    moves = tp.transfers + tp.state_transfers  # the lowering's transfer nodes, in this order
+    aligned = (len(low.dur) - nc == len(moves)
                and all(int(low.dev[nc + k]) == t["src"] and int(low.dst[nc + k]) == t["dst"]
-                       for k, t in enumerate(tp.transfers)))
+                       for k, t in enumerate(moves)))
     base = {"plan_digest": g.digest, "backend": backend}
     if campaign is not None:
         base["campaign"] = campaign
@@ -76,7 +77,7 @@ def measure_plan(g: Any, hw: Any, backend: str = "numpy", repeats: int = 3, warm
                                     "bytes": float(low.nbytes[first[s["op"]] + s["shard"]])
                                     if hasattr(low, "nbytes") else None}})
     for t in run.transfers:
-        k = t["index"]
+        k = t["index"] + (len(tp.transfers) if t.get("state") else 0)
         pred = (float(low.elapsed[nc + k]) if aligned
                 else float(hwp.transfer_time(t["src"], t["dst"], t["bytes"] or 0.0)))
         records.append({**base, "kind": "transfer", "device_name": names[run.device_map[t["dst"]]],
