@@ -57,6 +57,11 @@ def extract_box(result: dict[str, Any], shard: int, lo: tuple[int, ...], hi: tup
     return np.array(block[sl], copy=True)
 
 
+def extract_piece(block: np.ndarray, plo: tuple[int, ...], lo: tuple[int, ...], hi: tuple[int, ...]) -> np.ndarray:
+    """The box ``[lo, hi)`` of a resident piece that starts at ``plo`` (a copy: a state gather)."""
+    return np.array(block[tuple(slice(a - p, b - p) for a, b, p in zip(lo, hi, plo))], copy=True)
+
+
 def device_op_task(graph_text: str, op: str, device: int, backend: str, local: list[dict[str, Any]],
                    pieces: list[tuple[str, tuple[int, ...], tuple[int, ...], np.ndarray]]) -> dict[str, Any]:
     """Compute the shards of ``op`` placed on ``device`` from the given pieces only."""
@@ -155,7 +160,8 @@ def run_plan_on_grid(g: Any, client: Any, backend: str = "numpy", seed: int = 0,
     t0 = time.perf_counter()
     workers = _workers(client, backend)
     tp = transfers if transfers is not None else transfer_plan(g)
-    devices = sorted(set(g.devices) | {r["device"] for r in tp.residency} | {t["dst"] for t in tp.transfers})
+    devices = sorted(set(g.devices) | {r["device"] for r in tp.residency} | {t["dst"] for t in tp.transfers}
+                     | {t["dst"] for t in tp.state_transfers})
     device_worker = {d: workers[d % len(workers)] for d in devices}
     kw: dict[str, Any] = {"allow_other_workers": False, "pure": False}
     if backend == "cupy":
@@ -169,6 +175,7 @@ def run_plan_on_grid(g: Any, client: Any, backend: str = "numpy", seed: int = 0,
 
     pieces: dict[int, list[Any]] = {d: [] for d in devices}  # per device: (tensor, lo, hi, future)
     resident = 0
+    n_extract = 0
     for d in devices:
         blocks, meta = [], []
         for r in tp.residency:
@@ -183,12 +190,21 @@ def run_plan_on_grid(g: Any, client: Any, backend: str = "numpy", seed: int = 0,
             pieces[d].extend((t, lo, hi, f) for (t, lo, hi), f in zip(meta, futs))
             resident += len(blocks)
 
+    # Loop-carried state starts at its home (a resident piece there); gathers copy boxes of it from
+    # the home worker to the readers' workers before any op runs.
+    for tr in tp.state_transfers:
+        home = [(lo, hi, f) for t, lo, hi, f in pieces[tr["src"]] if t == tr["tensor"]]
+        for lo, hi in tr["boxes"]:
+            plo, _, f = next(p for p in home if all(a <= x and y <= b for a, b, x, y in zip(p[0], p[1], lo, hi)))
+            box = client.submit(extract_piece, f, plo, tuple(lo), tuple(hi), workers=[device_worker[tr["src"]]], **kw)
+            pieces[tr["dst"]].append((tr["tensor"], tuple(lo), tuple(hi), box))
+            n_extract += 1
+
     by_producer: dict[str, list[dict[str, Any]]] = {}
     for tr in tp.transfers:
         by_producer.setdefault(tr["producer"], []).append(tr)
     results: dict[tuple[str, int], Any] = {}  # (op, device) -> future
     produced_on: dict[str, dict[int, Any]] = {}  # tensor -> device -> future of its (op, device) task
-    n_extract = 0
     for name in g.topo_order:
         o = g.ops[name]
         for d in sorted(set(o.shards.device.tolist())):

@@ -74,3 +74,16 @@ def test_execute_command_with_a_local_cluster(tmp_path):
     import json
 
     assert json.loads((tmp_path / "r.json").read_text())["ok"] is True
+
+
+def test_zero_sharded_training_step_gathers_state_on_the_grid(client):
+    from optimizer.realrun.grid import run_plan_on_grid
+    from tests.autodiff.plans import data_parallel
+
+    step = workloads.build("gpt", mode="train", layers=1, d_model=8, heads=2, d_ff=12, vocab=10, seq=4, batch=4)
+    g = data_parallel(step, 2, batch=4, zero=True)
+    tp = transfer_plan(g)
+    assert tp.state_transfers
+    rep = run_plan_on_grid(g, client)
+    assert rep.ok, str(rep)
+    assert rep.extract_tasks == sum(len(t["boxes"]) for t in tp.transfers + tp.state_transfers)
