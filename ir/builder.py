@@ -13,6 +13,7 @@ inputs in the kernel's port order (or by port name). Each op starts with one sha
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 from ir.graph import Graph, Op, Shards, Tensor
@@ -61,7 +62,7 @@ class GraphBuilder:
         producer = {o.output: n for n, o in self._ops.items()}
         for old, new in names.items():
             if old in read or old not in producer:
-                self.op("scale", new, {"x": old}, out=new, alpha=1.0)
+                self.op("scale", re.sub(r"[^A-Za-z0-9_.+-]", "_", new), {"x": old}, out=new, alpha=1.0)
                 continue
             t = self._tensors.pop(old)
             self._add_tensor(Tensor(new, t.shape, t.dtype, t.role))

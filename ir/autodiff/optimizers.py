@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ir.autodiff.errors import AutodiffError
+from ir.autodiff.errors import AutodiffError, op_name
 from ir.builder import GraphBuilder
 from ir.graph import next_name
 
@@ -36,20 +36,22 @@ def append_updates(b: GraphBuilder, grads: dict[str, str], optimizer: str, param
     for p, g in grads.items():
         pt = b.tensor(p)
         if b.tensor(g).dtype != pt.dtype:
-            g = b.op("cast", f"{p}.grad.cast", {"x": g}, dtype=pt.dtype)
+            g = b.op("cast", op_name(p, ".grad.cast"), {"x": g}, dtype=pt.dtype)
         if optimizer == "sgd":
             step = g
             if hp["momentum"]:
                 buf = b.state(f"{p}.momentum", pt.shape, pt.dtype)
-                step = b.op("momentum_update", f"{buf}.update", {"buf": buf, "g": g}, out=next_name(buf),
+                step = b.op("momentum_update", op_name(buf, ".update"), {"buf": buf, "g": g}, out=next_name(buf),
                             momentum=hp["momentum"])
                 nexts.append(step)
-            nexts.append(b.op("sgd_update", f"{p}.update", {"p": p, "g": step}, out=next_name(p), lr=hp["lr"],
+            nexts.append(b.op("sgd_update", op_name(p, ".update"), {"p": p, "g": step}, out=next_name(p), lr=hp["lr"],
                               weight_decay=hp["weight_decay"]))
         else:
             m, v = b.state(f"{p}.m", pt.shape, pt.dtype), b.state(f"{p}.v", pt.shape, pt.dtype)
-            m1 = b.op("adam_moment", f"{m}.update", {"m": m, "g": g}, out=next_name(m), beta=hp["beta1"])
-            v1 = b.op("adam_moment", f"{v}.update", {"m": v, "g": g}, out=next_name(v), beta=hp["beta2"], power=2)
-            nexts += [m1, v1, b.op("adamw_update", f"{p}.update", {"p": p, "m": m1, "v": v1}, out=next_name(p),
+            m1 = b.op("adam_moment", op_name(m, ".update"), {"m": m, "g": g}, out=next_name(m), beta=hp["beta1"])
+            v1 = b.op("adam_moment", op_name(v, ".update"), {"m": v, "g": g}, out=next_name(v), beta=hp["beta2"],
+                      power=2)
+            nexts += [m1, v1, b.op("adamw_update", op_name(p, ".update"), {"p": p, "m": m1, "v": v1},
+                                   out=next_name(p),
                                    **{k: hp[k] for k in ("lr", "beta1", "beta2", "eps", "weight_decay", "step")})]
     return nexts

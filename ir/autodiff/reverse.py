@@ -10,7 +10,7 @@ their real lifetimes).
 
 from __future__ import annotations
 
-from ir.autodiff.errors import AutodiffError
+from ir.autodiff.errors import AutodiffError, op_name
 from ir.autodiff.rules import RULES, VJP
 from ir.builder import GraphBuilder
 from ir.graph import Graph
@@ -40,7 +40,7 @@ def backward(b: GraphBuilder, g: Graph, seeds: dict[str, str], wrt: list[str]) -
         parts = contrib[t]
         acc = parts[0]
         for k, p in enumerate(parts[1:], start=1):
-            acc = b.op("add", f"{t}.gsum{k}", {"a": acc, "b": p})
+            acc = b.op("add", op_name(t, f".gsum{k}"), {"a": acc, "b": p})
         contrib[t] = [acc]
         return acc
 
@@ -66,5 +66,5 @@ def backward(b: GraphBuilder, g: Graph, seeds: dict[str, str], wrt: list[str]) -
     b.rename_outputs({g: f"{p}.grad" for p, g in totals.items() if count[g] == 1})
     for p, g in totals.items():
         if count[g] > 1:
-            b.op("scale", f"{p}.grad", {"x": g}, out=f"{p}.grad", alpha=1.0)
+            b.op("scale", op_name(p, ".grad"), {"x": g}, out=f"{p}.grad", alpha=1.0)
     return {p: f"{p}.grad" for p in totals}

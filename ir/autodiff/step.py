@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ir.autodiff.errors import AutodiffError
+from ir.autodiff.errors import AutodiffError, op_name
 from ir.autodiff.optimizers import OPTIMIZERS, append_updates
 from ir.autodiff.reverse import backward
 from ir.builder import GraphBuilder
@@ -45,8 +45,8 @@ def _master_weights(g: Graph) -> Graph:
         t = g.tensors[p]
         tensors[p] = Tensor(p, t.shape, "float32", "parameter")
         tensors[f"{p}.lowp"] = Tensor(f"{p}.lowp", t.shape, t.dtype, "intermediate")
-        ops[f"{p}.cast"] = Op(f"{p}.cast", "cast", (("x", p),), f"{p}.lowp", {"dtype": t.dtype},
-                              Shards.whole(t.shape))
+        ops[op_name(p, ".cast")] = Op(op_name(p, ".cast"), "cast", (("x", p),), f"{p}.lowp", {"dtype": t.dtype},
+                                      Shards.whole(t.shape))
     rename = {p: f"{p}.lowp" for p in low}
     for n, o in g.ops.items():
         ops[n] = o.replace(inputs=tuple((port, rename.get(x, x)) for port, x in o.inputs))

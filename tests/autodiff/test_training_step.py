@@ -140,3 +140,15 @@ def test_sharded_training_plans_verify(name, plan):
     report = verify(p, reference=step)
     assert report.ok, report
     assert set(report.per_output) >= {"loss", "W_head.next" if name == "llama" else "wte.next"}
+
+
+def test_parameters_with_onnx_names_train():
+    """Op names derived from tensor names are cleaned (ONNX initializers hold '/' and '::')."""
+    b = GraphBuilder()
+    h = b.linear(b.input("x", (4, 3)), b.parameter("onnx::MatMul_109", (3, 5)), b.parameter("h.0/mlp/bias", (5,)),
+                 name="fc")
+    b.add(h, "h.0/mlp/bias", name="again")  # fan-out: a gradient sum over a '/' name
+    step = training_step(b.build(), optimizer="adamw")
+    assert "onnx__MatMul_109.update" in step.ops and "onnx::MatMul_109.next" in step.tensors
+    assert "h.0_mlp_bias.gsum1" in step.ops and "h.0/mlp/bias.grad" in step.tensors
+    assert verify(split_reduction(step, "fc.dW", 2), reference=step).ok
