@@ -89,7 +89,6 @@ def validate(g: Graph, n_devices: int | None = None) -> list[Issue]:
         if extra:
             add("unknown-port", p + ".inputs", f"kernel {o.kernel} has no input port(s) {extra[:8]}; its ports are "
                 f"{sorted(declared)}")
-            continue
         try:
             sig = g.signature(o)
         except SignatureError as e:
