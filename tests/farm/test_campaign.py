@@ -33,6 +33,7 @@ def eps_dominated_by(p: np.ndarray, F: np.ndarray, eps: float = 0.01) -> bool:
     return bool(np.any(np.all(F <= p * (1 + eps), axis=1)))
 
 
+@pytest.mark.slow
 def test_run_status_export_resume(tmp_path, db):
     cfg = write_config(tmp_path, small_config("c1", db))
     run = cli("run", str(cfg), "--db", db, "--quiet", check=True)
@@ -73,6 +74,7 @@ def test_run_status_export_resume(tmp_path, db):
     assert names == {r["digest"][:12] for r in st2["front"]}
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_problem(tmp_path, db):
     cli("run", str(write_config(tmp_path, small_config("c2", db, budget={"evaluations": 300}))), "--db", db,
         "--quiet", check=True)
@@ -99,6 +101,7 @@ def _wait_for(db: str, name: str, n: int, timeout: float = 120) -> None:
     raise AssertionError(f"campaign {name} did not reach {n} archived evaluations in {timeout} s")
 
 
+@pytest.mark.slow
 def test_driver_killed_with_sigkill_then_resumed(tmp_path, db):
     cfg = write_config(tmp_path, small_config("crash", db, budget={"evaluations": 10**9, "wall_time": 600},
                                               cluster={"workers": 2}))
@@ -126,6 +129,7 @@ def test_driver_killed_with_sigkill_then_resumed(tmp_path, db):
     assert all(eps_dominated_by(p, F_after) for p in F_before)  # the front only improves (up to its ε-boxes)
 
 
+@pytest.mark.slow
 def test_campaign_survives_a_killed_worker(tmp_path, db):
     import threading
 
@@ -170,6 +174,7 @@ def test_campaign_survives_a_killed_worker(tmp_path, db):
         cluster.close()
 
 
+@pytest.mark.slow
 def test_two_campaigns_on_one_sqlite_file(tmp_path, db):
     procs = [popen_cli("run", str(write_config(tmp_path, small_config(n, db, budget={"evaluations": 2500}))),
                        "--db", db, "--quiet") for n in ("twin_a", "twin_b")]
@@ -202,6 +207,7 @@ def test_campaign_on_postgresql(tmp_path):
     assert n > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["optuna-nsga2", "optuna-tpe", "random"])
 def test_other_strategies_run_and_share_the_archive(tmp_path, db, strategy):
     import optuna
@@ -219,6 +225,7 @@ def test_other_strategies_run_and_share_the_archive(tmp_path, db, strategy):
         assert study.metric_names == ["makespan", "peak_memory"]
 
 
+@pytest.mark.slow
 def test_resume_refuses_while_the_driver_is_alive(tmp_path, db):
     cfg = write_config(tmp_path, small_config("live", db, budget={"evaluations": 10**9, "wall_time": 120}))
     proc = popen_cli("run", str(cfg), "--db", db, "--quiet")

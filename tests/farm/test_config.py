@@ -46,6 +46,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(p)
 
 
+@pytest.mark.slow
 def test_cli_refuses_bad_config_and_leaves_archive_unchanged(tmp_path, db):
     from storage import Archive
 
@@ -72,6 +73,7 @@ def test_cli_refuses_bad_config_and_leaves_archive_unchanged(tmp_path, db):
     assert n.split()[-1] == "1"
 
 
+@pytest.mark.slow
 def test_cli_unknown_campaign_and_sql_writes(db):
     from storage import Archive
 

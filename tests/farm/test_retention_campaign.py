@@ -77,6 +77,7 @@ def test_compaction_keeps_the_front_and_resume_continues(tmp_path, db):
     assert (out / "progress.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_compact_refuses_while_the_driver_runs(tmp_path, db):
     cfg = write_config(tmp_path, small_config("live", db, budget={"evaluations": 10**9, "wall_time": 300}))
     proc = popen_cli("run", str(cfg), "--db", db, "--quiet")
@@ -95,6 +96,7 @@ def test_compact_refuses_while_the_driver_runs(tmp_path, db):
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_bad_retention_settings_exit_2(tmp_path, db):
     for bad, field in (({"history": "everything"}, "retention.history"),
                        ({"every_seconds": -1}, "retention.every_seconds"),

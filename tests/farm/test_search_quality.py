@@ -20,6 +20,7 @@ from storage import Archive
 HIDDEN = 1024
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokens", [16, 8192])
 def test_search_matches_hand_built_plans(tmp_path, tokens):
     db = str(tmp_path / "q.db")
