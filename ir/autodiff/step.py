@@ -2,8 +2,9 @@
 
 Given a forward program (unsharded or not: it is taken back to its logical form first), the step
 
-0. takes the program back to its logical form (``logical``: no splits or fusions, whole shards;
-   substitutions such as fused attention stay, differentiated by their own rules);
+0. takes the program back to its logical form (``unshard(g, keep_substitutions=True)``: no splits,
+   fusions or recomputed copies, whole shards; substitutions such as fused attention stay,
+   differentiated by their own rules);
 1. optionally keeps fp32 *master weights*: every low-precision parameter ``P`` becomes an fp32
    parameter, and an op ``P.cast`` writes the ``P.lowp`` copy that the forward reads (mixed
    precision as in Micikevicius et al. 2018, "Mixed Precision Training");
@@ -28,7 +29,7 @@ from ir.autodiff.reverse import backward
 from ir.builder import GraphBuilder
 from ir.graph import Graph, Op, Shards, Tensor
 from ir.kernels import INDEX_DTYPE
-from ir.rewrites import merge_reduction, unfuse
+from ir.rewrites import unshard
 
 LOSSES = ("mse", "cross_entropy")
 LOW_PRECISION = ("bfloat16", "float16")
@@ -51,19 +52,6 @@ def _master_weights(g: Graph) -> Graph:
     for n, o in g.ops.items():
         ops[n] = o.replace(inputs=tuple((port, rename.get(x, x)) for port, x in o.inputs))
     return Graph(tensors, ops)
-
-
-def logical(g: Graph) -> Graph:
-    """The program behind a plan, keeping substitutions (fused attention differentiates as itself):
-    elementwise fusions undone, split reductions merged, one whole shard per op."""
-    while True:
-        fused = next((n for n, o in g.ops.items() if o.kernel == "fused"), None)
-        if fused is None:
-            break
-        g = unfuse(g, fused)
-    for n in reversed([n for n, o in g.ops.items() if o.params.get("split")]):
-        g = merge_reduction(g, n)
-    return g.with_ops({n: o.replace(shards=Shards.whole(g.signature(o).extents)) for n, o in g.ops.items()})
 
 
 def _output(g: Graph, output: str | None) -> str:
@@ -92,7 +80,7 @@ def training_step(g: Graph, loss: str = "mse", optimizer: str = "sgd", output: s
         raise AutodiffError(f"optimizer {optimizer!r} is not one of {sorted(OPTIMIZERS)}")
     if g.carried:
         raise AutodiffError("the program is already a training step (it writes next values of its state)")
-    g = logical(g)
+    g = unshard(g, keep_substitutions=True)
     y = _output(g, output)
     if master_weights is None:
         master_weights = any(t.role == "parameter" and t.dtype in LOW_PRECISION for t in g.tensors.values())

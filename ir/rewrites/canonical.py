@@ -18,7 +18,9 @@ from ir.rewrites.substitute_norm import fused_norms, unfuse_norm
 from ir.rewrites.substitute_reassoc import reassociated, unreassociate
 
 
-def unshard(g: Graph) -> Graph:
+def unshard(g: Graph, keep_substitutions: bool = False) -> Graph:
+    """The logical program of ``g``; with ``keep_substitutions`` the substituted ops (fused attention,
+    fused norms, merged matmuls) stay as they are (``training_step`` differentiates them as such)."""
     while True:
         fused = next((n for n, o in g.ops.items() if o.kernel == "fused"), None)
         if fused is None:
@@ -29,6 +31,8 @@ def unshard(g: Graph) -> Graph:
         g = merge_reduction(g, n)
     if recomputed(g):  # before substitutions: a recomputed copy of a substituted op is dropped, not undone
         g = unrecompute(g)
+    if keep_substitutions:
+        return _whole(g)
     for n in fused_attentions(g):  # substitutions last: their ops may have been split or fused since
         g = unfuse_attention(g, n)
     for n in fused_norms(g):
@@ -37,4 +41,8 @@ def unshard(g: Graph) -> Graph:
         g = split_matmuls(g, n)
     for n in reassociated(g):
         g = unreassociate(g, n)
+    return _whole(g)
+
+
+def _whole(g: Graph) -> Graph:
     return g.with_ops({n: o.replace(shards=Shards.whole(g.signature(o).extents)) for n, o in g.ops.items()})
