@@ -28,6 +28,7 @@ from storage.errors import (
 )
 from storage.migrate import check_at_head, upgrade
 from storage.models import (
+    CALIBRATION_ROLES,
     CAMPAIGN_STATUSES,
     Campaign,
     Candidate,
@@ -36,6 +37,7 @@ from storage.models import (
     Evaluation,
     EvaluationInterval,
     FrontEntry,
+    Calibration,
     Measurement,
     utcnow,
 )
@@ -740,6 +742,42 @@ class Archive:
                 }
                 for m, name, digest in s.execute(stmt)
             ]
+
+    # ------------------------------------------------------------------ calibrations
+
+    def add_calibration(
+        self, campaign: str, role: str, plans: int, hardware: Mapping[str, Any],
+        report: Mapping[str, Any],
+    ) -> int:
+        """Store hardware refitted by ``campaign`` from ``plans`` sampled executions
+        (``hardware``: ``Hardware.to_dict()``; ``report``: JSON data); returns its id.
+
+        ``role``: ``sampling`` (the hardware the samples ran on) or ``target`` (the campaign's
+        own hardware). Raises ``CampaignNotFound``, ``InvalidRecord``.
+        """
+        if role not in CALIBRATION_ROLES:
+            raise InvalidRecord(f"calibration role {role!r}: expected one of {list(CALIBRATION_ROLES)}")
+        hw_json = dumps_json(dict(hardware), f"calibrated hardware of campaign {campaign!r}")
+        rep_json = dumps_json(dict(report), f"calibration report of campaign {campaign!r}")
+        n = as_int(plans, "calibration plans")
+        with self._write(f"storing a calibration of campaign {campaign!r}") as s:
+            row = Calibration(campaign_id=self._campaign_id(s, campaign), role=role, plans=n,
+                              created_at=utcnow(), hardware_json=hw_json, report_json=rep_json)
+            s.add(row)
+            s.flush()
+            return int(row.id)
+
+    def calibrations(self, campaign: str, role: str | None = None) -> list[dict[str, Any]]:
+        """The campaign's calibrations, oldest first, as ``{"id", "role", "plans", "created_at",
+        "hardware", "report"}`` (JSON parsed). Raises ``CampaignNotFound``."""
+        with self._read(f"reading the calibrations of campaign {campaign!r}") as s:
+            stmt = (select(Calibration).where(Calibration.campaign_id == self._campaign_id(s, campaign))
+                    .order_by(Calibration.id))
+            if role is not None:
+                stmt = stmt.where(Calibration.role == role)
+            return [{"id": c.id, "role": c.role, "plans": c.plans, "created_at": c.created_at,
+                     "hardware": json.loads(c.hardware_json), "report": json.loads(c.report_json)}
+                    for c in s.scalars(stmt)]
 
     # ------------------------------------------------------------------ checkpoints
 

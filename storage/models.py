@@ -19,6 +19,10 @@ The archive stores bytes, numbers and JSON text; nothing here knows what a graph
 * ``evaluation_intervals``: evaluations the retention policy thinned away, aggregated per time
   bucket (count, feasible count, seq range, best value of each objective), so counts and
   best-so-far curves over the whole history stay answerable in SQL.
+* ``calibrations``: hardware refitted by a campaign from its sampled executions (the calibrated
+  hardware as JSON, and a JSON report: fitted factors, rank correlation and errors before and
+  after); ``role`` is ``sampling`` (the hardware the samples ran on) or ``target`` (the
+  campaign's own hardware, when the samples ran on its device kind).
 * ``checkpoints``: JSON driver state for ``resume``; only the latest few per campaign are kept.
 
 Timestamps are timezone-aware UTC. Integer keys are 64-bit on PostgreSQL.
@@ -53,6 +57,8 @@ __all__ = [
     "MEASUREMENT_KINDS",
     "PLAN_KINDS",
     "Base",
+    "CALIBRATION_ROLES",
+    "Calibration",
     "Campaign",
     "Candidate",
     "Checkpoint",
@@ -67,6 +73,7 @@ CAMPAIGN_STATUSES = ("created", "running", "paused", "finished", "failed")
 MEASUREMENT_KINDS = ("plan", "shard", "transfer", "kernel")
 MEASUREMENT_BACKENDS = ("numpy", "cupy")
 PLAN_KINDS = ("full", "delta", "dropped")
+CALIBRATION_ROLES = ("sampling", "target")
 
 # Deterministic constraint names, so migrations can refer to them on every backend.
 NAMING_CONVENTION = {
@@ -263,6 +270,24 @@ class Measurement(Base):
     max_rel_error: Mapped[float | None] = mapped_column(Double, nullable=True)
     details_json: Mapped[str] = mapped_column(Text, default="{}")
     measured_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Calibration(Base):
+    """Hardware a campaign refitted from its sampled executions, with the fit's report (JSON)."""
+
+    __tablename__ = "calibrations"
+    __table_args__ = (
+        Index(None, "campaign_id"),
+        CheckConstraint(_in_check("role", CALIBRATION_ROLES), name="role"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    campaign_id: Mapped[int] = mapped_column(BigId, ForeignKey("campaigns.id"))
+    role: Mapped[str] = mapped_column(String(16))
+    plans: Mapped[int] = mapped_column(Integer)  # sampled plans the fit used
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    hardware_json: Mapped[str] = mapped_column(Text)
+    report_json: Mapped[str] = mapped_column(Text, default="{}")
 
 
 class Checkpoint(Base):

@@ -67,12 +67,18 @@ def measure_plan(g: Any, hw: Any, backend: str = "numpy", repeats: int = 3, warm
         base["campaign"] = campaign
     names = {gpu: device_name(backend, gpu) for gpu in set(run.device_map.values())}
     plan_device = names[next(iter(run.device_map.values()))] if run.device_map else device_name(backend)
+    from costmodel.lowering import kernel_class_of
+
+    kclass = {n: kernel_class_of(o) for n, o in g.ops.items()}
+    dtypes = {n: g.tensors[o.output].dtype for n, o in g.ops.items()}
     records: list[dict[str, Any]] = []
     for s in run.shards:
         records.append({**base, "kind": "shard", "device_name": names[s["gpu"]], "op": s["op"], "shard": s["shard"],
                         "measured_seconds": s["seconds"],
                         "predicted_seconds": float(low.dur[first[s["op"]] + s["shard"]]),
                         "details": {"device": s["device"], "gpu": s["gpu"],
+                                    # what the online refit (optimizer.realrun.online) needs per shard
+                                    "kernel_class": kclass[s["op"]], "dtype": dtypes[s["op"]],
                                     "flops": float(low.flops[first[s["op"]] + s["shard"]]),
                                     "bytes": float(low.nbytes[first[s["op"]] + s["shard"]])
                                     if hasattr(low, "nbytes") else None}})

@@ -138,4 +138,5 @@ def test_migration_files_are_packaged() -> None:
     assert sorted(p.name for p in (MIGRATIONS_DIR / "versions").glob("*.py")) == [
         "0001_initial.py",
         "0002_retention.py",
+        "0003_calibrations.py",
     ]
