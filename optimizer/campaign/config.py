@@ -220,6 +220,8 @@ class SamplingConfig(Strict):
     max_per_minute: float = Field(default=6.0, gt=0, le=1e6)
     repeats: int = Field(default=3, ge=1, le=10_000)
     hardware: str | None = Field(default=None, description="hardware the measured times are predicted on")
+    calibrate_every: int = Field(default=5, ge=0, le=1_000_000,
+                                 description="refit the sampling hardware every N sampled plans (0: never)")
 
 
 class RetentionConfig(Strict):

@@ -10,6 +10,12 @@ so sampling works without GPUs through the same path.
 The prediction a measurement is compared with is the model's time for the plan *as the
 executor runs it*: its shards one after another on one device of the sampling hardware
 (``sampling.hardware``; default ``cpu`` for NumPy, the campaign's device for CuPy).
+
+Every ``sampling.calibrate_every`` sampled plans (and once more when the campaign stops, if new
+ones came), :meth:`Sampler.calibrate` refits that hardware from the campaign's shard timings
+and stores it in the archive with the rank correlation before and after
+(``optimizer.realrun.online``). The stored ``predicted_seconds`` stay those of the uncalibrated
+hardware; the calibrated predictions are in the calibration's report.
 """
 
 from __future__ import annotations
@@ -55,14 +61,84 @@ def measure_task(spec: MeasureTaskSpec) -> list[dict]:
 
 
 class Sampler:
+    """Sends sampled plans to the workers, stores their measurements, and every
+    ``calibrate_every`` new sampled plans refits the sampling hardware (``optimizer.realrun.online``)
+    and stores the calibrated hardware in the archive (``Archive.add_calibration``); with
+    ``target_hw`` of the same device kind, also the campaign's hardware with the refit factors
+    and the front re-scored on it."""
+
     def __init__(self, campaign: str, rate: float, backend: str, max_per_minute: float, repeats: int,
-                 hw_dict: dict, archive: Any, client: Any, seed: int) -> None:
+                 hw_dict: dict, archive: Any, client: Any, seed: int, calibrate_every: int = 0,
+                 target_hw: Any = None) -> None:
         self.campaign, self.rate, self.backend = campaign, rate, backend
         self.max_per_minute, self.repeats = max_per_minute, repeats
         self.hw_dict, self.archive, self.client = hw_dict, archive, client
         self.rng = np.random.default_rng([seed, 5])
         self.sent: list[float] = []
         self.futures: dict[Any, str] = {}
+        self.calibrate_every, self.target_hw = calibrate_every, target_hw
+        self.new_plans = 0  # sampled plans stored since the last refit
+        self.last_cal: Any = None  # Hardware of the last refit (for held-out figures)
+        self.last_digests: set[str] = set()
+        if calibrate_every > 0:
+            self._resume_calibration()
+
+    def _resume_calibration(self) -> None:
+        """After ``tapestry resume``: the last refit of this campaign, and the plans sampled since."""
+        from costmodel.hardware import Hardware
+
+        try:
+            cals = self.archive.calibrations(self.campaign, "sampling")
+        except Exception:  # noqa: BLE001  (an archive without the campaign yet: nothing to resume)
+            return
+        if not cals:
+            return
+        last = cals[-1]
+        self.last_cal = Hardware.from_dict(last["hardware"])
+        self.last_digests = {p["digest"] for p in last["report"].get("points", [])}
+        plans = {m["plan_digest"] for m in self.archive.measurements(self.campaign) if m["kind"] == "plan"}
+        self.new_plans = len(plans - self.last_digests)
+
+    def calibrate(self, farm: Any = None) -> dict[str, Any] | None:
+        """Refit now (see the class docstring); returns the stored report, or None."""
+        from costmodel.hardware import Hardware
+        from ir.serialize import loads
+        from optimizer.realrun.online import refit, rescore, same_kind, target_hardware
+
+        base = Hardware.from_dict(self.hw_dict)
+        res = refit(self.archive.measurements(self.campaign), base, self.last_cal, self.last_digests)
+        if res is None:
+            return None
+        cal = res.pop("hardware")
+        report = {**res, "sampling_hardware": base.name, "backend": self.backend}
+        self.archive.add_calibration(self.campaign, "sampling", res["plans"], cal.to_dict(), report)
+        if self.target_hw is not None and same_kind(base, self.target_hw):
+            tgt = target_hardware(self.target_hw, cal)
+            graphs = {}
+            for m in (farm.front_members() if farm is not None else []):
+                if m.get("graph_json"):
+                    graphs[m["digest"]] = loads(m["graph_json"], f"front plan {m['digest'][:12]}")
+            old, new = rescore(graphs, self.target_hw), rescore(graphs, tgt)
+            front = [{"digest": d, "makespan": old[d]["makespan"], "calibrated_makespan": new[d]["makespan"],
+                      "mfu": old[d]["mfu"], "calibrated_mfu": new[d]["mfu"]} for d in graphs if d in old and d in new]
+            self.archive.add_calibration(self.campaign, "target", res["plans"], tgt.to_dict(),
+                                         {"factors": res["factors"], "front": front})
+        self.last_cal, self.last_digests = cal, {p["digest"] for p in res["points"]}
+        self.new_plans = 0
+        b, a = res["before"], res["after"]
+        log.info("refit %s on %d sampled plans: Spearman %s -> %s, mean |log(pred/measured)| %s -> %s",
+                 base.name, res["plans"], b["spearman"], a["spearman"], b["mean_abs_log"], a["mean_abs_log"])
+        return report
+
+    def _maybe_calibrate(self, farm: Any, final: bool = False) -> None:
+        due = self.new_plans >= self.calibrate_every or (final and self.new_plans > 0)
+        if self.calibrate_every <= 0 or not due:
+            return
+        try:
+            self.calibrate(farm)
+        except Exception as e:  # noqa: BLE001  (calibration is a report; the search goes on without it)
+            log.warning("refitting the sampling hardware failed: %s: %s", type(e).__name__, e)
+            self.new_plans = 0
 
     def offer(self, records: list[dict]) -> None:
         now = time.monotonic()
@@ -87,11 +163,13 @@ class Sampler:
             finally:
                 fut.release()
             rows.extend({**m, "campaign": self.campaign} for m in records)
+            self.new_plans += sum(1 for m in records if m.get("kind") == "plan")
         if rows:
             self.archive.add_measurements(rows)
 
     def poll(self, farm: Any) -> None:
         self._store([f for f in self.futures if f.done()])
+        self._maybe_calibrate(farm)
 
     def drain(self, farm: Any, timeout: float = 120.0) -> None:
         from distributed import wait
@@ -105,6 +183,7 @@ class Sampler:
             for f in self.futures:
                 f.cancel()
             self.futures.clear()
+        self._maybe_calibrate(farm, final=True)
 
 
 def make_sampler(cfg: Any, archive: Any, client: Any, hw: Any, base: Any) -> Sampler | None:
@@ -115,7 +194,7 @@ def make_sampler(cfg: Any, archive: Any, client: Any, hw: Any, base: Any) -> Sam
 
     hw_s = load_hardware(s.hardware or ("cpu" if s.backend == "numpy" else cfg.hardware))
     return Sampler(cfg.name, s.rate, s.backend, s.max_per_minute, s.repeats, hw_s.to_dict(), archive, client,
-                   cfg.search.seed)
+                   cfg.search.seed, calibrate_every=s.calibrate_every, target_hw=hw)
 
 
 def rank_correlation(measurements: list[dict]) -> dict[str, Any] | None:

@@ -1,0 +1,145 @@
+"""Calibration inside campaigns (``optimizer.realrun.online``, ``Sampler.calibrate``): the refit
+recovers known factors from synthetic shard timings, reports rank statistics that match their
+closed forms, and a sampler stores its calibrated hardware in the archive (and, on the campaign's
+own device kind, the re-scored front)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from costmodel.hardware_io import load_hardware
+from costmodel.presets import PRESETS
+from optimizer.realrun.online import plan_points, predict_plans, rank_stats, refit, same_kind, target_hardware
+from storage import Archive
+
+
+def _synthetic(truth, n_plans: int = 12, seed: int = 0) -> list[dict]:
+    """Plan and shard records whose measured seconds are ``truth``'s roofline times exactly."""
+    rng = np.random.default_rng(seed)
+    recs = []
+    for p in range(n_plans):
+        digest = f"{p:064x}"
+        total = 0.0
+        for i in range(int(rng.integers(3, 9))):
+            kc = ["matmul", "elementwise", "rowwise"][i % 3]
+            if kc == "matmul":
+                n = float(rng.choice([32, 64, 128, 256, 512]))
+                flops, nbytes = 2 * n**3, 12 * n * n
+            else:
+                e = float(rng.choice([1e3, 1e4, 1e5, 1e6]))
+                flops, nbytes = 2 * e, 12 * e
+            t = float(truth.shard_time(flops, nbytes, "float32", kc))
+            total += t
+            recs.append({"plan_digest": digest, "kind": "shard", "op": f"op{i}", "shard": 0, "measured_seconds": t,
+                         "details": {"kernel_class": kc, "dtype": "float32", "flops": flops, "bytes": nbytes}})
+        recs.append({"plan_digest": digest, "kind": "plan", "measured_seconds": total, "predicted_seconds": 1.0,
+                     "details": {}})
+    return recs
+
+
+def test_rank_stats_closed_forms():
+    m = [1.0, 2.0, 3.0, 4.0]
+    assert rank_stats(m, m) == {"n": 4, "spearman": pytest.approx(1.0), "mean_abs_log": pytest.approx(0.0)}
+    s = rank_stats([2 * x for x in m], m)  # twice too slow, same order
+    assert s["spearman"] == pytest.approx(1.0) and s["mean_abs_log"] == pytest.approx(math.log(2))
+    assert rank_stats([4.0, 3.0, 2.0, 1.0], m)["spearman"] == pytest.approx(-1.0)
+    assert rank_stats([1.0, 2.0], [1.0, 2.0])["spearman"] is None  # fewer than 3 points
+    assert rank_stats([], []) == {"n": 0, "spearman": None, "mean_abs_log": None}
+
+
+def test_refit_recovers_the_generating_factors():
+    base = load_hardware("cpu")
+    truth = base.with_efficiency({"matmul": (0.4, 1.0), "elementwise": (1.0, 0.3), "rowwise": (1.0, 0.5)},
+                                 launch_overhead_by_class={"matmul": 60e-6, "elementwise": 30e-6, "rowwise": 45e-6})
+    recs = _synthetic(truth)
+    res = refit(recs, base)
+    assert res["plans"] == 12 and res["shards"] == sum(1 for r in recs if r["kind"] == "shard")
+    cal = res["hardware"]
+    assert cal.efficiency_for("matmul")[0] == pytest.approx(0.4, rel=1e-3)
+    assert cal.efficiency_for("elementwise")[1] == pytest.approx(0.3, rel=1e-3)
+    assert cal.launch_overhead_for("rowwise") == pytest.approx(45e-6, rel=1e-3)
+    assert res["after"]["mean_abs_log"] < 1e-3 and res["after"]["spearman"] == pytest.approx(1.0)
+    assert res["before"]["mean_abs_log"] > 0.3  # the preset is far from the generating factors
+    # predictions after the refit are the measured plan times
+    pts = plan_points(recs)
+    assert predict_plans(pts, cal) == pytest.approx([p["measured"] for p in pts], rel=1e-3)
+    # held out: plans not in the previous fit, predicted with the previous hardware
+    res2 = refit(recs, base, previous=cal, previous_digests=[p["digest"] for p in pts[:8]])
+    assert res2["held_out"]["n"] == 4 and res2["held_out"]["mean_abs_log"] < 1e-3
+
+
+def test_refit_ignores_records_without_shard_work():
+    recs = [{"plan_digest": "a" * 64, "kind": "plan", "measured_seconds": 1.0, "details": {}},
+            {"plan_digest": "a" * 64, "kind": "shard", "op": "x", "shard": 0, "measured_seconds": 1.0,
+             "details": {"flops": 1.0}}]  # an old record: no kernel class
+    assert refit(recs, load_hardware("cpu")) is None
+
+
+def test_same_kind_and_target_hardware():
+    cpu, h100 = load_hardware("cpu"), PRESETS["h100-sxm-8"]
+    assert same_kind(cpu, cpu.replace(devices_per_node=4)) and not same_kind(cpu, h100)
+    cal = h100.with_efficiency(matmul=(0.7, 0.9), launch_overhead_by_class={"matmul": 7e-6})
+    big = PRESETS["h100-sxm-64"]
+    t = target_hardware(big, cal)
+    assert t.n_devices == 64 and t.efficiency_for("matmul") == (0.7, 0.9) and t.launch_overhead_for("matmul") == 7e-6
+
+
+class _Farm:
+    def __init__(self, graphs):
+        self.graphs = graphs
+
+    def front_members(self):
+        return [{"digest": g.digest, "graph_json": json.dumps(g.to_json())} for g in self.graphs]
+
+
+@pytest.mark.parametrize("target", ["h100-sxm-8", "cpu4"])
+def test_sampler_stores_calibrations(plans, tmp_path, target):
+    """Real NumPy executions of small plans, a refit every 3 plans, stored in the archive; when the
+    campaign's hardware is the sampling device kind (cpu4: four cpu devices) the front is
+    re-scored on the calibrated hardware too."""
+    from optimizer.realrun.measurement import measure_plan
+    from optimizer.realrun.sampling import Sampler
+
+    cpu = load_hardware("cpu")
+    tgt = cpu.replace(name="cpu4", devices_per_node=4) if target == "cpu4" else PRESETS[target]
+    graphs = [plans.random_plan("mlp", s) for s in range(4)]
+    with Archive.open(tmp_path / "a.db") as a:
+        a.create_campaign("c", {"x": 1}, "h", ["makespan"], [1.0])
+        s = Sampler("c", 1.0, "numpy", 60, 1, cpu.to_dict(), a, None, 0, calibrate_every=3, target_hw=tgt)
+        for g in graphs[:3]:
+            a.add_measurements([{**r, "campaign": "c"} for r in measure_plan(g, cpu, repeats=1, warmup=0)])
+        s.new_plans = 3
+        s._maybe_calibrate(_Farm(graphs[:2]))
+        assert s.new_plans == 0 and s.last_cal is not None
+        a.add_measurements([{**r, "campaign": "c"} for r in measure_plan(graphs[3], cpu, repeats=1, warmup=0)])
+        s.new_plans = 1
+        s._maybe_calibrate(_Farm(graphs[:2]))  # not due: 1 < 3
+        s._maybe_calibrate(_Farm(graphs[:2]), final=True)  # the campaign stops: refit with the new plan
+        cals = a.calibrations("c")
+    sampling = [c for c in cals if c["role"] == "sampling"]
+    assert [c["plans"] for c in sampling] == [3, 4]
+    rep = sampling[-1]["report"]
+    assert rep["held_out"]["n"] == 1 and rep["before"]["n"] == 4 and len(rep["points"]) == 4
+    assert rep["sampling_hardware"] == "cpu" and "matmul" in rep["factors"]
+    assert load_hardware(sampling[-1]["hardware"]).device.name == cpu.device.name
+    targets = [c for c in cals if c["role"] == "target"]
+    if target == "cpu4":
+        assert len(targets) == 2 and len(targets[-1]["report"]["front"]) == 2
+        f = targets[-1]["report"]["front"][0]
+        assert f["calibrated_makespan"] > 0 and f["makespan"] > 0
+    else:
+        assert targets == []
+
+
+def test_archive_refuses_a_bad_calibration_role(tmp_path):
+    from storage import InvalidRecord
+
+    with Archive.open(tmp_path / "a.db") as a:
+        a.create_campaign("c", {"x": 1}, "h", ["makespan"], [1.0])
+        with pytest.raises(InvalidRecord, match="calibration role"):
+            a.add_calibration("c", "other", 1, {}, {})
+        assert a.calibrations("c") == []
