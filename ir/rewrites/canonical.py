@@ -9,6 +9,7 @@ Two plans of one program have equal ``unshard`` digests.
 from __future__ import annotations
 
 from ir.graph import Graph, Shards
+from ir.kernels.attention import COMBINE_KERNEL
 from ir.rewrites.fusion import unfuse
 from ir.rewrites.recompute import recomputed, unrecompute
 from ir.rewrites.reduction import merge_reduction
@@ -26,9 +27,7 @@ def unshard(g: Graph, keep_substitutions: bool = False) -> Graph:
         if fused is None:
             break
         g = unfuse(g, fused)
-    # innermost first: a two-level reduction's accumulate is itself split
-    for n in reversed([n for n, o in g.ops.items() if o.params.get("split")]):
-        g = merge_reduction(g, n)
+    g = _merge_reductions(g)
     if recomputed(g):  # before substitutions: a recomputed copy of a substituted op is dropped, not undone
         g = unrecompute(g)
     if keep_substitutions:
@@ -42,6 +41,28 @@ def unshard(g: Graph, keep_substitutions: bool = False) -> Graph:
     for n in reassociated(g):
         g = unreassociate(g, n)
     return _whole(g)
+
+
+def _merge_reductions(g: Graph) -> Graph:
+    """Every split reduction merged (``merge_reduction`` of each, innermost first), in one pass:
+    one graph copy instead of one per reduction (a sharded training step has hundreds). Merged
+    ops get one whole shard (``unshard`` makes every op whole anyway)."""
+    split = [n for n, o in g.ops.items() if o.params.get("split")]
+    if not split:
+        return g
+    ops, dropped_tensors = dict(g.ops), {}
+    consumers = g.consumers
+    for n in reversed(split):  # innermost first: a two-level reduction's accumulate is itself split
+        o = ops[n]
+        readers = consumers.get(o.output, [])
+        if len(readers) != 1 or readers[0][0] not in ops or ops[readers[0][0]].kernel not in (
+                "accumulate", COMBINE_KERNEL):
+            return merge_reduction(g, split[-1])  # malformed: the single-step rewrite names the problem
+        acc = ops.pop(readers[0][0])
+        merged = o.replace(params={k: v for k, v in o.params.items() if k != "split"}, output=acc.output)
+        ops[n] = merged.replace(shards=Shards.whole(g.signature(merged).extents))
+        dropped_tensors[o.output] = None
+    return Graph({t: v for t, v in g.tensors.items() if t not in dropped_tensors}, ops)
 
 
 def _whole(g: Graph) -> Graph:
