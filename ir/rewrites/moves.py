@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from ir.graph import Graph
 from ir.mesh import parse_mesh
-from ir.rewrites import (fusion, hierarchical, layout, recompute, reduction, shard, substitute_attention,
+from ir.rewrites import (fusion, hierarchical, layout, pipeline, recompute, reduction, shard, substitute_attention,
                          substitute_merge, substitute_norm, substitute_reassoc)
 from ir.rewrites.align import align as align_shards
 from ir.rewrites.errors import RewriteError
@@ -293,11 +293,48 @@ class TwoLevel(Move):
         return hierarchical.two_level(g, self.op, self.group)
 
 
+@dataclass(frozen=True)
+class Stage(Move):
+    """Layers ``A:B`` (inclusive) on devices ``D0:D1`` (``ir.rewrites.pipeline``):
+    ``stage{layers=4:7,devices=16:32}``."""
+
+    layers: str
+    devices: str
+    kind: ClassVar[str] = "stage"
+
+    def apply(self, g: Graph) -> Graph:
+        return pipeline.stage(g, self.layers, self.devices)
+
+
+@dataclass(frozen=True)
+class Pipeline(Move):
+    """``stages`` equal layer ranges, stage ``s`` on devices ``s*group ..``: ``pipeline{stages=4,group=16}``."""
+
+    stages: int
+    group: int
+    kind: ClassVar[str] = "pipeline"
+
+    def apply(self, g: Graph) -> Graph:
+        return pipeline.pipeline(g, self.stages, self.group)
+
+
+@dataclass(frozen=True)
+class Microbatch(Move):
+    """The batch in ``m`` microbatches for the region ``ops``: ``microbatch{ops=all,m=8}``."""
+
+    ops: str
+    m: int
+    kind: ClassVar[str] = "microbatch"
+
+    def apply(self, g: Graph) -> Graph:
+        return pipeline.microbatch(g, self.ops, self.m)
+
+
 MOVES: dict[str, type[Move]] = {c.kind: c for c in (Split, Merge, Retile, Place, MoveShard, SplitReduction,
                                                       MergeReduction, Fuse, Unfuse, Align, FuseAttention,
                                                       UnfuseAttention, Recompute, Unrecompute, Layout, TwoLevel,
                                                       FuseNorm, UnfuseNorm, MergeMatmuls, SplitMatmuls,
-                                                      Reassociate, Unreassociate)}
+                                                      Reassociate, Unreassociate, Stage, Pipeline, Microbatch)}
 _MOVE_RE = re.compile(r"^\s*(\w+)\{(.*)\}\s*$")
 _ARG_RE = re.compile(r"(\w+)=(\[[^\]]*\]|[^,\]]+)")
 

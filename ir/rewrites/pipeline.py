@@ -1,0 +1,302 @@
+"""Pipeline parallelism: stage placement of layer ranges, and microbatching.
+
+Two meaning-preserving moves (placement and sharding only; every shard still computes what it did):
+
+- ``stage(g, "4:7", "16:32")`` puts the ops of layers 4..7 on devices 16..31: a shard on device
+  ``d`` moves to ``16 + d mod 16``, so a plan laid out over a 16-device mesh (TP × DP) keeps its
+  layout inside the stage. ``pipeline(g, p, G)`` does it for ``p`` equal contiguous layer ranges,
+  stage ``s`` on devices ``s·G .. (s+1)·G - 1`` (Megatron-LM's pipeline: TP × DP inside a stage).
+- ``microbatch(g, "all", m)`` cuts the batch into ``m`` microbatches for every op of a region:
+  each shard of an op whose index has a batch dim is split along it into ``m`` shards on the same
+  device (the simulator runs them as separate tasks, so stage ``s + 1`` can start microbatch 0
+  while stage ``s`` computes microbatch 1). An op that *reduces* over the batch (weight and bias
+  gradients, the loss) gets ``split_reduction`` into ``m`` blocks, one shard per block on the
+  shard's device, and an ``accumulate`` where the op was: weight-gradient accumulation across
+  microbatches is a reduction, as ``ir.rewrites.reduction`` already expresses it. Where the
+  reduction was already split over data-parallel devices (``k`` blocks), it is re-split into
+  ``k·m`` blocks and the accumulate reduced in two levels (``ir.rewrites.hierarchical``): each
+  device sums its own ``m`` microbatch partials first, then the ``k`` devices reduce as before.
+
+Which ops belong to a layer: ops named ``l<k>.…`` (the ``ir.workloads`` gpt/llama programs), ops
+derived from them by the training step (``l3.ff1.dW``, ``l3.resid1.out.gsum1``) and the optimizer
+and cast ops of their parameters (``l3_W1.update``, ``l3_W1.m.update``, ``l3_W1.cast``). Ops
+outside the layers go with the first stage (the embedding, its gradient and update) or the last
+(final norm, head, loss), by where their forward op sits in the program.
+
+Caveat (memory): an ``accumulate`` reads all ``m`` partials at once, so the simulated peak holds
+``m`` partial weight gradients per stage until the last microbatch's backward, where real
+runtimes accumulate into one buffer; peak memory of microbatched training plans is over-stated
+by up to ``(m - 1)`` × the stage's weight-gradient bytes.
+"""
+
+from __future__ import annotations
+
+import re
+import numpy as np
+
+from ir.graph import STATE_ROLES, Graph, Shards
+from ir.rewrites.errors import RewriteError
+from ir.rewrites.hierarchical import two_level
+from ir.rewrites.reduction import merge_reduction, split_reduction
+from ir.rewrites.shard import split
+from ir.zspace import split_points
+
+LAYER_RE = re.compile(r"^l(\d+)[._]")
+
+
+def _unit_col(row) -> int | None:
+    nz = [c for c, v in enumerate(row) if v != 0]
+    return nz[0] if len(nz) == 1 and row[nz[0]] == 1 else None
+
+
+# ------------------------------------------------------------------------------------------
+# layers
+# ------------------------------------------------------------------------------------------
+
+
+def op_layers(g: Graph) -> tuple[dict[str, int], int]:
+    """``(layer of each op, number of layers)``; ops before the first layer get ``-1``, ops
+    after it ``L`` (see the module doc). ``L = 0`` when no op is named ``l<k>.…``."""
+    return _op_layers(tuple(g.ops), g)
+
+
+def _op_layers(names: tuple[str, ...], g: Graph) -> tuple[dict[str, int], int]:
+    key = names
+    hit = _LAYER_CACHE.get(key)
+    if hit is not None:
+        return hit
+    order = g.topo_order
+    pos = {n: i for i, n in enumerate(order)}
+    direct: dict[str, int] = {}
+    for n in order:
+        m = LAYER_RE.match(n)
+        if m:
+            direct[n] = int(m.group(1))
+    n_layers = max(direct.values()) + 1 if direct else 0
+    first = min((pos[n] for n in direct), default=len(order))
+    consumers = g.consumers
+
+    def resolve(name: str) -> int | None:
+        m = LAYER_RE.match(name)
+        if m:
+            return int(m.group(1))
+        parts = name.split(".")
+        for k in range(len(parts) - 1, 0, -1):
+            stem = ".".join(parts[:k])
+            if stem in g.ops and stem != name:
+                return resolve(stem)
+            t = g.tensors.get(stem)
+            if t is not None and t.role in STATE_ROLES:  # a parameter's update/cast: where it is read
+                readers = sorted(pos[r] for r, _ in consumers.get(stem, []) if r in pos)
+                if readers:
+                    r = order[readers[0]]
+                    if r != name:
+                        return resolve(r)
+        return None
+
+    out: dict[str, int] = {}
+    for n in order:
+        k = resolve(n)
+        if k is None:
+            k = -1 if pos[n] < first else n_layers
+        elif k not in range(n_layers) and not LAYER_RE.match(n):
+            k = -1 if k < 0 else n_layers
+        out[n] = k
+    res = (out, n_layers)
+    if len(_LAYER_CACHE) > 32:
+        _LAYER_CACHE.clear()
+    _LAYER_CACHE[key] = res
+    return res
+
+
+_LAYER_CACHE: dict[tuple[str, ...], tuple[dict[str, int], int]] = {}
+
+
+def _parse_range(text: str, what: str) -> tuple[int, int]:
+    a, sep, b = str(text).partition(":")
+    try:
+        lo, hi = int(a), int(b) if sep else int(a)
+    except ValueError:
+        raise RewriteError(f"{what} {text!r} must be A:B (two integers)") from None
+    return lo, hi
+
+
+def _remap(g: Graph, names: list[str], d0: int, size: int) -> dict:
+    ops = {}
+    for n in names:
+        o = g.ops[n]
+        dev = d0 + np.asarray(o.shards.device, np.int64) % size
+        if not np.array_equal(dev, o.shards.device):
+            ops[n] = o.replace(shards=o.shards.with_devices(dev))
+    return ops
+
+
+def stage(g: Graph, layers: str, devices: str) -> Graph:
+    """Put the ops of layers ``A:B`` (inclusive; with the ops before the first layer when
+    ``A == 0`` and those after the last when ``B`` is the last layer) on devices ``D0:D1``
+    (half-open): a shard on device ``d`` moves to ``D0 + d mod (D1 - D0)``."""
+    a, b = _parse_range(layers, "layers")
+    d0, d1 = _parse_range(devices, "devices")
+    lay, n_layers = op_layers(g)
+    if n_layers == 0:
+        raise RewriteError("stage: the program has no layers (ops named l<k>.…, as ir.workloads gpt/llama)")
+    if not 0 <= a <= b < n_layers:
+        raise RewriteError(f"stage: layers {layers!r} must satisfy 0 <= A <= B < {n_layers}")
+    if not 0 <= d0 < d1:
+        raise RewriteError(f"stage: devices {devices!r} must be a half-open range D0:D1 with 0 <= D0 < D1")
+    lo = -1 if a == 0 else a
+    hi = n_layers if b == n_layers - 1 else b
+    names = [n for n, k in lay.items() if lo <= k <= hi]
+    ops = _remap(g, names, d0, d1 - d0)
+    if not ops:
+        raise RewriteError(f"stage: layers {layers} are already on devices {devices}")
+    return g.with_ops(ops)
+
+
+def pipeline(g: Graph, stages: int, group: int) -> Graph:
+    """``stages`` near-equal contiguous layer ranges, stage ``s`` on devices ``s·group ..``."""
+    lay, n_layers = op_layers(g)
+    if n_layers == 0:
+        raise RewriteError("pipeline: the program has no layers (ops named l<k>.…, as ir.workloads gpt/llama)")
+    if not 2 <= stages <= n_layers or group < 1:
+        raise RewriteError(f"pipeline: needs 2 <= stages <= {n_layers} layers and group >= 1, "
+                           f"got stages={stages}, group={group}")
+    cuts = split_points(0, n_layers, stages)
+    ops: dict = {}
+    for s in range(stages):
+        lo = -1 if s == 0 else cuts[s]
+        hi = n_layers if s == stages - 1 else cuts[s + 1] - 1
+        names = [n for n, k in lay.items() if lo <= k <= hi]
+        ops.update(_remap(g, names, s * group, group))
+    if not ops:
+        raise RewriteError(f"pipeline: already in {stages} stages of {group} devices")
+    return g.with_ops(ops)
+
+
+def stage_of_layers(n_layers: int, stages: int) -> list[tuple[int, int]]:
+    """The inclusive layer range of each of ``stages`` near-equal stages."""
+    cuts = split_points(0, n_layers, stages)
+    return [(cuts[s], cuts[s + 1] - 1) for s in range(stages)]
+
+
+# ------------------------------------------------------------------------------------------
+# batch dims
+# ------------------------------------------------------------------------------------------
+
+
+def batch_dims(g: Graph) -> dict[str, tuple[str, int | str]]:
+    """Per op, where the batch (dim 0 of the graph's ``input`` tensors) runs through it:
+    ``("dim", c)``: index dim ``c`` (for a partial op whose split reduction is over the batch:
+    its block dim 0); ``("red", name)``: a hidden reduction. Ops the batch does not reach are
+    absent (weights' casts, optimizer updates)."""
+    key = tuple((n, o.params_key) for n, o in g.ops.items())
+    hit = _BATCH_CACHE.get(key)
+    if hit is not None:
+        return hit
+    T: dict[str, set[int]] = {n: {0} for n, t in g.tensors.items() if t.role == "input" and t.shape}
+    out: dict[str, tuple[str, int | str]] = {}
+    for n in g.topo_order:
+        o = g.ops[n]
+        sig = g.signature(o)
+        found: tuple[str, int | str] | None = None
+        split_from = sig.split_from
+        for port, t in o.inputs:
+            for r in T.get(t, ()):
+                if split_from is not None and (port, r) in split_from.spans:
+                    found = ("dim", 0)
+                    break
+                proj = sig.inputs[port]
+                c = _unit_col(proj.A[r]) if r < len(proj.A) else None
+                if c is not None and proj.s[r] == 1:
+                    found = ("dim", c)
+                    break
+                red = next((x for x in sig.reductions if (port, r) in x.spans), None)
+                if red is not None and found is None:
+                    found = ("red", red.name)
+            if found is not None and found[0] == "dim":
+                break
+        if found is None:
+            continue
+        out[n] = found
+        if found[0] == "dim":
+            c = found[1]
+            T[o.output] = {r for r, row in enumerate(sig.output.A) if _unit_col(row) == c}
+    if len(_BATCH_CACHE) > 32:
+        _BATCH_CACHE.clear()
+    _BATCH_CACHE[key] = out
+    return out
+
+
+_BATCH_CACHE: dict[tuple, dict[str, tuple[str, int | str]]] = {}
+
+
+# ------------------------------------------------------------------------------------------
+# microbatching
+# ------------------------------------------------------------------------------------------
+
+
+def _resplit(g: Graph, name: str, m: int) -> Graph:
+    """A reduction already split into ``k`` blocks over devices: ``k·m`` blocks, each device's
+    ``m`` microbatch partials summed on it first (two levels)."""
+    o = g.ops[name]
+    spl = o.params["split"]
+    k, red = int(spl["parts"]), spl["reduction"]
+    readers = g.consumers.get(o.output, [])
+    if len(readers) != 1 or g.ops[readers[0][0]].kernel != "accumulate":
+        raise RewriteError(f"{name}: its partials are not read by one accumulate")
+    acc = readers[0][0]
+    a = g.ops[acc]
+    if a.params.get("split"):
+        raise RewriteError(f"{acc}: already reduced in two levels")
+    P = o.shards
+    if np.any(P.hi[:, 0] - P.lo[:, 0] != 1):
+        raise RewriteError(f"{name}: a shard holds several reduction blocks")
+    g2 = split_reduction(merge_reduction(g, name), name, k * m, red)
+    lo = np.repeat(P.lo, m, axis=0)
+    hi = np.repeat(P.hi, m, axis=0)
+    i = np.tile(np.arange(m), len(P))
+    lo[:, 0] = lo[:, 0] * m + i
+    hi[:, 0] = lo[:, 0] + 1
+    new = Shards(lo, hi, np.repeat(P.device, m))
+    g2 = g2.with_ops({name: g2.ops[name].replace(shards=new), acc: g2.ops[acc].replace(shards=a.shards)})
+    return two_level(g2, acc, m)
+
+
+def microbatch(g: Graph, ops: str, m: int) -> Graph:
+    """Cut the batch into ``m`` microbatches for every op of the region ``ops`` (a region text
+    as ``ir.rewrites.layout.select_ops`` reads it: ``all``, a glob, ``a:b``)."""
+    from ir.rewrites.layout import select_ops
+
+    if not isinstance(m, (int, np.integer)) or m < 2:
+        raise RewriteError(f"microbatch needs m >= 2 microbatches, got {m!r}")
+    names = select_ops(g, ops)
+    bd = batch_dims(g)
+    done = 0
+    refused: list[str] = []
+    for n in names:
+        if n not in g.ops or n not in bd:
+            continue
+        kind, x = bd[n]
+        o = g.ops[n]
+        try:
+            if kind == "dim" and o.params.get("split") and x == 0:
+                g = _resplit(g, n, m)
+            elif kind == "dim":
+                g = split(g, n, x, m)
+            elif o.params.get("split"):
+                raise RewriteError(f"{n}: another reduction of it is split already")
+            else:
+                g = split_reduction(g, n, m, str(x))
+                g = split(g, n, 0, m)  # one block per shard, on the shard's device
+                # the accumulate stays where the op's shards were: microbatch partials are summed locally
+        except RewriteError as e:
+            refused.append(f"{n} ({e})")
+            continue
+        done += 1
+    if not done:
+        why = "; ".join(refused[:3]) or "no op of the region reads the batch"
+        raise RewriteError(f"microbatch: no op of region {ops!r} could be cut into {m} microbatches: {why}")
+    return g
+
+
+__all__ = ["LAYER_RE", "batch_dims", "microbatch", "op_layers", "pipeline", "stage", "stage_of_layers"]
