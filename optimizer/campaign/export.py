@@ -153,6 +153,10 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
         measurements = archive.measurements(name)
         program = _program(archive, name, row["config"].get("base_digest"))
         progress = progress_report(row, archive.storage_stats(name))
+        from optimizer.campaign.fidelity import best_mfu, calibration_report
+
+        fidelity = (calibration_report(archive, name),
+                    best_mfu(archive, name, Hardware.from_dict(row["config"]["hardware"]), front))
         (outdir / "plans").mkdir(parents=True, exist_ok=True)
         for old in (outdir / "plans").iterdir():  # plans of an earlier export, now stale
             if old.is_file() and _PLAN_FILE.match(old.name):
@@ -188,7 +192,10 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
     _plot(outdir / "pareto.png", objectives, front, base_evals, name)
     plot_progress(progress, outdir / "progress.png", f"campaign {name}: hypervolume and best makespan over time")
     corr = rank_correlation(measurements)
+    from optimizer.campaign.fidelity import markdown
+
     (outdir / "summary.md").write_text(_summary(name, row, hw, front, base_evals, corr, words)
+                                       + "\n".join(markdown(fidelity[0], fidelity[1], hw.name) + [""])
                                        + _substitutions(substituted))
     return {"out": str(outdir), "plans": len(front), "have_svg": have_dot}
 

@@ -388,9 +388,14 @@ def campaign_status(db: str | None, name: str | None) -> dict[str, Any]:
         F = np.array([[r["objectives"][n] for n in objectives] for r in front], dtype=float)
         hv = hypervolume(F, np.array(row["reference_point"])) if len(F) else 0.0
         gaps = [r["gap"] for r in front if r.get("gap") is not None]
+        from costmodel.hardware import Hardware
+        from optimizer.campaign.fidelity import best_mfu, calibration_report
         from optimizer.realrun.sampling import rank_correlation
 
+        hw = Hardware.from_dict(row["config"]["hardware"])
         return {"campaign": row, "front": front, "hypervolume": hv, "best_gap": min(gaps) if gaps else None,
                 "budget": row["counters"].get("budget") or row["config"]["config"]["budget"],
                 "sampling": rank_correlation(archive.measurements(name)),
+                "calibration": calibration_report(archive, name), "hardware_name": hw.name,
+                "best_mfu": best_mfu(archive, name, hw, front),
                 "progress": progress_report(row, archive.storage_stats(name))}

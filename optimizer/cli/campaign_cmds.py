@@ -106,6 +106,10 @@ def status_cmd(
         s = st["sampling"]
         rho = f"{s['spearman']:.3f}" if s.get("spearman") is not None else "n/a"
         console.print(f"sampled executions: {s['n']} plans, Spearman(predicted, measured) = {rho}")
+    from optimizer.campaign.fidelity import status_lines
+
+    for line in status_lines(st.get("calibration"), st.get("best_mfu") or [], st.get("hardware_name", "")):
+        console.print(line, markup=False)
     t = Table()
     for col in ("digest", "makespan", "energy", "peak memory", "devices", "gap", "rewrite"):
         t.add_column(col)
