@@ -6,10 +6,13 @@
   input boxes from that device's buffers, runs the kernel's block function on its index box, and
   writes its output box;
 - one function per device (``device_0``, ...) that calls its steps in ``order`` (the simulated
-  schedule's order when the caller has one; else the plan's topological order), *receives* each
-  transfer just before the first step that reads one of its boxes, and *sends* each transfer
-  right after the step that produced it. Sends never block (queues), a receive waits for its
-  transfer, so a per-device order consistent with one valid schedule cannot deadlock;
+  schedule's order when the caller has one; else the plan's topological order), *sends* each
+  transfer right after the step that produced it and *receives* it at the same point of one
+  global order of all steps (a topological order of the steps under each device's order and
+  the transfers' producer-to-first-reader edges). Every device posts its sends and receives in
+  that one order, so even blocking, in-order point-to-point links (NCCL's, which ignore tags)
+  cannot deadlock or mismatch: the globally first unfinished transfer always has both of its
+  ends waiting at it;
 - the transfers are exactly the given ones (``costmodel.transfers.transfer_plan``: per producer
   shard and destination, disjoint boxes), the residency says which input boxes each device holds
   before the run: nothing else moves, and a step reading a cell nobody brought raises;
@@ -20,8 +23,14 @@
 
 The plan reaches the generator as plain data (``executor`` never imports ``costmodel``). Kernels'
 block functions come from ``ir.kernels`` (the same code the executor and the farm verify), so the
-program needs the ``tapestry`` package installed, not the farm. ``--backend cupy`` runs device
-``d`` on GPU ``d % n_gpus`` with transfers staged through host memory (no NCCL).
+program needs the ``tapestry`` package installed, not the farm. Backends (``--backend``):
+
+- ``numpy`` (default): processes on the host, transfers through ``multiprocessing`` queues;
+- ``cupy``: device ``d`` on GPU ``d % n_gpus``, transfers staged through host memory;
+- ``torch``: transfers by ``torch.distributed`` point-to-point ``isend``/``recv`` of each
+  transfer's boxes packed into one byte tensor, one rank per plan device: gloo with NumPy compute
+  on the host, or NCCL with CuPy compute when CUDA has a GPU per plan device (or
+  ``--dist nccl``). Rank ``r`` is the ``r``-th plan device in ascending order.
 """
 
 from __future__ import annotations
@@ -111,7 +120,7 @@ def generate_program(g: Graph, transfers: Iterable[Mapping[str, Any]], residency
             raise CodegenError(f"transfer {t['index']} names producer {t['producer']!r} of tensor {t['tensor']!r}, "
                                f"which the plan does not have")
         send_after.setdefault((t["producer"], int(t["shard"])), []).append(t)
-    recv_before: dict[tuple[str, int], list[dict]] = {}
+    first_reader: dict[int, tuple[str, int]] = {}
     for t in transfers + states:
         first = None
         for o, i in order.get(int(t["dst"]), []):
@@ -124,7 +133,9 @@ def generate_program(g: Graph, transfers: Iterable[Mapping[str, Any]], residency
                 break
         if first is None:
             raise CodegenError(f"transfer {t['index']} ({t['tensor']} to device {t['dst']}) has no reader there")
-        recv_before.setdefault(first, []).append(t)
+        first_reader[t["index"]] = first
+    steps_in_order = global_order(order, [((t["producer"], int(t["shard"])), first_reader[t["index"]])
+                                          for t in transfers])
 
     used: set[str] = {"main", "Device", "run_device", "np", "json", "argparse", "sys", "mp", "time"}
     step_fn = {key: _ident(f"{key[0]}__s{key[1]}", used) for key in sorted(want)}
@@ -152,24 +163,72 @@ def generate_program(g: Graph, transfers: Iterable[Mapping[str, Any]], residency
                          f"    y = dev.run({name!r}, blocks, {lo}, {hi})\n"
                          f"    dev.write({op.output!r}, {_tup(op.out_lo[i])}, {_tup(op.out_hi[i])}, y)\n\n\n")
     lines.append("# ---- devices: steps in schedule order, with their sends and receives --------------------\n")
+    device_of = {key: d for d, steps in order.items() for key in steps}
     for d in devices:
-        body = [f"    dev.send({t['index']}, {t['dst']}, {t['tensor']!r}, {_boxes_text(t['boxes'])})"
-                f"  # state transfer {t['index']}: from its home" for t in states if int(t["src"]) == d]
-        for key in order.get(d, []):
-            for t in recv_before.get(key, []):
-                kind = "state transfer" if t["index"] >= len(transfers) else "transfer"
-                body.append(f"    dev.recv({t['index']}, {t['src']}, {t['tensor']!r}, {_boxes_text(t['boxes'])})"
-                            f"  # {kind} {t['index']}")
-            body.append(f"    {step_fn[key]}(dev)")
-            for t in send_after.get(key, []):
+        body = []
+        for t in states:  # first in the global order, as each device starts
+            if int(t["src"]) == d:
                 body.append(f"    dev.send({t['index']}, {t['dst']}, {t['tensor']!r}, {_boxes_text(t['boxes'])})"
-                            f"  # transfer {t['index']}")
+                            f"  # state transfer {t['index']}: from its home")
+            if int(t["dst"]) == d:
+                body.append(f"    dev.recv({t['index']}, {t['src']}, {t['tensor']!r}, {_boxes_text(t['boxes'])})"
+                            f"  # state transfer {t['index']}, read by {first_reader[t['index']][0]}")
+        for key in steps_in_order:
+            if device_of[key] == d:
+                body.append(f"    {step_fn[key]}(dev)")
+            for t in send_after.get(key, []):
+                if int(t["src"]) == d:
+                    body.append(f"    dev.send({t['index']}, {t['dst']}, {t['tensor']!r}, "
+                                f"{_boxes_text(t['boxes'])})  # transfer {t['index']}")
+                if int(t["dst"]) == d:
+                    body.append(f"    dev.recv({t['index']}, {t['src']}, {t['tensor']!r}, "
+                                f"{_boxes_text(t['boxes'])})  # transfer {t['index']}, read by "
+                                f"{first_reader[t['index']][0]}")
         n_steps = len(order.get(d, []))
         lines.append(f"def device_{d}(dev):\n    \"\"\"Device {d}: {n_steps} steps.\"\"\"\n"
                      + ("\n".join(body) if body else "    pass") + "\n\n\n")
     lines.append(f"STEPS = {{{', '.join(f'{d}: device_{d}' for d in devices)}}}\n")
     lines.append(_RUNTIME)
     return "".join(lines)
+
+
+def global_order(order: Mapping[int, Sequence[tuple[str, int]]],
+                 edges: Iterable[tuple[tuple[str, int], tuple[str, int]]]) -> list[tuple[str, int]]:
+    """One order of all steps that keeps each device's ``order`` and puts every ``(a, b)`` edge's
+    ``a`` (a transfer's producer shard) before ``b`` (its first reader on the destination).
+
+    Kahn's algorithm, taking the ready step earliest in its device's order (then the lowest
+    device) first, so that the result interleaves the devices as a schedule would. Raises
+    ``CodegenError`` when the device orders and the transfers form a cycle (no schedule runs
+    them: some device would wait for a step that waits for it)."""
+    import heapq
+
+    pos = {key: (k, d) for d, steps in order.items() for k, key in enumerate(steps)}
+    succ: dict[tuple[str, int], list[tuple[str, int]]] = {key: [] for key in pos}
+    indeg = dict.fromkeys(pos, 0)
+    for d, steps in order.items():
+        for a, b in zip(steps, steps[1:]):
+            succ[a].append(b)
+            indeg[b] += 1
+    for a, b in edges:
+        if a != b and pos[a][1] != pos[b][1]:  # same-device edges are already in the device order
+            succ[a].append(b)
+            indeg[b] += 1
+    ready = [(pos[k], k) for k, n in indeg.items() if n == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, key = heapq.heappop(ready)
+        out.append(key)
+        for b in succ[key]:
+            indeg[b] -= 1
+            if indeg[b] == 0:
+                heapq.heappush(ready, (pos[b], b))
+    if len(out) != len(pos):
+        stuck = sorted(k for k, n in indeg.items() if n > 0)[:3]
+        raise CodegenError(f"the devices' step orders and the transfers form a cycle (no schedule runs them); "
+                           f"steps that can never start include {stuck}")
+    return out
 
 
 def _boxes_text(boxes: list[Box]) -> str:
@@ -179,19 +238,22 @@ def _boxes_text(boxes: list[Box]) -> str:
 _HEADER = '''#!/usr/bin/env python3
 """{title}: {n_dev} devices, {n_shards} shards, {n_transfers} transfers. Generated by `tapestry codegen`.
 
-Run:  python THIS_FILE.py [--check] [--values program.npz] [--seed 0] [--backend numpy|cupy]
+Run:  python THIS_FILE.py [--check] [--values program.npz] [--seed 0] [--backend numpy|cupy|torch]
 
 Each plan device is one process. ``device_<d>`` runs that device's steps in the schedule's order;
 each step (``<op>__s<k>``) computes one shard: it reads its input boxes from the device's own
 buffers, runs the kernel's block function and writes its output box. ``dev.send`` and ``dev.recv``
-move exactly the plan's transfer boxes between processes; a read of a cell that no step, transfer
-or resident input put on the device raises. ``--check`` compares the outputs with the unsharded
-program (tapestry's executor). Needs the ``tapestry`` package (for the kernels' block functions).
+move exactly the plan's transfer boxes between processes (``--backend torch``: by
+torch.distributed, gloo on the host or NCCL between GPUs); a read of a cell that no step,
+transfer or resident input put on the device raises. ``--check`` compares the outputs with the
+unsharded program (tapestry's executor). Needs the ``tapestry`` package (for the kernels' block
+functions).
 """
 
 import argparse
 import json
 import multiprocessing as mp
+import socket
 import sys
 import time
 
@@ -204,13 +266,13 @@ _RUNTIME = r'''
 # ---- runtime --------------------------------------------------------------------------------
 
 class Device:
-    """One plan device: full-shape buffers, a validity mask per tensor, and its channels."""
+    """One plan device: full-shape buffers, a validity mask per tensor, and its link."""
 
-    def __init__(self, d, xp, inbox, outboxes):
+    def __init__(self, d, xp, link):
         from ir.kernels import TensorSpec, get_kernel
         from ir.zspace import ZRange
 
-        self.d, self.xp, self.inbox, self.outboxes = d, xp, inbox, outboxes
+        self.d, self.xp, self.link = d, xp, link
         self.specs = {t["name"]: (tuple(t["shape"]), t["dtype"]) for t in PLAN["tensors"]}
         self.ops = {o["name"]: o for o in PLAN["ops"]}
         self.buf, self.valid, self.pending = {}, {}, {}
@@ -255,38 +317,110 @@ class Device:
         return k.run(self.xp, blocks, params, self._zr(lo, hi), sig)
 
     def send(self, index, dst, t, boxes):
-        blocks = [self._host(self.buf[t][tuple(slice(a, b) for a, b in zip(lo, hi))]) for lo, hi in boxes]
         for lo, hi in boxes:
             sl = tuple(slice(a, b) for a, b in zip(lo, hi))
             if not self.valid[t][sl].all():
                 raise RuntimeError(f"device {self.d} sends transfer {index} of {t}, but part of it is not here")
-        self.outboxes[dst].put((index, blocks))
+        self.link.send(index, dst, [self.buf[t][tuple(slice(a, b) for a, b in zip(lo, hi))] for lo, hi in boxes])
 
     def recv(self, index, src, t, boxes):
-        while index not in self.pending:
-            k, blocks = self.inbox.get(timeout=600)
-            self.pending[k] = blocks
-        for (lo, hi), block in zip(boxes, self.pending.pop(index)):
-            self.write(t, lo, hi, self.xp.asarray(block))
+        self._buffer(t)
+        shapes = [tuple(b - a for a, b in zip(lo, hi)) for lo, hi in boxes]
+        for (lo, hi), block in zip(boxes, self.link.recv(index, src, shapes, self.buf[t].dtype)):
+            self.write(t, lo, hi, block)
 
     def _host(self, a):
         return a.get() if hasattr(a, "get") else np.ascontiguousarray(a)
 
 
-def run_device(d, backend, host_inputs, inboxes, results):
+class QueueLink:
+    """Transfers through multiprocessing queues (host memory): sends never block."""
+
+    def __init__(self, d, xp, inboxes):
+        self.xp, self.inbox, self.outboxes, self.pending = xp, inboxes[d], inboxes, {}
+
+    def send(self, index, dst, blocks):
+        self.outboxes[dst].put((index, [b.get() if hasattr(b, "get") else np.ascontiguousarray(b) for b in blocks]))
+
+    def recv(self, index, src, shapes, dtype):
+        while index not in self.pending:
+            k, blocks = self.inbox.get(timeout=600)
+            self.pending[k] = blocks
+        return [self.xp.asarray(b) for b in self.pending.pop(index)]
+
+    def close(self):
+        pass
+
+
+class TorchLink:
+    """Transfers by torch.distributed point-to-point: each transfer's boxes packed into one byte
+    tensor, ``isend`` after its producer, ``recv`` at the same point of the global order (so
+    NCCL, which matches a pair's messages in posting order and ignores tags, pairs them right).
+    gloo moves host tensors (NumPy compute), NCCL moves CUDA tensors (CuPy compute, zero-copy
+    through DLPack)."""
+
+    def __init__(self, d, xp, dist_backend, port):
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist, self.xp, self.nccl = torch, dist, xp, dist_backend == "nccl"
+        self.rank = {dev: r for r, dev in enumerate(DEVICES)}
+        if self.nccl:
+            torch.cuda.set_device(xp.cuda.Device().id)
+        dist.init_process_group(dist_backend, init_method=f"tcp://127.0.0.1:{port}", rank=self.rank[d],
+                                world_size=len(DEVICES), timeout=datetime.timedelta(seconds=600))
+        self.in_flight = []  # (work, tensor): a send's tensor must live until it completes
+
+    def send(self, index, dst, blocks):
+        xp = self.xp
+        flat = xp.concatenate([xp.ascontiguousarray(b).reshape(-1).view(xp.uint8) for b in blocks])
+        if self.nccl:
+            xp.cuda.Stream.null.synchronize()  # the blocks are computed before NCCL's stream reads them
+            tensor = self.torch.from_dlpack(flat)
+        else:
+            tensor = self.torch.from_numpy(flat)
+        self.in_flight.append((self.dist.isend(tensor, dst=self.rank[dst], tag=index), tensor))
+
+    def recv(self, index, src, shapes, dtype):
+        sizes = [int(np.prod(s)) * np.dtype(dtype).itemsize for s in shapes]
+        tensor = self.torch.empty(sum(sizes), dtype=self.torch.uint8, device="cuda" if self.nccl else "cpu")
+        self.dist.recv(tensor, src=self.rank[src], tag=index)
+        if self.nccl:
+            self.torch.cuda.synchronize()
+            flat = self.xp.from_dlpack(tensor)
+        else:
+            flat = tensor.numpy()
+        blocks, at = [], 0
+        for shape, n in zip(shapes, sizes):
+            blocks.append(flat[at:at + n].view(dtype).reshape(shape))
+            at += n
+        return blocks
+
+    def close(self):
+        for work, _ in self.in_flight:
+            work.wait()
+        self.dist.barrier()
+        self.dist.destroy_process_group()
+
+
+def run_device(d, backend, dist_backend, port, host_inputs, inboxes, results):
     try:
-        if backend == "cupy":
+        if backend == "cupy" or dist_backend == "nccl":
             import cupy as xp
             xp.cuda.Device(d % xp.cuda.runtime.getDeviceCount()).use()
         else:
             xp = np
-        dev = Device(d, xp, inboxes[d], inboxes)
+        link = TorchLink(d, xp, dist_backend, port) if backend == "torch" else QueueLink(d, xp, inboxes)
+        dev = Device(d, xp, link)
         for t, boxes in RESIDENCY.get(str(d), []):
             for lo, hi in boxes:
                 sl = tuple(slice(a, b) for a, b in zip(lo, hi))
                 dev.write(t, lo, hi, xp.asarray(host_inputs[t][sl]))
         t0 = time.perf_counter()
         STEPS[d](dev)
+        link.close()
         seconds = time.perf_counter() - t0
         written = {t: dev._host(dev.buf[t]) for t in OUTPUTS if t in dev.buf}
         masks = {t: dev.valid[t] for t in written}
@@ -315,14 +449,40 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true", help="compare with the unsharded program")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     ap.add_argument("--values", default=None, help=".npz of parameter values (tapestry import writes one)")
-    ap.add_argument("--backend", default="numpy", choices=["numpy", "cupy"])
+    ap.add_argument("--backend", default="numpy", choices=["numpy", "cupy", "torch"],
+                    help="numpy: host processes and queues; cupy: GPUs, transfers through the host; "
+                         "torch: torch.distributed send/recv (gloo on the host, NCCL between GPUs)")
+    ap.add_argument("--dist", default="auto", choices=["auto", "gloo", "nccl"],
+                    help="torch.distributed backend for --backend torch (auto: NCCL when CUDA has a GPU "
+                         "per plan device, else gloo)")
     ap.add_argument("--out", default=None, help="write the outputs to this .npz")
     args = ap.parse_args(argv)
+    dist_backend, port = None, None
+    if args.backend == "torch":
+        try:
+            import torch
+            import torch.distributed as dist
+        except ImportError:
+            sys.stderr.write("--backend torch needs PyTorch (pip install 'tapestry[torch]'); "
+                             "use --backend numpy without it\n")
+            return 2
+        dist_backend = args.dist
+        if dist_backend == "auto":
+            dist_backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= len(DEVICES) else "gloo"
+        if not (dist.is_available() and (dist.is_gloo_available() if dist_backend == "gloo"
+                                         else dist.is_nccl_available())):
+            sys.stderr.write(f"--dist {dist_backend}: this PyTorch build has no {dist_backend} backend\n")
+            return 2
+        with socket.socket() as s:  # a free port for the rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        print(f"torch.distributed: {dist_backend}, {len(DEVICES)} ranks")
     g, inputs = host_inputs(args.seed, args.values)
     ctx = mp.get_context("spawn")
-    inboxes = {d: ctx.Queue() for d in DEVICES}
+    inboxes = {d: ctx.Queue() for d in DEVICES} if args.backend != "torch" else {}
     results = ctx.Queue()
-    procs = [ctx.Process(target=run_device, args=(d, args.backend, inputs, inboxes, results)) for d in DEVICES]
+    procs = [ctx.Process(target=run_device, args=(d, args.backend, dist_backend, port, inputs, inboxes, results))
+             for d in DEVICES]
     for p in procs:
         p.start()
     outputs = {t: np.zeros(g.tensors[t].shape, dtype=np.float32 if g.tensors[t].dtype == "bfloat16"
