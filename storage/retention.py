@@ -31,6 +31,14 @@ together; a plan becomes a delta or dropped in the same transaction that checks 
 anywhere leaves every chunk done or untouched; running compaction again finishes the work. Nothing
 in the plan or row sets is ever deleted.
 
+**Space.** SQLite reuses the pages of deleted rows (its freelist) without help. PostgreSQL
+keeps deleted rows as dead tuples until a vacuum marks their space reusable; autovacuum at
+default settings (20 % of a table dead, checked each minute) lags a compaction that deletes
+most of a table's rows every two minutes, so the table and its TOAST grow with the peaks.
+:func:`reclaim_space` therefore runs a plain ``VACUUM`` of Tapestry's tables after each
+compaction that changed rows (no lock beyond what ordinary writes take; the space is reused,
+not returned to the operating system, so the archive's size plateaus at its peak working set).
+
 **Concurrency.** Compaction assumes it is the archive's only writer for the campaign (the driver
 runs it between merges; ``tapestry archive compact`` refuses while a driver is alive).
 """
@@ -48,7 +56,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import Engine, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from storage.errors import CandidateNotFound, InvalidRecord, PlanNotKept, StorageError
@@ -70,6 +78,7 @@ __all__ = [
     "RetentionPolicy",
     "compact_campaign",
     "load_plan",
+    "reclaim_space",
 ]
 
 #: ``replay(parent_json, rewrite) -> (child_json, child_digest)``: applies a stored rewrite text
@@ -124,7 +133,14 @@ class CompactionReport:
     delta_failures: int = 0
     seconds: float = 0.0
     steps: int = 0
+    #: seconds spent in ``VACUUM`` afterwards (PostgreSQL; 0.0 when none ran)
+    vacuum_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed_rows(self) -> bool:
+        """Whether the compaction deleted or rewrote rows (so there is dead space to reclaim)."""
+        return bool(self.dropped_plans or self.deleted_candidates or self.deltas)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (for JSON and the CLI)."""
@@ -202,6 +218,25 @@ def compact_campaign(
         report.notes.append("deltas skipped: no replay function given")
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def reclaim_space(engine: Engine, tables: Iterable[str]) -> float:
+    """Make the space of deleted rows reusable; returns the seconds spent (0.0: nothing to do).
+
+    PostgreSQL: ``VACUUM (ANALYZE)`` of ``tables`` (outside a transaction, as ``VACUUM``
+    requires; it takes only a SHARE UPDATE EXCLUSIVE lock, so readers and writers go on).
+    SQLite needs nothing (see the module docstring) and other backends are left alone.
+    """
+    if engine.dialect.name != "postgresql":
+        return 0.0
+    names = [str(t) for t in tables]
+    if not names:
+        return 0.0
+    t0 = time.perf_counter()
+    preparer = engine.dialect.identifier_preparer
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM (ANALYZE) " + ", ".join(preparer.quote(n) for n in names))
+    return time.perf_counter() - t0
 
 
 def load_plan(s: Session, cid: int, campaign: str, digest: str, replay: Replay | None) -> str:
