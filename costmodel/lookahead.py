@@ -1,4 +1,5 @@
-"""Bounded lookahead: devices issue work in program order, at most ``window`` nodes ahead.
+"""Bounded lookahead and pipeline schedules: devices issue work in program order, at most
+``window`` nodes ahead; microbatched plans follow a GPipe or 1F1B order per device.
 
 The list scheduler (``costmodel.simulate``) starts any ready node as soon as its resources are
 free, in upward-rank order. Real runtimes issue kernels and collectives in *program order* on a
@@ -30,6 +31,7 @@ import heapq
 from collections import OrderedDict
 
 import numpy as np
+from numba import njit
 
 from ir.graph import Graph
 
@@ -72,24 +74,57 @@ def program_positions(g: Graph) -> dict[str, int]:
     return pos
 
 
-def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(ctl_ptr, ctl_idx)``: the control edges of the lookahead (see module doc), or None."""
-    if window <= 0:
+def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW,
+                    pipeline: str = "auto") -> tuple[np.ndarray, np.ndarray] | None:
+    """``(ctl_ptr, ctl_idx)``: the control edges of the lookahead and of the pipeline schedule
+    (see the module doc), or None. ``pipeline``: ``auto`` (1F1B where the structure allows,
+    else GPipe), ``gpipe``, ``1f1b`` (falls back to GPipe where unsafe) or ``off``."""
+    pipe = pipeline_units(low, g, pipeline) if pipeline != "off" else None
+    src, dst = [], []
+    if pipe is not None:
+        ps, pd = _unit_chain_edges(low, g, pipe[0])
+        if _acyclic(low, ps, pd):
+            src.append(ps)
+            dst.append(pd)
+        else:  # a placement whose stages do not follow the data flow: no pipeline order
+            pipe = None
+    if window > 0:
+        skip = pipe[0] >= 0 if pipe is not None else None
+        ws, wd = _window_edges(low, g, window, skip)
+        src += ws
+        dst += wd
+    if not src:
         return None
+    n = low.kind.shape[0]
+    s_new = np.concatenate(src).astype(np.int64)
+    d_new = np.concatenate(dst).astype(np.int64)
+    if not s_new.size:
+        return None
+    o = np.argsort(s_new, kind="stable")
+    ctl_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(s_new, minlength=n), out=ctl_ptr[1:])
+    return ctl_ptr, d_new[o].astype(np.int32)
+
+
+def _window_edges(low, g: Graph, window: int, skip: np.ndarray | None) -> tuple[list, list]:
+    """The program-order window over compute nodes (those not in ``skip``: pipeline units
+    have their own order)."""
     pos = program_positions(g)
     nc = low.n_compute
     offs = np.asarray(low.op_offsets)
     op_pos = np.array([pos[n] for n in low.op_names], np.int64)
     counts = np.diff(offs)
     node_pos = np.repeat(op_pos, counts)  # program position of each compute node's op
-    dev = np.asarray(low.dev[:nc], np.int64)
+    dev = np.asarray(low.dev[:nc], np.int64).copy()
+    if skip is not None:
+        dev[skip] = low.n_devices  # a device of their own, never gating nor gated
     order = np.lexsort((np.arange(nc), node_pos, dev))  # by device, then program order
     dev_sorted = dev[order]
-    starts = np.searchsorted(dev_sorted, np.arange(low.n_devices + 1))
+    starts = np.searchsorted(dev_sorted, np.arange(low.n_devices + 2))
     rank = np.empty(nc, np.int64)  # rank of a compute node within its device's program order
     rank[order] = np.arange(nc) - starts[dev_sorted]
     src, dst = [], []
-    same = np.nonzero(rank[order] >= window)[0]
+    same = np.nonzero((rank[order] >= window) & (dev_sorted < low.n_devices))[0]
     if same.size:
         src.append(order[same - window])
         dst.append(order[same])
@@ -113,15 +148,240 @@ def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW) -> tuple[np.nda
             first[1:] = t_sorted[1:] != t_sorted[:-1]
             t_first, reader = t_sorted[first], v_sorted[first]
             r = rank[reader] - window
-            ok = r >= 0
+            ok = (r >= 0) & (dev[reader] < low.n_devices)
             if ok.any():
                 src.append(order[starts[dev[reader[ok]]] + r[ok]])
                 dst.append(t_first[ok])
-    if not src:
+    return src, dst
+
+
+# ---------------------------------------------------------------------------------------------
+# pipeline schedules
+# ---------------------------------------------------------------------------------------------
+
+POLICIES = ("auto", "gpipe", "1f1b", "off")
+_PHASE_CACHE: OrderedDict = OrderedDict()
+
+
+def _backward_ops(g: Graph) -> frozenset[str]:
+    """Ops of the backward: ``loss.grad`` (``ir.autodiff.step``) and everything computed from it."""
+    key = tuple(g.ops)
+    hit = _PHASE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    seeds = [n for n in g.ops if n == "loss.grad" or n.startswith("loss.grad.")]
+    out: set[str] = set(seeds)
+    stack = list(seeds)
+    cons = g.consumers
+    while stack:
+        n = stack.pop()
+        for r, _ in cons.get(g.ops[n].output, []):
+            if r not in out:
+                out.add(r)
+                stack.append(r)
+    res = frozenset(out)
+    _PHASE_CACHE[key] = res
+    if len(_PHASE_CACHE) > _ORDER_CACHE_CAP:
+        _PHASE_CACHE.popitem(last=False)
+    return res
+
+
+def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
+    """Microbatch index of each compute node (-1: not microbatched), or None when no op has
+    several shards on one device. A shard's microbatch is the rank of its box's start along the
+    op's batch dim among the shards of that op on its device (``ir.rewrites.pipeline``)."""
+    from ir.rewrites.pipeline import batch_dims
+
+    nc = low.n_compute
+    if nc == 0:
         return None
-    s_new = np.concatenate(src)
-    d_new = np.concatenate(dst)
-    o = np.argsort(s_new, kind="stable")
-    ctl_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(s_new, minlength=n), out=ctl_ptr[1:])
-    return ctl_ptr, d_new[o].astype(np.int32)
+    offs = np.asarray(low.op_offsets, np.int64)
+    counts = np.diff(offs)
+    n_ops, nd = len(low.op_names), low.n_devices
+    dev = np.asarray(low.dev[:nc], np.int64)
+    op_idx = np.repeat(np.arange(n_ops), counts)
+    per = np.bincount(op_idx * nd + dev, minlength=n_ops * nd).reshape(n_ops, nd)
+    multi = np.nonzero(per.max(axis=1) > 1)[0]
+    if not multi.size:
+        return None
+    bd = batch_dims(g)
+    mb = np.full(nc, -1, np.int64)
+    for i in multi:
+        name = low.op_names[i]
+        b = bd.get(name)
+        sh = g.ops[name].shards
+        if b is None or b[0] != "dim" or len(sh) != counts[i]:
+            continue
+        lo, d = sh.lo[:, b[1]], np.asarray(sh.device, np.int64)
+        o = np.lexsort((lo, d))
+        ds, ls = d[o], lo[o]
+        new_dev = np.ones(len(o), bool)
+        new_dev[1:] = ds[1:] != ds[:-1]
+        new_lo = new_dev.copy()
+        new_lo[1:] |= ls[1:] != ls[:-1]
+        cs = np.cumsum(new_lo)
+        first = np.maximum.accumulate(np.where(new_dev, np.arange(len(o)), 0))
+        r = np.empty(len(o), np.int64)
+        r[o] = cs - cs[first]
+        if r.max() > 0:
+            mb[offs[i]:offs[i + 1]] = r
+    return mb if (mb > 0).any() else None
+
+
+def _barriers(g: Graph, tagged: dict[str, int]) -> tuple[bool, bool]:
+    """``(within, across)``: an op without microbatches lies between microbatched ops of one
+    phase (no pipeline order is possible: it needs every microbatch), or between the forward and
+    the backward (1F1B impossible: the backward of microbatch 0 waits for every forward)."""
+    reach: dict[str, int] = {}  # untagged op -> bitmask of phases (1: F, 2: B) it is reached from
+    within = across = False
+    prod = g.producers
+    for n in g.topo_order:
+        mask = 0  # phases that reach n through untagged ops only
+        direct = 0  # phases of n's tagged producers
+        for _, t in g.ops[n].inputs:
+            p = prod.get(t)
+            if p is None:
+                continue
+            if p in tagged:
+                direct |= 1 << tagged[p]
+            else:
+                mask |= reach.get(p, 0)
+        if n in tagged:
+            if mask & (1 << tagged[n]):
+                within = True
+            if tagged[n] == 1 and mask & 1:
+                across = True
+        elif mask | direct:
+            reach[n] = mask | direct
+    return within, across
+
+
+def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str] | None:
+    """``(unit position of each compute node in its device's pipeline order (-1: outside the
+    pipeline), policy used)``, or None when the plan has no microbatches or none can be ordered.
+
+    Units are (phase, microbatch) per device: GPipe runs F0..F(m-1) then B0..B(m-1); 1F1B
+    (PipeDream-Flush, Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
+    GPU Clusters Using Megatron-LM", §2.2) runs ``w = min(p - s - 1, m)`` warm-up forwards on
+    stage ``s`` of ``p``, then alternates one forward and one backward, so at most ``p - s``
+    microbatches' activations are alive on stage ``s`` (GPipe: all ``m``)."""
+    if policy not in POLICIES:
+        raise ValueError(f"pipeline policy {policy!r} is not one of {list(POLICIES)}")
+    mb = _microbatch_of_nodes(low, g)
+    if mb is None:
+        return None
+    nc = low.n_compute
+    offs = np.asarray(low.op_offsets, np.int64)
+    counts = np.diff(offs)
+    back = _backward_ops(g)
+    op_phase = np.array([1 if n in back else 0 for n in low.op_names], np.int64)
+    phase = np.repeat(op_phase, counts)
+    tag_ops = {low.op_names[i]: int(op_phase[i]) for i in np.unique(np.repeat(np.arange(len(counts)), counts)[mb >= 0])}
+    within, across = _barriers(g, tag_ops)
+    if within:
+        return None
+    use = "gpipe" if policy == "gpipe" or not (phase[mb >= 0] == 1).any() or across else "1f1b"
+    dev = np.asarray(low.dev[:nc], np.int64)
+    pos = program_positions(g)
+    node_pos = np.repeat(np.array([pos[n] for n in low.op_names], np.int64), counts)
+    t = np.nonzero(mb >= 0)[0]
+    fwd = t[phase[t] == 0]
+    first_f = np.full(low.n_devices, np.iinfo(np.int64).max)
+    np.minimum.at(first_f, dev[fwd], node_pos[fwd])
+    has = first_f < np.iinfo(np.int64).max
+    stage_ids = np.unique(first_f[has])
+    p = len(stage_ids)
+    stage = np.searchsorted(stage_ids, first_f)
+    m_dev = np.zeros(low.n_devices, np.int64)
+    np.maximum.at(m_dev, dev[t], mb[t] + 1)
+    unit = np.full(nc, -1, np.int64)
+    tables: dict[tuple[int, int], np.ndarray] = {}
+    for d in np.unique(dev[t]):
+        m = int(m_dev[d])
+        s = int(stage[d]) if has[d] else p - 1
+        key = (s, m)
+        if key not in tables:
+            seq = [(0, j) for j in range(m)] + [(1, j) for j in range(m)]
+            if use == "1f1b":
+                w = min(p - s - 1, m)
+                seq = [(0, j) for j in range(w)]
+                for i in range(m):
+                    if i + w < m:
+                        seq.append((0, i + w))
+                    seq.append((1, i))
+            tab = np.zeros((2, m), np.int64)
+            for k, (ph, j) in enumerate(seq):
+                tab[ph, j] = k
+            tables[key] = tab
+        sel = t[dev[t] == d]
+        unit[sel] = tables[key][phase[sel], mb[sel]]
+    return unit, use
+
+
+def _unit_chain_edges(low, g: Graph, unit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Control edges: every node of a device's unit ``k + 1`` may start once the last node (in
+    program order) of its unit ``k`` has started, so each device runs its units in order."""
+    t = np.nonzero(unit >= 0)[0]
+    if not t.size:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    pos = program_positions(g)
+    counts = np.diff(np.asarray(low.op_offsets, np.int64))
+    node_pos = np.repeat(np.array([pos[n] for n in low.op_names], np.int64), counts)
+    dev = np.asarray(low.dev[:low.n_compute], np.int64)
+    o = t[np.lexsort((t, node_pos[t], unit[t], dev[t]))]
+    d, u = dev[o], unit[o]
+    new = np.ones(len(o), bool)
+    new[1:] = (d[1:] != d[:-1]) | (u[1:] != u[:-1])
+    gid = np.cumsum(new) - 1
+    starts = np.nonzero(new)[0]
+    last = np.append(starts[1:] - 1, len(o) - 1)  # last node of each group, in sorted order
+    gdev = d[starts]
+    prev_ok = np.zeros(len(starts), bool)
+    prev_ok[1:] = gdev[1:] == gdev[:-1]
+    keep = prev_ok[gid]
+    src = o[last[gid[keep] - 1]]
+    return src.astype(np.int64), o[keep].astype(np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _kahn_complete(n, succ_ptr, succ_idx, c_ptr, c_idx) -> bool:
+    indeg = np.zeros(n, np.int64)
+    for e in range(succ_idx.shape[0]):
+        indeg[succ_idx[e]] += 1
+    for e in range(c_idx.shape[0]):
+        indeg[c_idx[e]] += 1
+    stack = np.empty(n, np.int64)
+    top = 0
+    for i in range(n):
+        if indeg[i] == 0:
+            stack[top] = i
+            top += 1
+    seen = 0
+    while top > 0:
+        top -= 1
+        u = stack[top]
+        seen += 1
+        for e in range(succ_ptr[u], succ_ptr[u + 1]):
+            v = succ_idx[e]
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                stack[top] = v
+                top += 1
+        for e in range(c_ptr[u], c_ptr[u + 1]):
+            v = c_idx[e]
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                stack[top] = v
+                top += 1
+    return seen == n
+
+
+def _acyclic(low, src: np.ndarray, dst: np.ndarray) -> bool:
+    """Whether data edges plus these control edges still order every node (a placement the
+    pipeline order contradicts would otherwise deadlock the simulated schedule)."""
+    n = low.kind.shape[0]
+    o = np.argsort(src, kind="stable")
+    c_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=c_ptr[1:])
+    return bool(_kahn_complete(n, np.asarray(low.succ_ptr, np.int64), np.asarray(low.succ_idx, np.int64),
+                               c_ptr, dst[o].astype(np.int64)))

@@ -73,7 +73,8 @@ def _op_layers(names: tuple[str, ...], g: Graph) -> tuple[dict[str, int], int]:
         if m:
             direct[n] = int(m.group(1))
     n_layers = max(direct.values()) + 1 if direct else 0
-    first = min((pos[n] for n in direct), default=len(order))
+    # where the layers start: the first op named l<k>.… (casts of l<k>_W run earlier)
+    first = min((pos[n] for n in direct if re.match(r"^l\d+\.", n)), default=len(order))
     consumers = g.consumers
 
     def resolve(name: str) -> int | None:
