@@ -228,10 +228,12 @@ def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
     return mb if (mb > 0).any() else None
 
 
-def _barriers(g: Graph, tagged: dict[str, int]) -> tuple[bool, bool]:
+def _barriers(g: Graph, tagged: dict[str, int]) -> tuple[bool, bool, set[str]]:
     """``(within, across)``: an op without microbatches lies between microbatched ops of one
     phase (no pipeline order is possible: it needs every microbatch), or between the forward and
-    the backward (1F1B impossible: the backward of microbatch 0 waits for every forward)."""
+    the backward (1F1B impossible: the backward of microbatch 0 waits for every forward); and
+    the ops without microbatches computed from microbatched ones (gradient accumulation, the
+    optimizer step: they run after the pipeline drains, as in Megatron-LM)."""
     reach: dict[str, int] = {}  # untagged op -> bitmask of phases (1: F, 2: B) it is reached from
     within = across = False
     prod = g.producers
@@ -253,7 +255,7 @@ def _barriers(g: Graph, tagged: dict[str, int]) -> tuple[bool, bool]:
                 across = True
         elif mask | direct:
             reach[n] = mask | direct
-    return within, across
+    return within, across, set(reach)
 
 
 def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str] | None:
@@ -267,7 +269,7 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str
     microbatches' activations are alive on stage ``s`` (GPipe: all ``m``)."""
     if policy not in POLICIES:
         raise ValueError(f"pipeline policy {policy!r} is not one of {list(POLICIES)}")
-    mb = _microbatch_of_nodes(low, g)
+    mb = _microbatch_of_nodes(low, g) if policy != "off" else None
     if mb is None:
         return None
     nc = low.n_compute
@@ -277,7 +279,7 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str
     op_phase = np.array([1 if n in back else 0 for n in low.op_names], np.int64)
     phase = np.repeat(op_phase, counts)
     tag_ops = {low.op_names[i]: int(op_phase[i]) for i in np.unique(np.repeat(np.arange(len(counts)), counts)[mb >= 0])}
-    within, across = _barriers(g, tag_ops)
+    within, across, after = _barriers(g, tag_ops)
     if within:
         return None
     use = "gpipe" if policy == "gpipe" or not (phase[mb >= 0] == 1).any() or across else "1f1b"
@@ -315,12 +317,16 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str
             tables[key] = tab
         sel = t[dev[t] == d]
         unit[sel] = tables[key][phase[sel], mb[sel]]
+    # the drain: ops computed from the pipeline's results, after every unit of their device
+    tail = np.repeat(np.array([n in after for n in low.op_names], bool), counts) & (unit < 0)
+    unit[tail] = 2 * m_dev[dev[tail]]
     return unit, use
 
 
 def _unit_chain_edges(low, g: Graph, unit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Control edges: every node of a device's unit ``k + 1`` may start once the last node (in
-    program order) of its unit ``k`` has started, so each device runs its units in order."""
+    """Control edges so that each device runs its units in order: the first node (in program
+    order) of unit ``k + 1`` starts once every node of unit ``k`` has started, and the other
+    nodes of unit ``k + 1`` once that first node has."""
     t = np.nonzero(unit >= 0)[0]
     if not t.size:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -334,13 +340,16 @@ def _unit_chain_edges(low, g: Graph, unit: np.ndarray) -> tuple[np.ndarray, np.n
     new[1:] = (d[1:] != d[:-1]) | (u[1:] != u[:-1])
     gid = np.cumsum(new) - 1
     starts = np.nonzero(new)[0]
-    last = np.append(starts[1:] - 1, len(o) - 1)  # last node of each group, in sorted order
     gdev = d[starts]
-    prev_ok = np.zeros(len(starts), bool)
-    prev_ok[1:] = gdev[1:] == gdev[:-1]
-    keep = prev_ok[gid]
-    src = o[last[gid[keep] - 1]]
-    return src.astype(np.int64), o[keep].astype(np.int64)
+    has_next = np.zeros(len(starts), bool)
+    has_next[:-1] = gdev[1:] == gdev[:-1]
+    # every node of group k -> first node of group k + 1 (same device)
+    a = np.nonzero(has_next[gid])[0]
+    src1, dst1 = o[a], o[starts[gid[a] + 1]]
+    # first node of a group -> the group's other nodes
+    b = np.nonzero(~new)[0]
+    src2, dst2 = o[starts[gid[b]]], o[b]
+    return np.concatenate([src1, src2]).astype(np.int64), np.concatenate([dst1, dst2]).astype(np.int64)
 
 
 @njit(cache=True, nogil=True)

@@ -77,10 +77,11 @@ def _op_layers(names: tuple[str, ...], g: Graph) -> tuple[dict[str, int], int]:
     first = min((pos[n] for n in direct if re.match(r"^l\d+\.", n)), default=len(order))
     consumers = g.consumers
 
-    def resolve(name: str) -> int | None:
+    def resolve(name: str) -> tuple[int | None, str]:
+        """(layer, the forward op it derives from)."""
         m = LAYER_RE.match(name)
         if m:
-            return int(m.group(1))
+            return int(m.group(1)), name
         parts = name.split(".")
         for k in range(len(parts) - 1, 0, -1):
             stem = ".".join(parts[:k])
@@ -93,15 +94,13 @@ def _op_layers(names: tuple[str, ...], g: Graph) -> tuple[dict[str, int], int]:
                     r = order[readers[0]]
                     if r != name:
                         return resolve(r)
-        return None
+        return None, name
 
     out: dict[str, int] = {}
     for n in order:
-        k = resolve(n)
+        k, anchor = resolve(n)
         if k is None:
-            k = -1 if pos[n] < first else n_layers
-        elif k not in range(n_layers) and not LAYER_RE.match(n):
-            k = -1 if k < 0 else n_layers
+            k = -1 if pos.get(anchor, pos[n]) < first else n_layers
         out[n] = k
     res = (out, n_layers)
     if len(_LAYER_CACHE) > 32:
