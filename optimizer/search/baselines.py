@@ -122,6 +122,42 @@ def dp_cp(g: Graph, n: int, per_node: int = 8) -> Graph:
     return layout(unshard(g), "all", mesh, use)
 
 
+def megatron_3d(g: Graph, n: int, per_node: int = 8, pp: int | None = None, m: int | None = None) -> Graph:
+    """Megatron-LM's 3D parallelism (Narayanan et al. 2021): tensor parallelism inside a node x
+    data parallelism x ``pp`` pipeline stages of contiguous layers, the batch in ``m``
+    microbatches (default: ``2·pp``, fewer where the batch does not divide). Across nodes: the
+    stages (default ``pp``: up to 4 node groups); on one node: TP of half the node x 2 stages."""
+    from ir.rewrites.pipeline import microbatch, op_layers, pipeline
+
+    _, n_layers = op_layers(g)
+    if n_layers < 2:
+        raise RewriteError("megatron_3d: the program has fewer than two layers (ops named l<k>.…)")
+    nodes = max(1, n // per_node)
+    if pp is None:
+        pp = next((k for k in (4, 2) if nodes % k == 0 and nodes >= k), 2)
+    pp = min(pp, n_layers)
+    if n % pp:
+        raise RewriteError(f"megatron_3d: {n} devices do not split into {pp} stages")
+    group = n // pp
+    mesh, use = _mesh(group, per_node if group > per_node else max(1, group), "t", "b")
+    if group <= per_node and group > 1:
+        mesh, use = Mesh((group,), per_node), ("t",)
+    staged = pipeline(layout(unshard(g), "all", mesh, use), pp, group)
+    last: RewriteError | None = None
+    for k in ([m] if m else [2 * pp, pp, 2]):
+        try:
+            return microbatch(staged, "all", k)
+        except RewriteError as e:
+            last = e
+    raise last or RewriteError("megatron_3d: no microbatch count applies")
+
+
+def _has_layers(g: Graph) -> bool:
+    from ir.rewrites.pipeline import LAYER_RE
+
+    return sum(1 for n in g.ops if LAYER_RE.match(n)) > 0 and any(n.startswith("l1.") for n in g.ops)
+
+
 def _has_sequence(g: Graph) -> bool:
     return any(o.kernel in ("softmax", "attention") for o in g.ops.values())
 
@@ -129,7 +165,8 @@ def _has_sequence(g: Graph) -> bool:
 def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> dict[str, Graph]:
     """The baselines that apply to ``g`` on ``n_devices`` (nodes of ``devices_per_node``, 8 where
     it divides): single device, data parallel, ZeRO-3 (training steps), Megatron TP x DP,
-    DP x CP (programs with attention), and the hand-written Megatron MLP (MLPs)."""
+    DP x CP (programs with attention), Megatron-LM 3D TP x PP x DP (training steps of layered
+    models), and the hand-written Megatron MLP (MLPs)."""
     per = devices_per_node or (8 if n_devices % 8 == 0 else n_devices)
     nodes = max(1, n_devices // per)
     train = _training(g)
@@ -137,7 +174,8 @@ def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> 
     out[f"data-parallel-{n_devices}"] = data_parallel_step(g, n_devices, per) if train else data_parallel(g, n_devices)
     recipes = [(f"zero3-{n_devices}", zero3, train),
                (f"megatron-tp{min(per, n_devices)}-dp{nodes}", megatron, True),
-               (f"dp{nodes}-cp{min(per, n_devices)}", dp_cp, _has_sequence(g))]
+               (f"dp{nodes}-cp{min(per, n_devices)}", dp_cp, _has_sequence(g)),
+               ("megatron-3d", megatron_3d, train and n_devices >= 4 and _has_layers(g))]
     for name, build, valid in recipes:
         if n_devices > 1 and valid:
             try:
@@ -152,5 +190,5 @@ def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> 
     return out
 
 
-__all__ = ["baselines", "data_parallel", "data_parallel_step", "dp_cp", "megatron", "megatron_mlp", "place",
+__all__ = ["baselines", "data_parallel", "data_parallel_step", "dp_cp", "megatron", "megatron_3d", "megatron_mlp", "place",
            "single_device", "zero3"]
