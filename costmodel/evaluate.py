@@ -205,6 +205,8 @@ class Evaluator:
             from ir.rewrites import unshard
 
             facts = self._bounds[low.program] = program_facts(unshard(g), self.hw)
+            if len(self._bounds) > self.lowerer.PROGRAMS_CAP:  # numbers are never reused: drop the oldest
+                self._bounds.pop(next(iter(self._bounds)))
         lb = facts.lower_bound
         used = int(np.count_nonzero(s.used))
         mfu = facts.ideal_seconds / (s.makespan * used) if s.makespan > 0 and used else 0.0
