@@ -4,7 +4,9 @@
   axis (``b`` batch, ``s`` sequence, ``t`` tensor), and a region: every op (``all``, so every
   layer alike), the ops of one layer (``l3.*``), or a topological range of ops;
 - ``two_level``: reduce an accumulate's partials inside groups of devices first (a node), then
-  across groups.
+  across groups;
+- ``pipeline``: layout on a mesh of ``n / pp`` devices, ``pp`` stages of contiguous layers,
+  ``m`` microbatches (``ir.rewrites.pipeline``), one move (models with ``l<k>.`` layers).
 
 Meshes are drawn from ``ir.mesh.enumerate_meshes`` for the fleet's nodes; the hardware's
 ``devices_per_node`` arrives in ``MutationContext.devices_per_node``.
@@ -91,4 +93,34 @@ def op_two_level(g: Graph, rng: np.random.Generator, ctx: object) -> tuple[Graph
     return move.apply(g), move
 
 
-__all__ = ["devices_per_node", "draw_layout", "meshes_for", "op_layout", "op_two_level"]
+def draw_pipeline(g: Graph, rng: np.random.Generator, n_devices: int, per_node: int) -> M.Sequence:
+    """A random pipelined plan in one move: a layout of every op on a mesh of ``n / pp``
+    devices, ``pp`` stages of contiguous layers on consecutive device groups, ``m``
+    microbatches (``pp``, ``2·pp`` or ``4·pp``) — Megatron-LM's TP x DP x PP and its neighbours."""
+    from ir.rewrites.pipeline import op_layers
+
+    _, n_layers = op_layers(g)
+    pps = [k for k in (2, 4, 8, 16) if k <= n_layers and n_devices % k == 0]
+    if not pps:
+        raise RewriteError("pipeline: fewer than two layers, or the fleet does not split into stages")
+    pp = pps[int(rng.integers(len(pps)))]
+    group = n_devices // pp
+    meshes = [m for m in meshes_for(n_devices, per_node) if m.size == group]
+    moves: list[M.Move] = []
+    if meshes:
+        mesh = meshes[int(rng.integers(len(meshes)))]
+        use = tuple("t" if (rng.random() < 0.6 and not mesh.crosses_nodes(a)) else USES[int(rng.integers(2))]
+                    for a in range(mesh.ndim))
+        moves.append(M.Layout("all", mesh.text, ".".join(use), per_node))
+    m = pp * int(rng.choice([1, 2, 4]))
+    moves += [M.Pipeline(pp, group), M.Microbatch("all", m)]
+    return M.Sequence(tuple(moves))
+
+
+def op_pipeline(g: Graph, rng: np.random.Generator, ctx: object) -> tuple[Graph, M.Move]:
+    move = draw_pipeline(g, rng, int(getattr(ctx, "n_devices")), devices_per_node(ctx))
+    return move.apply(g), move
+
+
+__all__ = ["devices_per_node", "draw_layout", "draw_pipeline", "meshes_for", "op_layout", "op_pipeline",
+           "op_two_level"]

@@ -27,7 +27,7 @@ import numpy as np
 from ir.graph import Graph
 from ir.rewrites import RewriteError, fusable, random_rewrite
 from ir.rewrites import moves as M
-from optimizer.search.layouts import op_layout, op_two_level
+from optimizer.search.layouts import op_layout, op_pipeline, op_two_level
 
 
 @dataclass
@@ -175,11 +175,11 @@ Operator = Callable[[Graph, np.random.Generator, MutationContext], tuple[Graph, 
 OPERATORS: dict[str, Operator] = {
     "rewrite": op_rewrite, "spread": op_spread, "align": op_align, "fuse_chain": op_fuse_chain,
     "reduce_spread": op_reduce_spread, "layout_all": op_layout_all, "crossover": op_crossover,
-    "layout": op_layout, "two_level": op_two_level,
+    "layout": op_layout, "two_level": op_two_level, "pipeline": op_pipeline,
 }
 DEFAULT_OPERATOR_WEIGHTS = {"rewrite": 4.0, "spread": 2.0, "align": 2.0, "fuse_chain": 0.7,
                             "reduce_spread": 0.8, "layout_all": 0.3, "crossover": 1.5, "layout": 2.0,
-                            "two_level": 0.4}
+                            "two_level": 0.4, "pipeline": 0.3}
 
 
 @dataclass

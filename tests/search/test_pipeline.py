@@ -75,3 +75,30 @@ def test_bad_pipeline_moves_are_refused(step, text, match):
 def test_forward_program_without_layers_is_refused():
     with pytest.raises(RewriteError, match="no layers"):
         parse_move("pipeline{stages=2,group=1}").apply(workloads.build("mlp"))
+
+
+def test_search_operator_draws_valid_pipelined_plans(step):
+    from optimizer.search.layouts import op_pipeline
+    from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, OPERATORS, MutationContext
+
+    assert "pipeline" in OPERATORS and DEFAULT_OPERATOR_WEIGHTS["pipeline"] > 0
+    rng = np.random.default_rng(0)
+    ctx = MutationContext(n_devices=8, max_shards_per_op=64)
+    for _ in range(20):  # a draw may ask for more microbatches than the batch allows (a refusal)
+        try:
+            plan, move = op_pipeline(step, rng, ctx)
+            break
+        except RewriteError:
+            continue
+    assert "pipeline{" in str(move) and "microbatch{" in str(move)
+    assert parse_move(str(move)).apply(step).digest == plan.digest
+    assert verify(plan, reference=step).ok
+
+
+def test_megatron_3d_baseline_is_seeded_for_layered_training_steps(step):
+    from optimizer.search.baselines import baselines
+
+    b = baselines(step, 8)
+    assert "megatron-3d" in b
+    assert verify(b["megatron-3d"], reference=step).ok
+    assert "megatron-3d" not in baselines(workloads.build("gpt", layers=2), 8)  # forward only
