@@ -34,6 +34,7 @@ def test_caps_hold_and_results_do_not_change() -> None:
             assert a.objectives() == b.objectives()
             assert np.array_equal(a.peak_memory_per_device, b.peak_memory_per_device)
             assert len(capped.lowerer._packs) <= 2 and len(capped.lowerer._programs) <= 1
+            assert len(capped._bounds) <= 1  # the evaluator's program facts follow the same cap
     assert fresh.lowerer.stats == {"exact": 0, "incremental": 0, "fresh": 0}  # untouched
 
 
