@@ -260,6 +260,9 @@ class Hardware:
         default_factory=lambda: {"default": (1.0, 1.0)}, hash=False)
     launch_overhead_by_class: dict[str, float] = field(default_factory=dict, hash=False)
     description: str = field(default="", compare=False)
+    #: slowdown of compute while its device communicates (``costmodel.simulate``, "Contention");
+    #: 1 = none. Presets cite their value (``costmodel.presets``); calibration may set it.
+    contention: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -291,6 +294,11 @@ class Hardware:
         object.__setattr__(self, "launch_overhead_by_class", lo)
         if not isinstance(self.description, str):
             raise HardwareError("description: must be a string")
+        c = _number(self.contention, "contention")
+        if not (math.isfinite(c) and c >= 1.0):
+            raise HardwareError(f"contention: a slowdown factor >= 1 (1 = communication does not slow compute), "
+                                f"got {self.contention!r}")
+        object.__setattr__(self, "contention", c)
 
     # -- topology ---------------------------------------------------------------------------
 
@@ -415,13 +423,15 @@ class Hardware:
         }
         if self.description:
             d["description"] = self.description
+        if self.contention != 1.0:
+            d["contention"] = self.contention
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Hardware":
         """Strict inverse of :meth:`to_dict`: unknown or missing fields raise HardwareError."""
         _check_keys(d, "", ("name", "device", "n_nodes", "devices_per_node", "intra_link", "inter_link"),
-                    ("efficiency", "launch_overhead_by_class", "description"))
+                    ("efficiency", "launch_overhead_by_class", "description", "contention"))
         eff = d.get("efficiency", {"default": (1.0, 1.0)})
         if eff is None or not isinstance(eff, Mapping):
             raise HardwareError("efficiency: expected a mapping kernel_class -> {compute, memory}")
@@ -443,6 +453,7 @@ class Hardware:
             efficiency=dict(eff),
             launch_overhead_by_class=dict(d.get("launch_overhead_by_class") or {}),
             description=str(d.get("description", "") or ""),
+            contention=d.get("contention", 1.0),
         )
 
     def summary(self) -> str:

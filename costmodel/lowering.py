@@ -134,7 +134,7 @@ class Lowered:
     """
 
     __slots__ = ("kind", "dev", "dst", "dur", "lat", "alloc", "succ_ptr", "succ_idx", "resident", "n_devices",
-                 "op_names", "program", "_ints", "_flts", "link", "part_ptr", "part_dev", "part_alloc")
+                 "op_names", "program", "_ints", "_flts", "link", "part_ptr", "part_dev", "part_alloc", "contention")
 
     def __init__(self, kind, i32, f64, succ_ptr, succ_idx, resident, ints, flts, n_devices: int,
                  op_names: tuple[str, ...], program: int = 0, link=None, part_ptr=None, part_dev=None,
@@ -145,17 +145,23 @@ class Lowered:
         self.n_devices, self.op_names, self.program = n_devices, op_names, program
         self._ints, self._flts = ints, flts
         self.link, self.part_ptr, self.part_dev, self.part_alloc = link, part_ptr, part_dev, part_alloc
+        self.contention = 1.0  # the hardware's compute slowdown under communication (set by Lowerer.lower)
 
-    def simulate(self, ctl=None):
+    def simulate(self, ctl=None, contention: float | None = None):
         """The schedule of these arrays (``costmodel.simulate.simulate_arrays``, ports and
         collectives included); ``ctl``: control edges ``(ctl_ptr, ctl_idx)`` such as
-        ``costmodel.lookahead.lookahead_edges`` gives, or None."""
+        ``costmodel.lookahead.lookahead_edges`` gives, or None; ``contention``: the slowdown of
+        compute overlapped by communication (default: the lowering hardware's
+        ``Hardware.contention``; 1 = none)."""
+        if contention is None:
+            contention = self.contention
         from costmodel.simulate import simulate_arrays
 
         ctl_ptr, ctl_idx = ctl if ctl is not None else (None, None)
         return simulate_arrays(self.kind, self.dev, self.dst, self.dur, self.succ_ptr, self.succ_idx, self.alloc,
                                self.resident, self.n_devices, lat=self.lat, link=self.link, part_ptr=self.part_ptr,
-                               part_dev=self.part_dev, part_alloc=self.part_alloc, ctl_ptr=ctl_ptr, ctl_idx=ctl_idx)
+                               part_dev=self.part_dev, part_alloc=self.part_alloc, ctl_ptr=ctl_ptr, ctl_idx=ctl_idx,
+                               contention=contention)
 
     @property
     def elapsed(self) -> np.ndarray:
@@ -551,7 +557,10 @@ class Lowerer:
                                             self.hw.n_devices, st.g_item[gi], *self._links)
         counts = np.append(counts, 0)
         coll, parts, cost = _NO_COLL, _NO_PARTS, None
-        if self.collectives and counts[1] >= 2:
+        # a producer with several shards on one device (microbatches, ir.rewrites.pipeline) keeps
+        # its transfers point to point: one collective over all of them would wait for every
+        # microbatch and serialise the pipeline
+        if self.collectives and counts[1] >= 2 and np.unique(pp.dev).shape[0] == pp.dev.shape[0]:
             reduce = all(ops[r].kernel == "accumulate" for r, _ in readers)
             coll, parts, cost = self._collective(counts, ints, flts, pp.dev, reduce)
             if cost is not None:
@@ -861,8 +870,10 @@ class Lowerer:
         kind, i32, f64, ptr, idx, resident, ints, flts, link, pptr, pdev, palloc = K.assemble(
             op_sizes, op_f, st.g_prod, st.g_rptr, st.g_rop, g_counts, g_ints, g_flts, res, n_dev, st.g_state,
             st.op_inplace, g_coll, c_parts)
-        return Lowered(kind, i32, f64, ptr, idx, resident, ints, flts, n_dev, st.order, st.program, link, pptr, pdev,
-                       palloc)
+        low = Lowered(kind, i32, f64, ptr, idx, resident, ints, flts, n_dev, st.order, st.program, link, pptr, pdev,
+                      palloc)
+        low.contention = self.hw.contention
+        return low
 
 
 def lower(g: Graph, hw: Hardware) -> Lowered:

@@ -41,6 +41,17 @@ Choices and estimates (not datasheet figures; calibrate where it matters):
   switch, so a few pJ/bit. InfiniBand 30 pJ/bit (= 240 pJ/B): a ConnectX-7 draws on the order of
   20-25 W at 400 Gb/s (~50-60 pJ/bit if all of it were charged to traffic, much of it static);
   30 pJ/bit is our rough incremental figure for NIC + switch + NIC.
+* contention 1.2 (GPU presets; ``Hardware.contention``, ``costmodel.simulate``): compute that
+  runs while its GPU communicates is slowed by 1.2x for the overlap. ESTIMATE from two sources:
+  NCCL's kernels occupy SMs while they run (an NCCL all-gather on H100 launches 24 thread blocks,
+  i.e. 24 of the 132 SMs, Nsight trace in the NVIDIA developer forum thread "Compute-communication
+  overlap causes severe GEMM performance degradation because of tail effect", 2025), so a
+  compute-bound kernel keeps at most ~108/132 = 82 % of the SMs -> 1/0.82 = 1.22x; and Agrawal et
+  al., "Optimizing ML Concurrent Computation and Communication with GPU DMA Engines"
+  (arXiv:2412.14335, 2024), who measure that overlapped GEMMs and collectives realise on average
+  only 21 % of the ideal overlap speedup because of SM, cache and HBM interference (so 1.2 is on
+  the mild side; the same forum trace shows a GEMM nearly doubling when a wave spills). The
+  ``cpu`` preset keeps 1.0 (its "transfers" are copies the executor runs between shards).
 * efficiency factors: 1.0 for every class, i.e. the raw datasheet roofline. Calibration lowers
   them (large GEMMs typically reach 60-80 % of the tensor peak, streaming kernels 80-90 % of the
   HBM bandwidth).
@@ -128,6 +139,7 @@ CPU_COPY = LinkSpec(
 )
 
 _DEFAULT_EFF = {"default": (1.0, 1.0)}  # uncalibrated: raw datasheet roofline
+GPU_CONTENTION = 1.2  # compute slowdown under overlapped communication: ESTIMATE, see the module docstring
 
 PRESETS: dict[str, Hardware] = {
     "h100-sxm-8": Hardware(
@@ -138,6 +150,7 @@ PRESETS: dict[str, Hardware] = {
         intra_link=NVLINK4,
         inter_link=IB_NDR_400,
         efficiency=dict(_DEFAULT_EFF),
+        contention=GPU_CONTENTION,
         description="one HGX H100 8-GPU node: 8 x H100 SXM5 80GB, NVLink 4 through NVSwitch",
     ),
     "h200-sxm-8": Hardware(
@@ -148,6 +161,7 @@ PRESETS: dict[str, Hardware] = {
         intra_link=NVLINK4,
         inter_link=IB_NDR_400,
         efficiency=dict(_DEFAULT_EFF),
+        contention=GPU_CONTENTION,
         description="one HGX H200 8-GPU node: 8 x H200 SXM 141GB, NVLink 4 through NVSwitch",
     ),
     "h100-sxm-64": Hardware(
@@ -158,6 +172,7 @@ PRESETS: dict[str, Hardware] = {
         intra_link=NVLINK4,
         inter_link=IB_NDR_400,
         efficiency=dict(_DEFAULT_EFF),
+        contention=GPU_CONTENTION,
         description="8 HGX H100 nodes (64 GPUs), NVLink inside a node, 400 Gb/s NDR InfiniBand per GPU across",
     ),
     "h100-sxm-512": Hardware(
@@ -168,6 +183,7 @@ PRESETS: dict[str, Hardware] = {
         intra_link=NVLINK4,
         inter_link=IB_NDR_400,
         efficiency=dict(_DEFAULT_EFF),
+        contention=GPU_CONTENTION,
         description="64 HGX H100 nodes (512 GPUs), NVLink inside a node, 400 Gb/s NDR InfiniBand per GPU across",
     ),
     "cpu": Hardware(

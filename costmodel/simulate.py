@@ -73,7 +73,21 @@ across nodes (one transfer at a time each; both links can run at once). A comput
 *collective* (one NCCL call, see ``costmodel.collectives``) occupies the egress and ingress ports
 of every participant on the links in its mask for its whole duration, starting when all of them
 are free (all ranks of a collective progress together). Compute and communication of one device
-overlap freely.
+overlap, at a price:
+
+Contention (keyword ``contention``, a factor ``s >= 1``, default 1 = none; the lowering passes
+``Hardware.contention``): communication uses SMs and HBM bandwidth of the devices it runs on
+(NCCL kernels occupy SMs), so a compute node that runs while its device takes part in a transfer
+or collective progresses at ``1/s`` of its speed for the overlap. A compute node placed at ``t``
+with ``dur`` seconds of work, on a device whose last communication runs over ``[cs, ce)``, takes
+``w0 + r·s`` if the window covers the rest ``r = dur - w0`` of its work (``w0 = max(cs - t, 0)``,
+the work done before the window opens), else ``w0 + (ce - a) + (r - (ce - a)/s)`` with ``a = t +
+w0``: fully overlapped compute is slowed by exactly ``s``, compute alone is unchanged.
+Communication placed after compute it overlaps (the list scheduler places nodes in priority
+order, not time order) charges ``(s - 1) x overlap`` to the device instead: its later compute
+starts that much later, and the makespan is at least the device's last compute end; the overlapped
+node's own ``finish`` is not moved (its successors may be placed already). ``busy_compute``
+stays the sum of ``dur`` (the work; the slowdown shows in the times and the makespan).
 
 Links pipeline: a node holds its resources for ``dur`` only, from ``start`` to ``start + dur``;
 its output is available to its successors at ``finish = start + dur + lat``. For a transfer,
@@ -252,8 +266,37 @@ def _radix_argsort(keys):
 
 
 @njit(cache=True, nogil=True)
+def _contended(t, du, cs, ce, s):
+    """Duration of a compute node starting at ``t`` with ``du`` seconds of work alone, on a device
+    whose communication runs over ``[cs, ce)``: inside that window it progresses at ``1/s``."""
+    a = cs if cs > t else t
+    w0 = a - t  # work done before the communication starts
+    if w0 >= du or ce <= a:
+        return du
+    rest = du - w0
+    if (ce - a) / s >= rest:  # finishes inside the window: fully overlapped
+        return w0 + rest * s
+    return w0 + (ce - a) + (rest - (ce - a) / s)
+
+
+@njit(cache=True, nogil=True)
+def _charge_comm(q, t, o, comm_start, comm_end, compute_free, s):
+    """Communication over ``[t, o)`` on device ``q``: remember it for the compute placed later, and
+    slow down the compute already placed on ``q`` that it overlaps (up to ``compute_free[q]``) by
+    pushing the device's compute back by ``(s - 1) x overlap`` (that compute's own finish stays:
+    its successors may already be placed; later compute on ``q`` and the makespan pay for it)."""
+    if o > comm_end[q]:
+        if t > comm_end[q]:
+            comm_start[q] = t
+        comm_end[q] = o
+    if compute_free[q] > t:
+        ov = (o if o < compute_free[q] else compute_free[q]) - t
+        compute_free[q] += (s - 1.0) * ov
+
+
+@njit(cache=True, nogil=True)
 def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices, keep, link,
-                   part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx):
+                   part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx, contention):
     """Returns (status, start, finish, makespan, peak_mem, busy_compute, busy_egress,
     busy_ingress, used, rank, order, n_topo). status 0 = ok, 1 = cycle (then ``order[:n_topo]``
     holds the nodes Kahn could order; the others lie on or behind a cycle)."""
@@ -323,6 +366,9 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     compute_free = np.zeros(n_devices, np.float64)
     egress_free = np.zeros(2 * n_devices, np.float64)  # port 2*d: NVLink, 2*d+1: NIC
     ingress_free = np.zeros(2 * n_devices, np.float64)
+    # contention: the last communication interval each device takes part in (see _contended)
+    comm_start = np.zeros(n_devices, np.float64)
+    comm_end = np.zeros(n_devices, np.float64)
     off, n_lev = _bitset_layout(n)
     ready_set = np.zeros(off[n_lev], np.uint64)  # priority positions of the ready nodes
     n_ready = 0
@@ -342,9 +388,12 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
         if kind[u] == 0:
             if compute_free[d] > t:
                 t = compute_free[d]
-            o = t + dur[u]  # the resources are held until o; the output is available at f
+            du = dur[u]
+            if contention > 1.0 and comm_end[d] > t:
+                du = _contended(t, du, comm_start[d], comm_end[d], contention)
+            o = t + du  # the resources are held until o; the output is available at f
             compute_free[d] = o
-            busy_compute[d] += dur[u]
+            busy_compute[d] += dur[u]  # the work (the slowdown shows in start/finish and the makespan)
             used[d] = True
         elif kind[u] == 1:
             r = dst[u]
@@ -360,6 +409,9 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
             busy_ingress[r] += dur[u]
             used[d] = True
             used[r] = True
+            if contention > 1.0 and o > t:
+                _charge_comm(d, t, o, comm_start, comm_end, compute_free, contention)
+                _charge_comm(r, t, o, comm_start, comm_end, compute_free, contention)
         else:  # a collective: every participant's ports on its links, together
             mask = link[u]
             for j in range(part_ptr[u], part_ptr[u + 1]):
@@ -380,6 +432,8 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
                 busy_egress[q] += dur[u]
                 busy_ingress[q] += dur[u]
                 used[q] = True
+                if contention > 1.0 and o > t:
+                    _charge_comm(q, t, o, comm_start, comm_end, compute_free, contention)
         f = o + lat[u]
         start[u] = t
         finish[u] = f
@@ -403,6 +457,11 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
             if deg[v] == 0:
                 _bitset_insert(ready_set, off, n_lev, pos[v])
                 n_ready += 1
+
+    if contention > 1.0:  # slowdown charged to compute that had already been placed (see _charge_comm)
+        for q in range(n_devices):
+            if compute_free[q] > makespan:
+                makespan = compute_free[q]
 
     # --- memory: event sweep --------------------------------------------------------------
     n_alloc = 0
@@ -598,7 +657,7 @@ def _find_cycle(n: int, succ_ptr: np.ndarray, succ_idx: np.ndarray, ordered: np.
 
 def simulate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices: int,
              *, lat=None, keep=None, link=None, part_ptr=None, part_dev=None, part_alloc=None,
-             ctl_ptr=None, ctl_idx=None, check: bool = True) -> Schedule:
+             ctl_ptr=None, ctl_idx=None, contention: float = 1.0, check: bool = True) -> Schedule:
     """Simulate a lowered plan; see the module docstring for the array contract (``lat``:
     float64[n] latencies, default zeros; ``link``, ``part_*``: ports and collectives).
 
@@ -629,6 +688,9 @@ def simulate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_byte
     if check:
         _validate(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices)
         _validate_ports(kind, link, part_ptr, part_dev, part_alloc, n_devices)
+    contention = float(contention)
+    if check and not (np.isfinite(contention) and contention >= 1.0):
+        raise SimulationError(f"contention: a slowdown factor >= 1 (1 = none), got {contention!r}")
     if ctl_ptr is not None:
         ctl_ptr, ctl_idx = _as(ctl_ptr, np.int64, "ctl_ptr"), _as(ctl_idx, np.int32, "ctl_idx")
         if check and (ctl_ptr.shape[0] != n + 1 or ctl_ptr[-1] != ctl_idx.shape[0] or (
@@ -636,7 +698,7 @@ def simulate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_byte
             raise SimulationError("ctl_ptr/ctl_idx: a CSR of control successors over the n nodes")
     return simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices,
                            lat=lat, keep=keep, link=link, part_ptr=part_ptr, part_dev=part_dev, part_alloc=part_alloc,
-                           ctl_ptr=ctl_ptr, ctl_idx=ctl_idx)
+                           ctl_ptr=ctl_ptr, ctl_idx=ctl_idx, contention=contention)
 
 
 def _validate_ports(kind, link, part_ptr, part_dev, part_alloc, n_devices) -> None:
@@ -665,7 +727,7 @@ def _validate_ports(kind, link, part_ptr, part_dev, part_alloc, n_devices) -> No
 
 def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
                     n_devices: int, *, lat=None, keep=None, link=None, part_ptr=None, part_dev=None,
-                    part_alloc=None, ctl_ptr=None, ctl_idx=None) -> Schedule:
+                    part_alloc=None, ctl_ptr=None, ctl_idx=None, contention: float = 1.0) -> Schedule:
     """Fast path: arrays already of the contract's dtypes (``lat``: float64[n] or None for zeros;
     ``keep``: bool[n] or None), contiguous and valid. Unchecked: out-of-range indices or
     negative/NaN durations or latencies here are undefined behaviour (wrong results or a crash).
@@ -682,7 +744,8 @@ def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, reside
         ctl_ptr, ctl_idx = np.zeros(kind.shape[0] + 1, np.int64), _NO_DEV
     (status, start, finish, makespan, peak_mem, busy_c, busy_e, busy_i, used, rank, order,
      n_topo) = _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
-                              int(n_devices), keep, link, part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx)
+                              int(n_devices), keep, link, part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx,
+                              float(contention))
     if status != 0:
         cyc = _find_cycle(kind.shape[0], succ_ptr, succ_idx, order[:n_topo])
         raise SimulationError(
