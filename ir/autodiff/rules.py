@@ -316,3 +316,34 @@ def _conv2d(c: VJP, dy: str) -> dict[str, str]:
         out["w"] = c.emit("conv2d_weight_grad", {"x": c.name("x"), "dy": dy}, "w", stride=st, padding=pad,
                           window=[w[2], w[3]])
     return out
+
+
+# -- pooling and batch normalisation (inference form) ---------------------------------------------
+
+@rule("maxpool2d", "avgpool2d")
+def _pool2d(c: VJP, dy: str) -> dict[str, str]:
+    p = {"window": list(c.params.get("window", [2, 2])), "stride": list(c.params.get("stride", [2, 2])),
+         "padding": c.params.get("padding", 0), "size": list(c.t("x").shape)}
+    if c.op.kernel == "maxpool2d":
+        return {"x": c.emit("maxpool2d_grad", {"x": c.name("x"), "dy": dy}, "x", **p)}
+    return {"x": c.emit("avgpool2d_grad", {"dy": dy}, "x", count_include_pad=c.params.get("count_include_pad", True),
+                        **p)}
+
+
+@rule("batchnorm2d")
+def _batchnorm2d(c: VJP, dy: str) -> dict[str, str]:
+    eps = c.params.get("eps", 1e-5)
+    out = {}
+    if "x" in c.need:
+        out["x"] = c.emit("batchnorm2d_input_grad", {"dy": dy, "scale": c.name("scale"), "var": c.name("var")}, "x",
+                          eps=eps)
+    stats = {"dy": dy, "x": c.name("x"), "scale": c.name("scale"), "mean": c.name("mean"), "var": c.name("var")}
+    for port in ("scale", "mean", "var"):
+        if port in c.need:
+            out[port] = c.emit("batchnorm2d_param_grad", stats, port, eps=eps, wrt=port)
+    if "bias" in c.need:  # Σ dy over all but the channel: sum to [C, 1, ...], then drop the ones
+        x = c.t("x").shape
+        ch = x[1]
+        summed = c.emit("reduce_to", {"x": dy}, "bias", shape=[ch] + [1] * (len(x) - 2))
+        out["bias"] = c.emit("reshape", {"x": summed}, "bias", shape=[ch], **{"from": [ch] + [1] * (len(x) - 2)})
+    return out

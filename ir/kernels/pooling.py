@@ -6,11 +6,20 @@ halo. The executor reads padding cells as zeros; ``run`` knows the shard's box, 
 and columns of its block lie outside the tensor, and treats them as ONNX does: ``-inf`` for a
 max, and for an average either zeros counted in the divisor (``count_include_pad``, the default)
 or cells left out of it. Global average pooling is ``avgpool2d`` with the whole plane as window.
+
+Their gradients, ``maxpool2d_grad`` (``x``, ``dy``) and ``avgpool2d_grad`` (``dy``), have index
+dims ``(n, c, h, w)`` over ``dx`` and read whole ``(H, W)`` planes of their inputs: with a
+stride above 1 the output rows whose windows cover an input row ``h`` are ``(h + pad - i) /
+stride``, every stride-th row, which is no affine box of ``h`` (the reason strided
+``conv2d_input_grad`` is refused). Reading the plane is exact for any window, stride and padding;
+splits along ``n`` and ``c`` read nothing twice, splits along ``h``/``w`` re-read the plane. The
+max's gradient goes to the first maximum of each window in row-major order (PyTorch's and ONNX's
+argmax), padding never wins (it is ``-inf``).
 """
 
 from __future__ import annotations
 
-from ir.kernels.base import Kernel, Signature, SignatureError, TensorSpec, unit_row
+from ir.kernels.base import Kernel, Signature, SignatureError, TensorSpec, unit_row, zero_row
 from ir.zspace import Projection, ZRange, identity_projection
 
 
@@ -98,4 +107,97 @@ class AvgPool2d(Pool2d):
         return y / count
 
 
-KERNELS = (MaxPool2d, AvgPool2d)
+class Pool2dGrad(Kernel):
+    """Shared shape rules of the pooling gradients: ``dx`` of shape ``size`` = ``[N, C, H, W]``
+    (the forward input's), ``dy`` the forward output's shape for that window, stride, padding."""
+
+    kernel_class = "elementwise"
+    params_defaults = {"window": [2, 2], "stride": [2, 2], "padding": 0, "size": None}
+    forward: type[Pool2d]
+
+    def base_signature(self, ins, params):
+        size = params["size"]
+        dy = ins["dy"].shape
+        if not (isinstance(size, (list, tuple)) and len(size) == 4 and all(isinstance(v, int) and v >= 1 for v in size)):
+            raise SignatureError(f"{self.name} needs size [N, C, H, W] (the forward input's shape), got {size!r}")
+        fwd = self.forward().base_signature({"x": TensorSpec(tuple(size), ins["dy"].dtype)},
+                                            {**self.forward.params_defaults, **{k: v for k, v in params.items()
+                                                                                 if k != "size"}})
+        if tuple(dy) != fwd.extents:
+            raise SignatureError(f"{self.name}: dy{list(dy)} is not the {self.forward.name} output {list(fwd.extents)} "
+                                 f"of x{list(size)} with window {params['window']}, stride {params['stride']}, "
+                                 f"padding {params['padding']}")
+        if "x" in self.inputs and tuple(ins["x"].shape) != tuple(size):
+            raise SignatureError(f"{self.name}: x{list(ins['x'].shape)} must have the shape size={list(size)}")
+        plane = {"dy": Projection((unit_row(4, 0), unit_row(4, 1), zero_row(4), zero_row(4)), (0, 0, 0, 0),
+                                  (1, 1, dy[2], dy[3]))}
+        if "x" in self.inputs:
+            plane["x"] = Projection((unit_row(4, 0), unit_row(4, 1), zero_row(4), zero_row(4)), (0, 0, 0, 0),
+                                    (1, 1, size[2], size[3]))
+        kh, kw = params["window"]
+        out = tuple(size)
+        return Signature(("n", "c", "h", "w"), out, plane, identity_projection(4), TensorSpec(out, ins["dy"].dtype),
+                         float(kh * kw * dy[2] * dy[3]) / (size[2] * size[3]))
+
+    def scatter(self, xp, dy, weights, params, plane):
+        """``dx`` of whole planes: each window's ``dy`` times its weight (one array per window
+        offset, as ``Pool2d.windows`` yields them) added back where the window read."""
+        (kh, kw), (sh, sw), pad = params["window"], params["stride"], params["padding"]
+        n, c, H, W = dy.shape[0], dy.shape[1], plane[0], plane[1]
+        oh, ow = dy.shape[2], dy.shape[3]
+        dx = xp.zeros((n, c, H + 2 * pad, W + 2 * pad), dtype=dy.dtype)
+        for (i, j), wgt in zip(((i, j) for i in range(kh) for j in range(kw)), weights):
+            dx[:, :, i: i + sh * (oh - 1) + 1: sh, j: j + sw * (ow - 1) + 1: sw] += dy * wgt
+        return dx[:, :, pad: pad + H, pad: pad + W]
+
+    def compute(self, xp, blocks, params):
+        return self.whole(xp, blocks, params)
+
+    def run(self, xp, blocks, params, box, sig):
+        dx = self.whole(xp, blocks, params)
+        return dx[:, :, box.start[2]: box.end[2], box.start[3]: box.end[3]]
+
+
+class MaxPool2dGrad(Pool2dGrad):
+    name = "maxpool2d_grad"
+    inputs = ("x", "dy")
+    forward = MaxPool2d
+
+    def whole(self, xp, blocks, params):
+        x, dy = blocks["x"], blocks["dy"]
+        pad = params["padding"]
+        if pad:
+            x = xp.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=-xp.inf)
+        fwd = MaxPool2d()
+        y = fwd.reduce(xp, x, params, None)
+        taken = xp.zeros(y.shape, dtype=bool)
+        weights = []
+        for win in fwd.windows(x, params):  # the first maximum of each window takes the gradient
+            first = (win == y) & ~taken
+            taken |= first
+            weights.append(first.astype(dy.dtype))
+        return self.scatter(xp, dy, weights, params, (blocks["x"].shape[2], blocks["x"].shape[3]))
+
+
+class AvgPool2dGrad(Pool2dGrad):
+    name = "avgpool2d_grad"
+    inputs = ("dy",)
+    forward = AvgPool2d
+    params_defaults = {**Pool2dGrad.params_defaults, "count_include_pad": True}
+
+    def whole(self, xp, blocks, params):
+        dy = blocks["dy"]
+        (kh, kw), pad = params["window"], params["padding"]
+        H, W = params["size"][2], params["size"][3]
+        if params["count_include_pad"] or not pad:
+            scale = 1.0 / (kh * kw)
+        else:  # the divisor counts the cells inside the tensor, as the forward does
+            ones = xp.pad(xp.ones((1, 1, H, W), dtype=dy.dtype), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+            count = None
+            for win in AvgPool2d().windows(ones, params):
+                count = win if count is None else count + win
+            scale = 1.0 / count
+        return self.scatter(xp, dy, [scale] * (kh * kw), params, (H, W))
+
+
+KERNELS = (MaxPool2d, AvgPool2d, MaxPool2dGrad, AvgPool2dGrad)

@@ -1,4 +1,5 @@
-"""Cases for the kernels imported programs use (``ir/kernels/{mathfn,select,shape,pooling,batchnorm}``),
+"""Cases for the kernels imported programs use (``ir/kernels/{mathfn,select,shape,pooling,batchnorm}``,
+with the pooling and batch-norm gradients),
 each with a reference written here independently (SciPy's erf, NumPy slicing, padding and loops)."""
 
 from __future__ import annotations
@@ -14,6 +15,36 @@ def _pool(x, k, st, pad, fn, fill=0.0):
     oh, ow = (x.shape[2] - k) // st + 1, (x.shape[3] - k) // st + 1
     return np.stack([np.stack([fn(x[:, :, i * st:i * st + k, j * st:j * st + k], axis=(2, 3)) for j in range(ow)],
                               -1) for i in range(oh)], -2)
+
+
+def _maxpool_grad(x, dy, k, st, pad):
+    """Loops: each window's dy goes to its first maximum (row-major), padding never wins."""
+    xp = np.pad(x, [(0, 0), (0, 0), (pad, pad), (pad, pad)], constant_values=-np.inf)
+    dx = np.zeros_like(xp)
+    for n, c, i, j in np.ndindex(*dy.shape):
+        win = xp[n, c, i * st:i * st + k, j * st:j * st + k]
+        u, v = np.unravel_index(int(np.argmax(win)), win.shape)
+        dx[n, c, i * st + u, j * st + v] += dy[n, c, i, j]
+    return dx[:, :, pad:pad + x.shape[2], pad:pad + x.shape[3]]
+
+
+def _avgpool_grad(dy, shape, k, st, pad, include_pad):
+    dx = np.zeros((shape[0], shape[1], shape[2] + 2 * pad, shape[3] + 2 * pad))
+    inside = np.pad(np.ones(shape[2:]), pad)
+    for n, c, i, j in np.ndindex(*dy.shape):
+        count = k * k if include_pad else inside[i * st:i * st + k, j * st:j * st + k].sum()
+        dx[n, c, i * st:i * st + k, j * st:j * st + k] += dy[n, c, i, j] / count
+    return dx[:, :, pad:pad + shape[2], pad:pad + shape[3]]
+
+
+def _bn_param_grad(i, wrt, eps=1e-5):
+    inv = 1.0 / np.sqrt(i["var"] + eps)
+    xc = i["x"] - i["mean"][:, None, None]
+    if wrt == "scale":
+        return np.einsum("nchw,nchw->c", i["dy"], xc) * inv
+    if wrt == "mean":
+        return -i["scale"] * inv * i["dy"].sum(axis=(0, 2, 3))
+    return np.einsum("nchw,nchw->c", i["dy"], xc) * i["scale"] * -0.5 * (i["var"] + eps) ** -1.5
 
 
 def import_cases(Case):
@@ -54,4 +85,22 @@ def import_cases(Case):
                                             "var": (3,)}, {"eps": 1e-5},
              lambda i: (i["x"] - i["mean"][:, None, None]) / np.sqrt(i["var"][:, None, None] + 1e-5)
              * i["scale"][:, None, None] + i["bias"][:, None, None], positive=("var",)),
+        Case("maxpool2d_grad_stem", "maxpool2d_grad", {"x": (2, 2, 5, 5), "dy": (2, 2, 3, 3)},
+             {"window": [3, 3], "stride": [2, 2], "padding": 1, "size": [2, 2, 5, 5]},
+             lambda i: _maxpool_grad(i["x"], i["dy"], 3, 2, 1)),
+        Case("maxpool2d_grad_2x2", "maxpool2d_grad", {"x": (1, 3, 4, 6), "dy": (1, 3, 2, 3)},
+             {"window": [2, 2], "stride": [2, 2], "size": [1, 3, 4, 6]},
+             lambda i: _maxpool_grad(i["x"], i["dy"], 2, 2, 0)),
+        Case("avgpool2d_grad_exclude_pad", "avgpool2d_grad", {"dy": (1, 2, 3, 3)},
+             {"window": [3, 3], "stride": [2, 2], "padding": 1, "size": [1, 2, 5, 5], "count_include_pad": False},
+             lambda i: _avgpool_grad(i["dy"], (1, 2, 5, 5), 3, 2, 1, False)),
+        Case("avgpool2d_grad_global", "avgpool2d_grad", {"dy": (2, 3, 1, 1)},
+             {"window": [4, 4], "stride": [1, 1], "size": [2, 3, 4, 4]},
+             lambda i: _avgpool_grad(i["dy"], (2, 3, 4, 4), 4, 1, 0, True)),
+        Case("batchnorm2d_input_grad", "batchnorm2d_input_grad", {"dy": (2, 3, 2, 2), "scale": (3,), "var": (3,)},
+             {"eps": 1e-5}, lambda i: i["dy"] * (i["scale"] / np.sqrt(i["var"] + 1e-5))[:, None, None],
+             positive=("var",)),
+        *[Case(f"batchnorm2d_param_grad_{wrt}", "batchnorm2d_param_grad",
+               {"dy": (4, 3, 2, 2), "x": (4, 3, 2, 2), "scale": (3,), "mean": (3,), "var": (3,)}, {"wrt": wrt},
+               lambda i, wrt=wrt: _bn_param_grad(i, wrt), positive=("var",)) for wrt in ("scale", "mean", "var")],
     ]

@@ -232,7 +232,8 @@ def test_split_cases_cover_every_reducing_kernel():
     assert {c.values[0].kernel for c in SPLITS} == {
         "matmul", "bmm", "einsum", "linear", "conv2d", "reduce_sum", "reduce_max", "reduce_mean", "reduce_to",
         "embedding_grad", "conv2d_input_grad", "conv2d_weight_grad", "mse_loss", "cross_entropy", "attention",
-        "attention_grad_q", "attention_grad_k", "attention_grad_v", "accumulate"}  # accumulate: two-level reductions
+        "attention_grad_q", "attention_grad_k", "attention_grad_v", "accumulate",
+        "batchnorm2d_param_grad"}  # accumulate: two-level reductions
 
 
 @pytest.mark.parametrize("case,red,monoid,parts", SPLITS)
