@@ -143,3 +143,24 @@ def test_archive_refuses_a_bad_calibration_role(tmp_path):
         with pytest.raises(InvalidRecord, match="calibration role"):
             a.add_calibration("c", "other", 1, {}, {})
         assert a.calibrations("c") == []
+
+
+def test_refit_finds_the_executors_time_between_shards():
+    """Plan times = Σ shard times + D per shard (what the executor spends between shards): the
+    refit recovers D and predicts the plans exactly."""
+    base = load_hardware("cpu")
+    truth = base.with_efficiency({"matmul": (0.4, 1.0), "elementwise": (1.0, 0.3), "rowwise": (1.0, 0.5)})
+    recs = _synthetic(truth, n_plans=15, seed=1)
+    D = 250e-6
+    shards: dict[str, int] = {}
+    for r in recs:
+        if r["kind"] == "shard":
+            shards[r["plan_digest"]] = shards.get(r["plan_digest"], 0) + 1
+    for r in recs:
+        if r["kind"] == "plan":
+            r["measured_seconds"] += D * shards[r["plan_digest"]]
+    res = refit(recs, base)
+    assert res["dispatch"] == pytest.approx(D, rel=1e-3)
+    assert res["after"]["mean_abs_log"] < 1e-3
+    assert res["hardware"].launch_overhead_for("matmul") == pytest.approx(truth.launch_overhead_for("matmul") + D,
+                                                                           rel=1e-3)
