@@ -212,20 +212,39 @@ def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
         sh = g.ops[name].shards
         if b is None or b[0] != "dim" or len(sh) != counts[i]:
             continue
-        lo, d = sh.lo[:, b[1]], np.asarray(sh.device, np.int64)
-        o = np.lexsort((lo, d))
-        ds, ls = d[o], lo[o]
-        new_dev = np.ones(len(o), bool)
-        new_dev[1:] = ds[1:] != ds[:-1]
-        new_lo = new_dev.copy()
-        new_lo[1:] |= ls[1:] != ls[:-1]
-        cs = np.cumsum(new_lo)
-        first = np.maximum.accumulate(np.where(new_dev, np.arange(len(o)), 0))
-        r = np.empty(len(o), np.int64)
-        r[o] = cs - cs[first]
-        if r.max() > 0:
+        r = _shard_microbatches(sh, b[1])
+        if r is not None:
             mb[offs[i]:offs[i + 1]] = r
     return mb if (mb > 0).any() else None
+
+
+_MB_CACHE: OrderedDict = OrderedDict()
+
+
+def _shard_microbatches(sh, col: int) -> np.ndarray | None:
+    """Per shard, the rank of its start along index column ``col`` among the shards on its
+    device (None when every device holds one start). Cached by the (shared, read-only) shards
+    object; the cache keeps it alive so its id is not reused."""
+    key = (id(sh), col)
+    hit = _MB_CACHE.get(key)
+    if hit is not None and hit[0] is sh:
+        return hit[1]
+    lo, d = sh.lo[:, col], np.asarray(sh.device, np.int64)
+    o = np.lexsort((lo, d))
+    ds, ls = d[o], lo[o]
+    new_dev = np.ones(len(o), bool)
+    new_dev[1:] = ds[1:] != ds[:-1]
+    new_lo = new_dev.copy()
+    new_lo[1:] |= ls[1:] != ls[:-1]
+    cs = np.cumsum(new_lo)
+    first = np.maximum.accumulate(np.where(new_dev, np.arange(len(o)), 0))
+    r = np.empty(len(o), np.int64)
+    r[o] = cs - cs[first]
+    out = r if r.max() > 0 else None
+    _MB_CACHE[key] = (sh, out)
+    if len(_MB_CACHE) > 20000:
+        _MB_CACHE.popitem(last=False)
+    return out
 
 
 def _barriers(g: Graph, tagged: dict[str, int]) -> tuple[bool, bool, set[str]]:
@@ -297,26 +316,24 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str
     m_dev = np.zeros(low.n_devices, np.int64)
     np.maximum.at(m_dev, dev[t], mb[t] + 1)
     unit = np.full(nc, -1, np.int64)
-    tables: dict[tuple[int, int], np.ndarray] = {}
-    for d in np.unique(dev[t]):
-        m = int(m_dev[d])
-        s = int(stage[d]) if has[d] else p - 1
-        key = (s, m)
-        if key not in tables:
-            seq = [(0, j) for j in range(m)] + [(1, j) for j in range(m)]
-            if use == "1f1b":
-                w = min(p - s - 1, m)
-                seq = [(0, j) for j in range(w)]
-                for i in range(m):
-                    if i + w < m:
-                        seq.append((0, i + w))
-                    seq.append((1, i))
-            tab = np.zeros((2, m), np.int64)
-            for k, (ph, j) in enumerate(seq):
-                tab[ph, j] = k
-            tables[key] = tab
-        sel = t[dev[t] == d]
-        unit[sel] = tables[key][phase[sel], mb[sel]]
+    s_dev = np.where(has, stage, p - 1)
+    key_dev = s_dev * (int(m_dev.max()) + 1) + m_dev  # devices of one stage and microbatch count share a table
+    kt = key_dev[dev[t]]
+    for key in np.unique(kt):
+        s, m = int(s_dev[np.argmax(key_dev == key)]), int(m_dev[np.argmax(key_dev == key)])
+        seq = [(0, j) for j in range(m)] + [(1, j) for j in range(m)]
+        if use == "1f1b":
+            w = min(p - s - 1, m)
+            seq = [(0, j) for j in range(w)]
+            for i in range(m):
+                if i + w < m:
+                    seq.append((0, i + w))
+                seq.append((1, i))
+        tab = np.zeros((2, m), np.int64)
+        for k, (ph, j) in enumerate(seq):
+            tab[ph, j] = k
+        sel = t[kt == key]
+        unit[sel] = tab[phase[sel], mb[sel]]
     # the drain: ops computed from the pipeline's results, after every unit of their device
     tail = np.repeat(np.array([n in after for n in low.op_names], bool), counts) & (unit < 0)
     unit[tail] = 2 * m_dev[dev[tail]]
