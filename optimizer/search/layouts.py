@@ -26,6 +26,7 @@ from ir.rewrites import moves as M
 from ir.rewrites.layout import USES
 
 _LAYER = re.compile(r"^(l\d+)\.")
+TEMPLATE_P = 0.35  # share of layout draws that take an expert's uses (see draw_layout)
 
 
 def devices_per_node(ctx: object) -> int:
@@ -57,7 +58,13 @@ def draw_layout(g: Graph, rng: np.random.Generator, n_devices: int, per_node: in
     full = [m for m in meshes if m.size == n_devices]
     pool = full if (full and rng.random() < 0.7) else list(meshes)
     mesh = pool[int(rng.integers(len(pool)))]
-    use = tuple(USES[int(rng.integers(len(USES)))] for _ in range(mesh.ndim))
+    if rng.random() < TEMPLATE_P:
+        # an expert's shape: batch across nodes and one of batch / tensor / sequence inside a
+        # node (FSDP, Megatron TP x DP, DP x CP), so those plans are one likely move away
+        inner = "bts"[int(rng.integers(3))]
+        use = tuple("b" if mesh.crosses_nodes(a) else inner for a in range(mesh.ndim))
+    else:
+        use = tuple(USES[int(rng.integers(len(USES)))] for _ in range(mesh.ndim))
     r = rng.random()
     layers = _layers(g)
     if r < 0.6:
