@@ -290,12 +290,61 @@ def _gemm(ctx, node, label):
 
 @handles("Softmax")
 def _softmax(ctx, node, label):
+    """``softmax`` over the last axis. Another axis (opset >= 13) is moved last by a ``permute``
+    and back; before opset 13 ``axis`` means the dims from ``axis`` on flattened into one row,
+    a ``reshape`` to 2-D and back."""
     x = ctx.use(node.input[0])
-    rank = len(ctx.prog.spec(x).shape)
-    axis = attr(node, "axis", -1 if ctx.opset >= 13 else 1)
-    if axis % rank != rank - 1:
-        raise Unsupported(f"Softmax over axis {axis} of a rank-{rank} tensor (only the last axis)")
-    ctx.emit("softmax", {"x": x}, out=node.output[0], name=label)
+    shape = ctx.prog.spec(x).shape
+    rank = len(shape)
+    axis = attr(node, "axis", -1 if ctx.opset >= 13 else 1) % rank
+    if axis == rank - 1:
+        ctx.emit("softmax", {"x": x}, out=node.output[0], name=label)
+    elif ctx.opset < 13:
+        rows = [int(np.prod(shape[:axis], dtype=np.int64)), int(np.prod(shape[axis:], dtype=np.int64))]
+        flat = ctx.emit("reshape", {"x": x}, {"shape": rows, "from": list(shape)}, name=f"{label}.rows")
+        y = ctx.emit("softmax", {"x": flat}, name=label)
+        ctx.emit("reshape", {"x": y}, {"shape": list(shape), "from": rows}, out=node.output[0], name=f"{label}.back")
+    else:
+        perm = [d for d in range(rank) if d != axis] + [axis]
+        moved = ctx.emit("permute", {"x": x}, {"perm": perm}, name=f"{label}.to_last")
+        y = ctx.emit("softmax", {"x": moved}, name=label)
+        back = [perm.index(d) for d in range(rank)]
+        ctx.emit("permute", {"x": y}, {"perm": back}, out=node.output[0], name=f"{label}.back")
+
+
+@handles("Expand")
+def _expand(ctx, node, label):
+    """Broadcast a computed tensor to a constant shape: the size-1 dims it stretches are dropped
+    by a ``reshape`` view, then each stretched or new leading dim is inserted by ``expand``
+    (outermost first, so every insertion lands at its final position)."""
+    x = ctx.use(node.input[0])
+    xs = ctx.prog.spec(x).shape
+    target = [int(v) for v in ctx.value(node.input[1]).reshape(-1)]
+    n = max(len(xs), len(target))
+    a = [1] * (n - len(xs)) + list(xs)
+    b = [1] * (n - len(target)) + target
+    out = []
+    for da, db in zip(a, b):
+        if da != db and 1 not in (da, db):
+            raise Unsupported(f"shape {list(xs)} does not broadcast to {target}")
+        out.append(max(da, db))
+    lead = n - len(xs)
+    stretched = [p for p in range(n) if p < lead or (a[p] == 1 and out[p] > 1)]
+    if not stretched:
+        ctx.set(node.output[0], x)
+        return
+    kept = [xs[p - lead] for p in range(lead, n) if p not in stretched]
+    if len(kept) != len(xs):
+        x = ctx.emit("reshape", {"x": x}, {"shape": kept or [1], "from": list(xs)}, name=f"{label}.squeeze")
+    for k, p in enumerate(stretched):
+        last = k == len(stretched) - 1
+        if not kept and k == 0:  # x was all stretched ones: its [1] view takes the first dim's place
+            x = ctx.emit("expand", {"x": x}, {"dim": 0, "size": out[p]}, name=f"{label}.{k}")
+            x = ctx.emit("reshape", {"x": x}, {"shape": [out[p]], "from": [out[p], 1]}, name=f"{label}.{k}v",
+                         out=node.output[0] if last else None)
+            continue
+        x = ctx.emit("expand", {"x": x}, {"dim": p, "size": out[p]}, out=node.output[0] if last else None,
+                     name=label if k == 0 else f"{label}.{k}")
 
 
 @handles("LayerNormalization")
@@ -593,22 +642,68 @@ def _pads(node, rank2: bool = True) -> int:
 
 @handles("Conv")
 def _conv(ctx, node, label):
+    """``conv2d`` (+ a broadcast bias ``add``). 1-D convolutions (``[N, C, L]``) run as 2-D ones
+    on ``[N, C, 1, L]`` between two ``reshape`` views; unequal pads (asymmetric, or a 1-D
+    conv's, which must not pad the unit height) become explicit ``pad`` ops before a conv without
+    padding; ``group`` > 1 (grouped and depthwise convolutions) is one conv per group on
+    ``slice``s of the channels and the weight's output channels, joined by ``concat``."""
     x, w = ctx.use(node.input[0]), ctx.use(node.input[1])
-    if len(ctx.prog.spec(x).shape) != 4:
-        raise Unsupported("only 2-D convolutions (NCHW)")
-    if attr(node, "group", 1) != 1 or set(attr(node, "dilations", None) or [1]) != {1}:
-        raise Unsupported("grouped or dilated convolutions")
-    strides = attr(node, "strides", None) or [1, 1]
+    xs, ws = ctx.prog.spec(x).shape, ctx.prog.spec(w).shape
+    if len(xs) not in (3, 4):
+        raise Unsupported(f"only 1-D and 2-D convolutions (NCL, NCHW); input has rank {len(xs)}")
+    one_d = len(xs) == 3
+    if set(attr(node, "dilations", None) or [1]) != {1}:
+        raise Unsupported("dilated convolutions")
+    if attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise Unsupported(f"auto_pad={attr(node, 'auto_pad')}")
+    strides = attr(node, "strides", None) or [1] * (len(xs) - 2)
     if len(set(strides)) != 1:
         raise Unsupported(f"unequal strides {list(strides)}")
+    if one_d and int(strides[0]) != 1:
+        raise Unsupported("strided 1-D convolutions (a 2-D conv2d would stride the unit height too)")
+    pads = [int(v) for v in (attr(node, "pads", None) or [0] * (2 * (len(xs) - 2)))]
+    if one_d:
+        n, c, length = xs
+        x = ctx.emit("reshape", {"x": x}, {"shape": [n, c, 1, length], "from": list(xs)}, name=f"{label}.as_2d")
+        w = ctx.emit("reshape", {"x": w}, {"shape": [ws[0], ws[1], 1, ws[2]], "from": list(ws)},
+                     name=f"{label}.w_as_2d")
+        pads = [0, pads[0], 0, pads[1]]  # [top, left, bottom, right]: the unit height is not padded
+    padding = pads[0] if len(set(pads)) == 1 else 0
+    if not padding:  # explicit pads per axis (ONNX pads: all begins, then all ends)
+        for axis, before, after in ((2, pads[0], pads[2]), (3, pads[1], pads[3])):
+            if before or after:
+                x = ctx.emit("pad", {"x": x}, {"axis": axis, "before": before, "after": after},
+                             name=f"{label}.pad{axis}")
+    groups = int(attr(node, "group", 1))
     has_b = len(node.input) > 2 and node.input[2]
-    y = ctx.emit("conv2d", {"x": x, "w": w}, {"stride": int(strides[0]), "padding": _pads(node)},
-                 out=None if has_b else node.output[0], name=label)
+    direct_out = None if (has_b or one_d) else node.output[0]
+    p = {"stride": int(strides[0]), "padding": padding}
+    if groups == 1:
+        y = ctx.emit("conv2d", {"x": x, "w": w}, p, out=direct_out, name=label)
+    else:
+        c_in, c_out = ctx.prog.spec(x).shape[1], ws[0]
+        if c_in % groups or c_out % groups or ws[1] != c_in // groups:
+            raise Unsupported(f"group={groups} does not divide {c_in} input and {c_out} output channels into "
+                              f"weights of {ws[1]} input channels")
+        gi, go = c_in // groups, c_out // groups
+        y = None
+        for k in range(groups):
+            xk = ctx.emit("slice", {"x": x}, {"axis": 1, "start": k * gi, "stop": (k + 1) * gi, "step": 1},
+                          name=f"{label}.x{k}")
+            wk = ctx.emit("slice", {"x": w}, {"axis": 0, "start": k * go, "stop": (k + 1) * go, "step": 1},
+                          name=f"{label}.w{k}")
+            yk = ctx.emit("conv2d", {"x": xk, "w": wk}, p, name=f"{label}.g{k}")
+            y = yk if y is None else ctx.emit("concat", {"a": y, "b": yk}, {"axis": 1},
+                                              out=direct_out if k == groups - 1 else None, name=f"{label}.cat{k}")
     if has_b:
         b = ctx.use(node.input[2])
         co = ctx.prog.spec(b).shape[0]
         b3 = ctx.emit("reshape", {"x": b}, {"shape": [co, 1, 1], "from": [co]}, name=f"{label}.bias_view")
-        ctx.emit("add", {"a": y, "b": b3}, out=node.output[0], name=f"{label}.bias")
+        y = ctx.emit("add", {"a": y, "b": b3}, out=None if one_d else node.output[0], name=f"{label}.bias")
+    if one_d:
+        ys = ctx.prog.spec(y).shape
+        ctx.emit("reshape", {"x": y}, {"shape": [ys[0], ys[1], ys[3]], "from": list(ys)}, out=node.output[0],
+                 name=f"{label}.as_1d")
 
 
 @handles("MaxPool", "AveragePool")

@@ -1,0 +1,116 @@
+"""Ops real exports use that the first importer refused: Softmax over a non-last axis (opset 13
+and the older flattening form), Expand of computed tensors (attention-mask broadcasts), 1-D
+convolutions (audio, wav2vec), asymmetric pads, grouped and depthwise convolutions (MobileNet,
+ResNeXt). Each imported program equals ``onnx.reference.ReferenceEvaluator`` on random inputs,
+and a random sharded plan of it verifies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from executor import verify  # noqa: E402
+from executor.run import execute, random_inputs  # noqa: E402
+from ir.importers import ImportFailure  # noqa: E402
+from ir.importers.onnx import import_onnx  # noqa: E402
+from ir.rewrites import random_walk  # noqa: E402
+
+
+def _model(nodes, x_shape, out_shape, inits=(), opset=17):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def _w(name, shape, seed=0):
+    return numpy_helper.from_array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 0.5, name)
+
+
+def _check(m, params, kernels=(), walk=True):
+    g, values = import_onnx(m, params)
+    for seed in (0, 1):
+        ins = random_inputs(g, seed)
+        ins.update(values)
+        got = np.asarray(execute(g, ins)["y"])
+        (ref,) = ReferenceEvaluator(m).run(None, {"x": ins["x"]})
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    assert set(kernels) <= {o.kernel for o in g.ops.values()}
+    if walk:
+        rep = verify(random_walk(g, np.random.default_rng(4), 4, 20), values=values)
+        assert rep.ok, rep
+    return g
+
+
+def test_softmax_over_a_middle_axis():
+    m = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Softmax", ["r"], ["y"], axis=1)],
+               ["b", 5, 3], ["b", 5, 3])
+    g = _check(m, {"b": 4}, {"softmax", "permute"})
+    assert g.tensors["y"].shape == (4, 5, 3)
+
+
+def test_softmax_opset11_flattens_from_axis():
+    """Before opset 13 Softmax(axis=1) normalises over the dims from 1 on taken together (the
+    operator spec, onnxruntime; onnx.reference 1.2x applies the opset-13 rule to every opset, so
+    the reference here is NumPy on the flattened rows)."""
+    m = _model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], [2, 3, 4], [2, 3, 4], opset=11)
+    g, _ = import_onnx(m, {})
+    x = random_inputs(g, 0)["x"]
+    rows = np.exp(x.reshape(2, 12) - x.reshape(2, 12).max(1, keepdims=True))
+    ref = (rows / rows.sum(1, keepdims=True)).reshape(2, 3, 4)
+    np.testing.assert_allclose(np.asarray(execute(g, {"x": x})["y"]), ref, rtol=1e-5, atol=1e-6)
+    assert {"softmax", "reshape"} <= {o.kernel for o in g.ops.values()}
+
+
+def test_expand_of_a_computed_mask():
+    """HF-style mask broadcast: [b, 1, 1, s] -> [b, 1, t, s], then a new leading dim."""
+    nodes = [helper.make_node("Sigmoid", ["x"], ["m"]),
+             helper.make_node("Constant", [], ["shape"], value=numpy_helper.from_array(
+                 np.array([2, 3, 1, 4, 5], dtype=np.int64), "shape_v")),
+             helper.make_node("Expand", ["m", "shape"], ["y"])]
+    m = _model(nodes, ["b", 1, 1, 5], [2, "b", 1, 4, 5])
+    _check(m, {"b": 3}, {"expand"})
+
+
+def test_expand_to_the_same_shape_and_of_a_scalar_like_tensor():
+    for shape_in, target in (([3, 4], [3, 4]), ([1, 1], [2, 3])):
+        nodes = [helper.make_node("Relu", ["x"], ["r"]),
+                 helper.make_node("Constant", [], ["shape"], value=numpy_helper.from_array(
+                     np.array(target, dtype=np.int64), "shape_v")),
+                 helper.make_node("Expand", ["r", "shape"], ["y"])]
+        _check(_model(nodes, shape_in, target), {}, walk=False)
+
+
+def test_conv1d_with_asymmetric_pads_and_bias():
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 2], kernel_shape=[3])]
+    m = _model(nodes, ["n", 4, 10], ["n", 6, 11], [_w("w", (6, 4, 3)), _w("b", (6,), 1)])
+    g = _check(m, {"n": 2}, {"conv2d", "pad", "reshape"})
+    assert {"w", "b"} <= set(g.tensors)  # initializers keep their names
+
+
+def test_conv2d_asymmetric_pads_and_stride():
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[0, 1, 1, 0], strides=[2, 2])]
+    _check(_model(nodes, [2, 3, 7, 7], [2, 4, 4, 3], [_w("w", (4, 3, 3, 3))]), {}, {"conv2d", "pad"})
+
+
+@pytest.mark.parametrize("groups,c_in,c_out", [(2, 4, 6), (4, 4, 4)], ids=["grouped", "depthwise"])
+def test_grouped_and_depthwise_conv(groups, c_in, c_out):
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], group=groups)]
+    m = _model(nodes, [2, c_in, 6, 6], [2, c_out, 6, 6], [_w("w", (c_out, c_in // groups, 3, 3)), _w("b", (c_out,))])
+    g = _check(m, {}, {"conv2d", "slice", "concat"})
+    assert sum(o.kernel == "conv2d" for o in g.ops.values()) == groups
+
+
+def test_dilated_conv_still_refused_by_name():
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], dilations=[2, 2], name="atrous")]
+    m = _model(nodes, [1, 2, 8, 8], [1, 2, 4, 4], [_w("w", (2, 2, 3, 3))])
+    with pytest.raises(ImportFailure, match=r"Conv \(dilated convolutions\): atrous"):
+        import_onnx(m, {})
