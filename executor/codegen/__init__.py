@@ -2,8 +2,11 @@
 
 - ``generate_program(g, transfers, residency, order)``: the source of a standalone Python
   program running the plan, one process per device (``executor.codegen.program``);
-- ``dtensor_placements(g, mesh)``: per tensor, PyTorch DTensor placements over a named device
-  mesh where the plan is expressible as such (``executor.codegen.dtensor``).
+- ``dtensor_placements(g, residency, mesh=None)``: per tensor, PyTorch DTensor placements over
+  a 1-D or 2-D device mesh where the plan is expressible as such (``executor.codegen.dtensor``).
+
+Generated programs run with ``--backend numpy`` (host processes and queues), ``cupy`` or
+``torch`` (``torch.distributed`` send/recv: gloo on the host, NCCL between GPUs).
 """
 
 from executor.codegen.program import CodegenError, default_order, generate_program
