@@ -49,7 +49,9 @@ class Conv2d(Kernel):
         for i in range(kh):  # one small contraction per tap: same code on NumPy and CuPy
             for j in range(kw):
                 win = x[:, :, i : i + st * (oh - 1) + 1 : st, j : j + st * (ow - 1) + 1 : st]
-                t = xp.einsum("nchw,oc->nohw", win, w[:, :, i, j])
+                # optimize: NumPy's einsum through BLAS (a naive loop otherwise; ~2x at 32 channels)
+                t = xp.einsum("nchw,oc->nohw", win, w[:, :, i, j],
+                              **({"optimize": True} if getattr(xp, "__name__", "") == "numpy" else {}))
                 y = t if y is None else y + t
         return y
 
