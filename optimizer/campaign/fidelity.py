@@ -143,8 +143,9 @@ def markdown(rep: dict[str, Any] | None, mfu: list[dict[str, Any]], campaign_hw:
                       + "; ".join(f"{k} {v['compute']:.3g}{'' if v['compute_identified'] else ' (kept)'} / "
                                   f"{v['memory']:.3g}{'' if v['memory_identified'] else ' (kept)'} / "
                                   f"{fmt_seconds(v['launch']) if v['launch'] >= 1e-9 else '0 s'}" for k, v in fac.items() if v.get("fitted"))
-                      + (f"; the launch overheads include {fmt_seconds(s['dispatch'])} per shard that the executor "
-                         f"spends between shards, fitted on the plan times" if s.get("dispatch") else "") + "."]
+                      + (f"; plus {fmt_seconds(s['dispatch'])} per shard that the executor spends between shards "
+                         f"(fitted on the plan times, added to every launch overhead)" if s.get("dispatch") else "")
+                      + "."]
         t = rep.get("target")
         if t and t.get("front"):
             lines += ["", "The samples ran on the campaign's device kind, so the refit factors re-score the front:", "",
