@@ -10,7 +10,10 @@ sampled CPU executions do not starve a 2-core machine) as a child process for th
 ``--sample-seconds``: the driver's and each worker's resident memory (psutil), the archive's
 size and rows, evaluations/s and the hypervolume (from the campaign's committed counters).
 At the end it prints the slopes after the warm-up (least squares) and their extrapolation to
-three days, and writes JSON and a four-panel plot. ``--db`` takes a SQLite path or a
+three days (for worker and driver RSS also the *floor*: the smallest of each sample and its
+neighbours, which drops the sub-minute spikes of sampled executions but keeps lasting growth),
+the archive's growth per day and the machine's load average, and writes JSON and a four-panel
+plot. ``--db`` takes a SQLite path or a
 PostgreSQL URL (``scripts/start_postgres.sh`` starts a local server); default: a temporary
 SQLite file.
 """
@@ -85,6 +88,12 @@ def slope_per_hour(t: np.ndarray, y: np.ndarray) -> float:
     return float(np.polyfit(t, y, 1)[0] * 3600.0)
 
 
+def rolling_min(y: np.ndarray, width: int) -> np.ndarray:
+    """The smallest value in a centred window of ``width`` samples (shorter at the ends)."""
+    h = width // 2
+    return np.array([y[max(0, i - h):i + h + 1].min() for i in range(len(y))]) if len(y) else y
+
+
 def analyse(samples: list[dict[str, Any]], warmup_s: float, window_s: float = 300.0) -> dict[str, Any]:
     """Slopes after ``warmup_s`` (counted from the first sample: the campaign's start, after the
     baselines), their 3-day extrapolation, and evaluations/s over the first and last windows."""
@@ -103,6 +112,11 @@ def analyse(samples: list[dict[str, Any]], warmup_s: float, window_s: float = 30
         "candidate_rows": np.array([s["rows"].get("candidates", 0) for s in samples], dtype=float),
         "evaluation_rows": np.array([s["rows"].get("evaluations", 0) for s in samples], dtype=float),
     }
+    # A sampled NumPy execution takes a worker's RSS up by hundreds of MB for under a minute;
+    # the floor (the smallest of each sample and its two neighbours) drops such spikes and keeps
+    # any lasting growth, which is what a multi-day campaign cares about.
+    series["worker_rss_mb_floor"] = rolling_min(series["worker_rss_mb_max"], 3)
+    series["driver_rss_mb_floor"] = rolling_min(series["driver_rss_mb"], 3)
     slopes = {k: slope_per_hour(ta, v[after]) for k, v in series.items()}
     rates = np.array([s["evals_per_s"] for s in samples], dtype=float)
     first = (t > 0) & (t <= t[0] + window_s) & np.isfinite(rates)
@@ -114,6 +128,9 @@ def analyse(samples: list[dict[str, Any]], warmup_s: float, window_s: float = 30
         "evals_per_s_first_window": float(np.nanmean(rates[first])) if first.any() else float("nan"),
         "evals_per_s_last_window": float(np.nanmean(rates[last])) if last.any() else float("nan"),
         "final": {k: float(v[-1]) for k, v in series.items()},
+        "archive_mb_per_day": slopes["archive_mb"] * 24.0,
+        "load1_mean": float(np.mean([s.get("load1", np.nan) for s in samples])),
+        "evaluations": int(samples[-1]["evaluations"]),
     }
 
 
@@ -163,11 +180,15 @@ def report(result: dict[str, Any], warmup_minutes: float) -> None:
     sl, g3 = summary["slopes_per_hour"], summary["three_day_growth"]
     print(f"\nafter {warmup_minutes:g} min warm-up ({result['backend']}, retention "
           f"{'on' if result['retention'] else 'off'}):")
-    for key, unit in (("driver_rss_mb", "MB"), ("worker_rss_mb_max", "MB"), ("worker_rss_mb_sum", "MB"),
+    for key, unit in (("driver_rss_mb", "MB"), ("driver_rss_mb_floor", "MB"), ("worker_rss_mb_max", "MB"),
+                      ("worker_rss_mb_floor", "MB"), ("worker_rss_mb_sum", "MB"),
                       ("archive_mb", "MB"), ("candidate_rows", "rows"), ("evaluation_rows", "rows")):
-        print(f"  {key:<20} {sl[key]:+12.1f} {unit}/h   3 days: {g3[key]:+14.0f} {unit}")
+        if key in sl:
+            print(f"  {key:<20} {sl[key]:+12.1f} {unit}/h   3 days: {g3[key]:+14.0f} {unit}")
+    print(f"  archive growth: {summary.get('archive_mb_per_day', float('nan')):+.0f} MB/day")
     print(f"  evaluations/s: first 5 min {summary['evals_per_s_first_window']:.0f}, "
-          f"last 5 min {summary['evals_per_s_last_window']:.0f}")
+          f"last 5 min {summary['evals_per_s_last_window']:.0f}; {summary.get('evaluations', 0):,} evaluations; "
+          f"mean load average {summary.get('load1_mean', float('nan')):.1f} on {os.cpu_count()} cores")
 
 
 def main() -> None:
@@ -223,7 +244,7 @@ def main() -> None:
                 rss = process_rss(driver)
             except psutil.Error:
                 break
-            samples.append({"t": now, "rss": rss, "evals_per_s": rate, **state})
+            samples.append({"t": now, "rss": rss, "evals_per_s": rate, "load1": os.getloadavg()[0], **state})
             s = samples[-1]
             workers = [v for k, v in rss.items() if k != "driver"]
             print(f"{now / 60:6.1f} min  driver {rss['driver']:6.0f} MB  workers "

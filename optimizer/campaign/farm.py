@@ -15,7 +15,10 @@ Loop (Dask "futures" pattern: bounded in-flight, refill as results land, plain d
    the driver's RNG state, counters and the specs of tasks in flight, so ``resume`` continues
    with the same random streams;
 6. every ``retention.every_seconds`` (when the lifecycle sets a ``compactor``): a checkpoint,
-   then the retention policy (``optimizer.campaign.retention``), so the archive stays bounded.
+   then the retention policy (``optimizer.campaign.retention``), so the archive stays bounded;
+7. every ``TRIM_SECONDS``: free heap pages go back to the operating system in the driver and
+   the workers (``optimizer.campaign.cluster.trim_memory``), so resident memory follows live
+   data over days.
 
 Budgets stop within a task's length: a task is submitted only while the evaluation budget has
 room beyond the evaluations already in flight, with its steps cut to that room, and with a time
@@ -37,6 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from optimizer.campaign.cluster import trim_memory
 from optimizer.campaign.progress import Progress
 from optimizer.search.pareto import EpsilonBoxArchive, hypervolume
 from optimizer.search.strategies.base import Strategy
@@ -46,6 +50,9 @@ log = logging.getLogger("tapestry.farm")
 MAX_RETRIES = 3
 #: tasks in a row that fail for good (after MAX_RETRIES resubmissions each) before the run stops
 MAX_FAILED_IN_A_ROW = 3
+#: seconds between two ``trim_memory`` calls in the driver and the workers (a trim takes
+#: milliseconds)
+TRIM_SECONDS = 60.0
 #: task functions by name, with their spec types (checkpoints name them)
 TASKS: dict[str, tuple[Callable, type]] = {"search_task": (search_task, SearchTaskSpec),
                                            "evaluate_task": (evaluate_task, EvaluateTaskSpec)}
@@ -92,6 +99,7 @@ class Farm:
         self._wall0 = 0.0
         self._best_gap = math.inf
         self._failed_in_a_row = 0
+        self._last_trim = time.monotonic()
         self.compactor: Any = None  # optimizer.campaign.retention.Compactor, set by the lifecycle
 
     # -- state ------------------------------------------------------------------------
@@ -196,6 +204,16 @@ class Farm:
         keep = [digest for digest, _f, _p in self.front.members()]
         self.compactor.run(self.archive, self.campaign, keep)
         self.counters["retention"] = self.compactor.counters()
+
+    def trim_memory(self) -> None:
+        """Return free heap pages to the operating system here and in every worker (a
+        fire-and-forget ``client.run``: a busy worker trims when its event loop is free)."""
+        self._last_trim = time.monotonic()
+        trim_memory()
+        try:
+            self.client.run(trim_memory, wait=False)
+        except Exception as e:  # noqa: BLE001  (a worker leaving mid-call must not stop the campaign)
+            log.debug("trim_memory on the workers failed: %s", e)
 
     # -- budget ------------------------------------------------------------------------
     def exhausted(self) -> str | None:
@@ -310,6 +328,8 @@ class Farm:
                     self.checkpoint()
                 if self.compactor is not None and self.compactor.due():
                     self.compact()
+                if time.monotonic() - self._last_trim >= TRIM_SECONDS:
+                    self.trim_memory()
                 if self.progress:
                     self.progress.update(self)
                 if self.stop_reason and self.stop_reason.startswith(("stopped by", "failed")):
