@@ -159,7 +159,8 @@ def run_case(case: Case, budget: float, seed: int, log) -> dict:
         res = RunResult(final, feasible, time_to_within(run.trace, run.best.makespan), _hv(run.archive, ref),
                         run.evaluations, list(lineage), wins={k: [run.wins.get(k, 0), v] for k, v in run.tries.items()})
         lines = describe(plan, guess_mesh(plan, per)).split("\n")
-        res.structure = "\n".join(lines[:40])
+        # the mesh line, then the compute ops (the bf16 casts of the weights come first and say little)
+        res.structure = "\n".join(lines[:1] + [x for x in lines[1:] if "= cast[" not in x][:40])
         out[mode] = res.__dict__ | {"vs_expert": final / best_expert if feas else float("nan"),
                                     "vs_lower_bound": final / lb}
         log(f"  {mode}: {final * 1e3:.3f} ms ({'feasible' if feasible else 'INFEASIBLE'}) = "
