@@ -76,6 +76,22 @@ def _gpu_cluster_class() -> type:
     return GpuLocalCluster
 
 
+#: Dask settings for local clusters (the scheduler runs in the driver's process, the workers
+#: get them from their nannies). Dask's diagnostic logs are bounded deques sized for interactive
+#: debugging; the scheduler's transition log (``low-level-log-length`` entries, each holding the
+#: recommendations of one transition) and its last ``computations.max-history`` submissions
+#: (with their task groups and pickled specs) take 10-20 minutes of a campaign to fill, which a
+#: soak reads as growth (issue 16: driver +70-145 MB/h before). Smaller logs fill in the first
+#: minutes; nobody reads them (there is no dashboard).
+LOCAL_CLUSTER_CONFIG: dict[str, Any] = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.low-level-log-length": 100,
+    "distributed.admin.log-length": 1000,
+    "distributed.diagnostics.computations.max-history": 10,
+    "distributed.diagnostics.erred-tasks.max-history": 10,
+}
+
+
 @contextlib.contextmanager
 def dask_client(scheduler: str | None, workers: int | None = None, threads: int = 1,
                 resources: dict[str, float] | None = None, gpus: list[str] | None = None) -> Iterator[Any]:
@@ -108,7 +124,7 @@ def dask_client(scheduler: str | None, workers: int | None = None, threads: int 
     # distributed.admin.low-level-log-length (1000) seconds, hundreds of MB for our deep stacks,
     # which is most of a worker's memory growth in the first ~17 minutes (issue 16). Nannies hand
     # this config to the worker processes they start (and restart).
-    with warnings.catch_warnings(), dask.config.set({"distributed.worker.profile.enabled": False}):
+    with warnings.catch_warnings(), dask.config.set(LOCAL_CLUSTER_CONFIG):
         # the scheduler's HTTP server moves off a busy port 8787: harmless
         warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
         if pin:

@@ -80,3 +80,18 @@ def test_farm_trims_the_driver_and_every_worker(monkeypatch: pytest.MonkeyPatch)
 def test_a_failed_worker_trim_does_not_stop_the_campaign() -> None:
     farm = _farm(_Client(fail=True))
     farm.trim_memory()  # no exception
+
+
+@pytest.mark.slow
+def test_local_cluster_keeps_short_diagnostic_logs() -> None:
+    """The scheduler (in this process) and the workers use LOCAL_CLUSTER_CONFIG's log lengths."""
+    from optimizer.campaign.cluster import LOCAL_CLUSTER_CONFIG, dask_client
+
+    n = LOCAL_CLUSTER_CONFIG["distributed.admin.low-level-log-length"]
+    with dask_client(None, 1) as client:
+        scheduler = client.cluster.scheduler
+        assert scheduler.transition_log.maxlen == n
+        assert scheduler.computations.maxlen == LOCAL_CLUSTER_CONFIG["distributed.diagnostics.computations.max-history"]
+        (logs,) = client.run(lambda dask_worker: (dask_worker.state.log.maxlen, dask_worker.state.stimulus_log.maxlen,
+                                                  dask_worker.profile_history.maxlen)).values()
+        assert list(logs) == [n, n, n]
