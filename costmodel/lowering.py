@@ -557,10 +557,11 @@ class Lowerer:
                                             self.hw.n_devices, st.g_item[gi], *self._links)
         counts = np.append(counts, 0)
         coll, parts, cost = _NO_COLL, _NO_PARTS, None
-        # a producer with several shards on one device (microbatches, ir.rewrites.pipeline) keeps
-        # its transfers point to point: one collective over all of them would wait for every
-        # microbatch and serialise the pipeline
-        if self.collectives and counts[1] >= 2 and np.unique(pp.dev).shape[0] == pp.dev.shape[0]:
+        # a producer or reader with several shards on one device (microbatches,
+        # ir.rewrites.pipeline) keeps its transfers point to point: one collective over all of
+        # them would wait for every microbatch and serialise the pipeline
+        if self.collectives and counts[1] >= 2 and np.unique(pp.dev).shape[0] == pp.dev.shape[0] \
+                and np.unique(c_dev).shape[0] == c_dev.shape[0]:
             reduce = all(ops[r].kernel == "accumulate" for r, _ in readers)
             coll, parts, cost = self._collective(counts, ints, flts, pp.dev, reduce)
             if cost is not None:
