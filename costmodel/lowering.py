@@ -561,7 +561,7 @@ class Lowerer:
         # ir.rewrites.pipeline) keeps its transfers point to point: one collective over all of
         # them would wait for every microbatch and serialise the pipeline
         if self.collectives and counts[1] >= 2 and np.unique(pp.dev).shape[0] == pp.dev.shape[0] \
-                and np.unique(c_dev).shape[0] == c_dev.shape[0]:
+                and all(np.unique(pieces[r].dev).shape[0] == pieces[r].n for r, _ in readers):
             reduce = all(ops[r].kernel == "accumulate" for r, _ in readers)
             coll, parts, cost = self._collective(counts, ints, flts, pp.dev, reduce)
             if cost is not None:
