@@ -45,6 +45,7 @@ import numpy as np
 
 from costmodel.efficiency import curves_for
 from costmodel.energy import energy_breakdown
+from costmodel.gc_pacing import GcPacer
 from costmodel.hardware import Hardware
 from costmodel.hardware_io import load_hardware
 from costmodel.lowering import Lowered, Lowerer, program_key
@@ -176,12 +177,15 @@ class Evaluator:
     """Evaluates plans on one hardware; reuse it (its caches make re-evaluation incremental)."""
 
     def __init__(self, hw: Hardware | str, collectives: bool = True, curves: Any = None,
-                 lookahead: int = DEFAULT_WINDOW) -> None:
+                 lookahead: int = DEFAULT_WINDOW, gc_every: int = 2000) -> None:
         """``collectives``: time the transfer groups that are NCCL collectives as such
         (``costmodel.collectives``); False: every transfer point to point. ``curves``: a
         ``costmodel.efficiency.Curves``, ``"default"`` (the device's published curves, if any),
         or None (the hardware's constant efficiency factors). ``lookahead``: how many compute
-        nodes a device may run ahead of program order (``costmodel.lookahead``; 0: unbounded)."""
+        nodes a device may run ahead of program order (``costmodel.lookahead``; 0: unbounded).
+        ``gc_every``: pace the garbage collector (``costmodel.gc_pacing``: freeze the caches, one
+        full collection every ``gc_every`` evaluations; 0: leave the collector alone)."""
+        self._gc = GcPacer(gc_every)
         self.lookahead = lookahead
         self.hw = load_hardware(hw) if not isinstance(hw, Hardware) else hw
         if isinstance(curves, str):
@@ -190,9 +194,11 @@ class Evaluator:
             curves = curves_for(self.hw)
         self.lowerer = Lowerer(self.hw, collectives=collectives, curves=curves)
         self._bounds: dict[int, ProgramFacts] = {}
+        self._logical_facts: dict[tuple, ProgramFacts] = {}
         self._capacity = self.hw.device.mem_capacity
 
     def __call__(self, g: Graph, keep: bool = False) -> Evaluation:
+        self._gc.tick()
         low = self.lowerer.lower(g)
         s = low.simulate(lookahead_edges(low, g, self.lookahead))
         nc = low.n_compute
@@ -200,13 +206,7 @@ class Evaluator:
         energy = energy_breakdown(s.makespan, s.busy_compute, s.used, self.hw.device, low.alloc[nc:],
                                   low.transfer_epb).total
         peak = s.peak_mem
-        facts = self._bounds.get(low.program)
-        if facts is None:
-            from ir.rewrites import unshard
-
-            facts = self._bounds[low.program] = program_facts(unshard(g), self.hw)
-            if len(self._bounds) > self.lowerer.PROGRAMS_CAP:  # numbers are never reused: drop the oldest
-                self._bounds.pop(next(iter(self._bounds)))
+        facts = self._facts(low.program, g)
         lb = facts.lower_bound
         used = int(np.count_nonzero(s.used))
         mfu = facts.ideal_seconds / (s.makespan * used) if s.makespan > 0 and used else 0.0
@@ -216,6 +216,27 @@ class Evaluator:
             feasible=bool((peak <= self._capacity).all()) and facts.memory_floor <= self._capacity, lower_bound=lb,
             peak_memory_per_device=peak, lowered=low if keep else None, schedule=s if keep else None,
             hardware=self.hw, model_flops=facts.model_flops, mfu=mfu, memory_floor=facts.memory_floor)
+
+    def _facts(self, program: int, g: Graph) -> ProgramFacts:
+        """The facts of ``g``'s logical program, memoised by the lowerer's program number and,
+        behind it, by the logical program itself: plans that differ by substitutions (fused
+        attention in some layers and not others) have different numbers but one logical program,
+        and ``program_facts`` of a whole training step costs far more than ``unshard``."""
+        facts = self._bounds.get(program)
+        if facts is None:
+            from ir.rewrites import unshard
+
+            logical = unshard(g)
+            key = program_key(logical)
+            facts = self._logical_facts.get(key)
+            if facts is None:
+                facts = self._logical_facts[key] = program_facts(logical, self.hw)
+                if len(self._logical_facts) > 64:
+                    self._logical_facts.pop(next(iter(self._logical_facts)))
+            self._bounds[program] = facts
+            if len(self._bounds) > self.lowerer.PROGRAMS_CAP:  # numbers are never reused: drop the oldest
+                self._bounds.pop(next(iter(self._bounds)))
+        return facts
 
     def lower_bound(self, g: Graph) -> float:
         from ir.rewrites import unshard
