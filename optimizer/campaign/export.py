@@ -156,7 +156,8 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
         from optimizer.campaign.fidelity import best_mfu, calibration_report
 
         fidelity = (calibration_report(archive, name),
-                    best_mfu(archive, name, Hardware.from_dict(row["config"]["hardware"]), front))
+                    best_mfu(archive, name, Hardware.from_dict(row["config"]["hardware"]), front)
+                    if row["config"].get("hardware") else [])
         (outdir / "plans").mkdir(parents=True, exist_ok=True)
         for old in (outdir / "plans").iterdir():  # plans of an earlier export, now stale
             if old.is_file() and _PLAN_FILE.match(old.name):

@@ -392,10 +392,10 @@ def campaign_status(db: str | None, name: str | None) -> dict[str, Any]:
         from optimizer.campaign.fidelity import best_mfu, calibration_report
         from optimizer.realrun.sampling import rank_correlation
 
-        hw = Hardware.from_dict(row["config"]["hardware"])
+        hw = Hardware.from_dict(row["config"]["hardware"]) if row["config"].get("hardware") else None
         return {"campaign": row, "front": front, "hypervolume": hv, "best_gap": min(gaps) if gaps else None,
                 "budget": row["counters"].get("budget") or row["config"]["config"]["budget"],
                 "sampling": rank_correlation(archive.measurements(name)),
-                "calibration": calibration_report(archive, name), "hardware_name": hw.name,
-                "best_mfu": best_mfu(archive, name, hw, front),
+                "calibration": calibration_report(archive, name), "hardware_name": hw.name if hw else "",
+                "best_mfu": best_mfu(archive, name, hw, front) if hw else [],
                 "progress": progress_report(row, archive.storage_stats(name))}
