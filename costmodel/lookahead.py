@@ -188,9 +188,14 @@ def _backward_ops(g: Graph) -> frozenset[str]:
 
 def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
     """Microbatch index of each compute node (-1: not microbatched), or None when no op has
-    several shards on one device. A shard's microbatch is the rank of its box's start along the
-    op's batch dim among the shards of that op on its device (``ir.rewrites.pipeline``)."""
-    from ir.rewrites.pipeline import batch_dims
+    several shards along its batch dim on one device.
+
+    The plan's ``M`` global microbatches are those of its most coarsely microbatched op (the
+    fewest distinct batch starts among ops with several batch pieces on a device;
+    ``ir.rewrites.pipeline.microbatch`` cuts every op at the same global boundaries). A shard
+    lying inside global microbatch ``j`` gets ``j``; then, per device, ``j`` is replaced by its
+    rank among the microbatches that device runs (its data-parallel replica's ``m``)."""
+    from ir.rewrites.pipeline import batch_dims, microbatch_bounds
 
     nc = low.n_compute
     if nc == 0:
@@ -205,46 +210,77 @@ def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
     if not multi.size:
         return None
     bd = batch_dims(g)
-    mb = np.full(nc, -1, np.int64)
+    total = 0
     for i in multi:
         name = low.op_names[i]
         b = bd.get(name)
         sh = g.ops[name].shards
         if b is None or b[0] != "dim" or len(sh) != counts[i]:
             continue
-        r = _shard_microbatches(sh, b[1])
-        if r is not None:
-            mb[offs[i]:offs[i + 1]] = r
+        info = _shard_starts(sh, b[1])
+        if info[0]:  # several batch pieces on one device: a microbatched op
+            total = info[1] if total == 0 else min(total, info[1])
+    if total < 2:
+        return None
+    mb = np.full(nc, -1, np.int64)
+    for i in range(n_ops):
+        name = low.op_names[i]
+        b = bd.get(name)
+        if b is None or b[0] != "dim":
+            continue
+        o = g.ops[name]
+        if len(o.shards) != counts[i]:
+            continue
+        ext = g.signature(o).extents[b[1]]
+        if ext < total:
+            continue
+        j = _global_ids(o.shards, b[1], ext, total)
+        if j is not None:
+            mb[offs[i]:offs[i + 1]] = j
+    t = mb >= 0
+    if not t.any():
+        return None
+    # per device: rank of the global microbatch among the device's own
+    key = dev[t] * (total + 1) + mb[t]
+    uniq, inv = np.unique(key, return_inverse=True)
+    first_of_dev = np.searchsorted(uniq, (uniq // (total + 1)) * (total + 1))
+    mb[t] = (np.arange(len(uniq)) - first_of_dev)[inv]
     return mb if (mb > 0).any() else None
 
 
 _MB_CACHE: OrderedDict = OrderedDict()
 
 
-def _shard_microbatches(sh, col: int) -> np.ndarray | None:
-    """Per shard, the rank of its start along index column ``col`` among the shards on its
-    device (None when every device holds one start). Cached by the (shared, read-only) shards
-    object; the cache keeps it alive so its id is not reused."""
-    key = (id(sh), col)
+def _cached(key, sh, fn):
     hit = _MB_CACHE.get(key)
     if hit is not None and hit[0] is sh:
         return hit[1]
-    lo, d = sh.lo[:, col], np.asarray(sh.device, np.int64)
-    o = np.lexsort((lo, d))
-    ds, ls = d[o], lo[o]
-    new_dev = np.ones(len(o), bool)
-    new_dev[1:] = ds[1:] != ds[:-1]
-    new_lo = new_dev.copy()
-    new_lo[1:] |= ls[1:] != ls[:-1]
-    cs = np.cumsum(new_lo)
-    first = np.maximum.accumulate(np.where(new_dev, np.arange(len(o)), 0))
-    r = np.empty(len(o), np.int64)
-    r[o] = cs - cs[first]
-    out = r if r.max() > 0 else None
-    _MB_CACHE[key] = (sh, out)
+    out = fn()
+    _MB_CACHE[key] = (sh, out)  # the cache keeps ``sh`` alive, so its id is not reused
     if len(_MB_CACHE) > 20000:
         _MB_CACHE.popitem(last=False)
     return out
+
+
+def _shard_starts(sh, col: int) -> tuple[bool, int]:
+    """(some device holds several batch starts, number of distinct batch starts)."""
+    def run():
+        lo, d = sh.lo[:, col], np.asarray(sh.device, np.int64)
+        pairs = np.unique(d * (int(lo.max()) + 1) + lo)
+        return bool(len(pairs) > len(np.unique(d))), int(len(np.unique(lo)))
+    return _cached(("starts", id(sh), col), sh, run)
+
+
+def _global_ids(sh, col: int, ext: int, total: int) -> np.ndarray | None:
+    """Global microbatch of each shard, or None when a shard spans several."""
+    from ir.rewrites.pipeline import microbatch_bounds
+
+    def run():
+        b = microbatch_bounds(ext, total)
+        j = np.searchsorted(b, sh.lo[:, col], side="right") - 1
+        k = np.searchsorted(b, sh.hi[:, col] - 1, side="right") - 1
+        return j.astype(np.int64) if np.array_equal(j, k) else None
+    return _cached(("ids", id(sh), col, ext, total), sh, run)
 
 
 def _barriers(g: Graph, tagged: dict[str, int]) -> tuple[bool, bool, set[str]]:

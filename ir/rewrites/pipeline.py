@@ -262,6 +262,49 @@ def _resplit(g: Graph, name: str, m: int) -> Graph:
     return two_level(g2, acc, m)
 
 
+def microbatch_bounds(extent: int, total: int) -> np.ndarray:
+    """Start of each of ``total`` global microbatches along a batch dim of ``extent`` (near-equal),
+    and ``extent`` at the end: global microbatch ``j`` is ``[b[j], b[j+1])``."""
+    return np.asarray(split_points(0, extent, total), np.int64)
+
+
+def _cut_at(g: Graph, name: str, col: int, total: int) -> Graph:
+    """Cut every shard of ``name`` at the global microbatch boundaries along index ``col``."""
+    o = g.ops[name]
+    sh = o.shards
+    ext = g.signature(o).extents[col]
+    if ext < total:
+        raise RewriteError(f"{name}: batch extent {ext} is smaller than {total} microbatches")
+    b = microbatch_bounds(ext, total)
+    lo_rows, hi_rows, devs = [], [], []
+    for i in range(len(sh)):
+        a, z = int(sh.lo[i, col]), int(sh.hi[i, col])
+        cuts = [a] + [int(x) for x in b if a < x < z] + [z]
+        for u, v in zip(cuts[:-1], cuts[1:]):
+            lo = sh.lo[i].copy()
+            hi = sh.hi[i].copy()
+            lo[col], hi[col] = u, v
+            lo_rows.append(lo)
+            hi_rows.append(hi)
+            devs.append(int(sh.device[i]))
+    if len(devs) == len(sh):
+        raise RewriteError(f"{name}: its shards already lie within single microbatches")
+    return g.with_ops({name: o.replace(shards=Shards(np.array(lo_rows), np.array(hi_rows), devs))})
+
+
+def _batch_ranges(g: Graph, names: list[str], bd: dict) -> int:
+    """The fewest distinct batch ranges among the region's ops whose index has the batch (the
+    data-parallel degree of the plan's main ops)."""
+    counts = []
+    for n in names:
+        b = bd.get(n)
+        o = g.ops.get(n)
+        if b is None or b[0] != "dim" or o is None or o.params.get("split"):
+            continue
+        counts.append(len(np.unique(o.shards.lo[:, b[1]])))
+    return min(counts) if counts else 1
+
+
 def microbatch(g: Graph, ops: str, m: int) -> Graph:
     """Cut the batch into ``m`` microbatches for every op of the region ``ops`` (a region text
     as ``ir.rewrites.layout.select_ops`` reads it: ``all``, a glob, ``a:b``)."""
@@ -271,6 +314,7 @@ def microbatch(g: Graph, ops: str, m: int) -> Graph:
         raise RewriteError(f"microbatch needs m >= 2 microbatches, got {m!r}")
     names = select_ops(g, ops)
     bd = batch_dims(g)
+    total = m * _batch_ranges(g, names, bd)  # microbatches over the whole batch (m per data-parallel rank)
     done = 0
     refused: list[str] = []
     for n in names:
@@ -282,7 +326,9 @@ def microbatch(g: Graph, ops: str, m: int) -> Graph:
             if kind == "dim" and o.params.get("split") and x == 0:
                 g = _resplit(g, n, m)
             elif kind == "dim":
-                g = split(g, n, x, m)
+                # cut at global microbatch boundaries: an op whose batch is already split finer
+                # (a weightless op under tensor parallelism) gets the same microbatches
+                g = _cut_at(g, n, x, total)
             elif o.params.get("split"):
                 raise RewriteError(f"{n}: another reduction of it is split already")
             else:
@@ -299,4 +345,4 @@ def microbatch(g: Graph, ops: str, m: int) -> Graph:
     return g
 
 
-__all__ = ["LAYER_RE", "batch_dims", "microbatch", "op_layers", "pipeline", "stage", "stage_of_layers"]
+__all__ = ["LAYER_RE", "batch_dims", "microbatch", "microbatch_bounds", "op_layers", "pipeline", "stage", "stage_of_layers"]
