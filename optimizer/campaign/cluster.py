@@ -76,16 +76,26 @@ def _gpu_cluster_class() -> type:
     return GpuLocalCluster
 
 
+#: Dask settings for the driver's client, local or remote. Every Dask comm keeps its last
+#: ``low-level-log-length`` (default 1000) message batches under 1 MB for debugging
+#: (``distributed.batched.BatchedSend.recent_message_log``); the client's batches are our
+#: ``update-graph`` messages, each with a pickled task spec and its parent plans (~40 kB for the
+#: soak's transformer block, up to 1 MB for large models). Measured in a soak's driver at minute
+#: 15: 282 such messages, 10.6 MB of frames, and the log at 716 of 1000 entries, still filling
+#: (issue 16: the driver's +70-145 MB/h). 100 entries fill in the first minutes.
+CLIENT_CONFIG: dict[str, Any] = {"distributed.admin.low-level-log-length": 100}
+
 #: Dask settings for local clusters (the scheduler runs in the driver's process, the workers
-#: get them from their nannies). Dask's diagnostic logs are bounded deques sized for interactive
-#: debugging; the scheduler's transition log (``low-level-log-length`` entries, each holding the
-#: recommendations of one transition) and its last ``computations.max-history`` submissions
-#: (with their task groups and pickled specs) take 10-20 minutes of a campaign to fill, which a
-#: soak reads as growth (issue 16: driver +70-145 MB/h before). Smaller logs fill in the first
-#: minutes; nobody reads them (there is no dashboard).
+#: get them from their nannies): no statistical profiler (each worker kept a call tree per
+#: second for 1000 s, hundreds of MB for our deep stacks); and Dask's other diagnostic logs,
+#: bounded deques sized for interactive debugging, shortened: the scheduler's transition log
+#: (``low-level-log-length`` entries), its streams to the workers (compute-task messages with
+#: their specs), its last ``computations.max-history`` submissions (with task groups and
+#: pickled specs) took 10-20 minutes of a campaign to fill, which a soak reads as growth.
+#: Nobody reads them (there is no dashboard).
 LOCAL_CLUSTER_CONFIG: dict[str, Any] = {
+    **CLIENT_CONFIG,
     "distributed.worker.profile.enabled": False,
-    "distributed.admin.low-level-log-length": 100,
     "distributed.admin.log-length": 1000,
     "distributed.diagnostics.computations.max-history": 10,
     "distributed.diagnostics.erred-tasks.max-history": 10,
@@ -99,47 +109,46 @@ def dask_client(scheduler: str | None, workers: int | None = None, threads: int 
     threads each, ``workers`` default: one per core up to 8; ``resources`` advertised by each
     local worker, e.g. ``{"GPU": 1}``, in which case each worker is pinned to one of ``gpus``
     (default :func:`local_gpus`), round-robin)."""
+    import dask
     from distributed import Client, LocalCluster
 
-    if scheduler:
+    # For the client's whole life, not only its start: comms opened later (a reconnect, a
+    # restarted worker's stream) read the log lengths when they open.
+    with dask.config.set(CLIENT_CONFIG):
+        if scheduler:
+            try:
+                client = Client(scheduler, timeout="20s")
+            except OSError as e:
+                raise ClusterError(f"cannot reach the Dask scheduler at {scheduler!r} ({e}); start one with "
+                                   f"'dask scheduler' or drop --scheduler to use a local cluster") from None
+            try:
+                yield client
+            finally:
+                client.close()
+            return
+        n = workers or max(1, min(os.cpu_count() or 1, 8))
+        kw: dict[str, Any] = dict(threads_per_worker=threads, processes=True, dashboard_address=None,
+                                  silence_logs=logging.ERROR, memory_limit=0)
+        if resources:
+            kw["resources"] = resources
+        pin = (local_gpus() if gpus is None else list(gpus)) if resources and resources.get("GPU") else []
+        # Nannies hand LOCAL_CLUSTER_CONFIG to the worker processes they start (and restart).
+        with warnings.catch_warnings(), dask.config.set(LOCAL_CLUSTER_CONFIG):
+            # the scheduler's HTTP server moves off a busy port 8787: harmless
+            warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
+            if pin:
+                cluster = _gpu_cluster_class()(pin, **kw)
+                cluster.scale(n)
+            else:
+                cluster = LocalCluster(n_workers=n, **kw)
+        client = Client(cluster)
         try:
-            client = Client(scheduler, timeout="20s")
-        except OSError as e:
-            raise ClusterError(f"cannot reach the Dask scheduler at {scheduler!r} ({e}); start one with "
-                               f"'dask scheduler' or drop --scheduler to use a local cluster") from None
-        try:
+            if pin:
+                client.wait_for_workers(n, timeout=120)
             yield client
         finally:
             client.close()
-        return
-    n = workers or max(1, min(os.cpu_count() or 1, 8))
-    kw: dict[str, Any] = dict(threads_per_worker=threads, processes=True, dashboard_address=None,
-                              silence_logs=logging.ERROR, memory_limit=0)
-    if resources:
-        kw["resources"] = resources
-    pin = (local_gpus() if gpus is None else list(gpus)) if resources and resources.get("GPU") else []
-    import dask
-
-    # No statistical profiler in local workers: each keeps a call tree per second for the last
-    # distributed.admin.low-level-log-length (1000) seconds, hundreds of MB for our deep stacks,
-    # which is most of a worker's memory growth in the first ~17 minutes (issue 16). Nannies hand
-    # this config to the worker processes they start (and restart).
-    with warnings.catch_warnings(), dask.config.set(LOCAL_CLUSTER_CONFIG):
-        # the scheduler's HTTP server moves off a busy port 8787: harmless
-        warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
-        if pin:
-            cluster = _gpu_cluster_class()(pin, **kw)
-            cluster.scale(n)
-        else:
-            cluster = LocalCluster(n_workers=n, **kw)
-    client = Client(cluster)
-    try:
-        if pin:
-            client.wait_for_workers(n, timeout=120)
-        yield client
-    finally:
-        client.close()
-        cluster.close()
+            cluster.close()
 
 
 @contextlib.contextmanager

@@ -92,6 +92,9 @@ def test_local_cluster_keeps_short_diagnostic_logs() -> None:
         scheduler = client.cluster.scheduler
         assert scheduler.transition_log.maxlen == n
         assert scheduler.computations.maxlen == LOCAL_CLUSTER_CONFIG["distributed.diagnostics.computations.max-history"]
+        assert client.scheduler_comm.recent_message_log.maxlen == n  # the driver's update-graph messages
         (logs,) = client.run(lambda dask_worker: (dask_worker.state.log.maxlen, dask_worker.state.stimulus_log.maxlen,
                                                   dask_worker.profile_history.maxlen)).values()
         assert list(logs) == [n, n, n]
+        with dask_client(scheduler.address) as remote:  # a client of an existing scheduler too
+            assert remote.scheduler_comm.recent_message_log.maxlen == n
