@@ -164,3 +164,28 @@ def test_refit_finds_the_executors_time_between_shards():
     assert res["after"]["mean_abs_log"] < 1e-3
     assert res["hardware"].launch_overhead_for("matmul") == pytest.approx(truth.launch_overhead_for("matmul") + D,
                                                                            rel=1e-3)
+
+
+def test_status_and_summary_text_say_what_the_figures_mean():
+    from optimizer.campaign.fidelity import markdown, meaning, status_lines
+
+    pts = [{"digest": f"{i:064x}", "measured": 0.1 * (i + 1), "before": 0.01 * (i + 1), "after": 0.1 * (i + 1)}
+           for i in range(4)]
+    rep = {"sampling": {"plans": 4, "shards": 20, "sampling_hardware": "cpu", "points": pts, "dispatch": 1e-3,
+                        "before": {"n": 4, "spearman": 1.0, "mean_abs_log": math.log(10)},
+                        "after": {"n": 4, "spearman": 0.95, "mean_abs_log": 0.05}, "held_out": None,
+                        "factors": {"matmul": {"compute": 0.5, "memory": 1.0, "launch": 1e-4, "compute_identified": True,
+                                               "memory_identified": False, "fitted": True}}},
+           "target": None, "refits": 1}
+    m = meaning(rep, "h100-sxm-8")
+    assert "0.950" in m and "almost exactly" in m and "not for the campaign's `h100-sxm-8`" in m
+    assert "not for the campaign" not in meaning({**rep, "sampling": {**rep["sampling"], "sampling_hardware": "x"}},
+                                                 "x")
+    mfu = [{"digest": "a" * 64, "makespan": 2e-5, "mfu": 0.394, "model_flops": 4.3e9, "devices": 8}]
+    lines = status_lines(rep, mfu, "h100-sxm-8")
+    assert any("39.4%" in x for x in lines) and any("2.303 -> 0.050" in x for x in lines)
+    md = "\n".join(markdown(rep, mfu, "h100-sxm-8"))
+    assert "## MFU of the best plans" in md and "| `aaaaaaaaaaaa` | 20 µs | 8 | 4.3e+09 | 39.4% |" in md
+    assert "## Calibrated predictions vs measurements" in md and "| after the refit (in sample) | 0.950 | 0.050 |" in md
+    assert "matmul 0.5 / 1 (kept) / 100 µs" in md and "plus 1 ms per shard" in md
+    assert markdown(None, [], "x") == [] and status_lines(None, [], "x") == []
