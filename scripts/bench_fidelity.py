@@ -13,7 +13,9 @@ plans and per workload:
 
 1. ``preset``: the ``cpu`` preset as shipped;
 2. ``calibrated``: the ``cpu`` preset calibrated offline on the kernel spread of ``tapestry
-   calibrate`` (``optimizer.realrun.calibration``), *without* the campaign's online refit;
+   calibrate`` (``optimizer.realrun.calibration``), plus the executor's time between shards
+   fitted offline on a few plans of a separate small MLP (``fit_dispatch``), *without* the
+   campaign's online refit;
 3. ``online``: the campaign's online refit (``optimizer.realrun.online.refit``, as a sampler runs
    it every ``--every`` plans), starting from the offline-calibrated hardware: each plan is
    predicted with the refit made *before* it was measured (held out; the first ``--every``
@@ -109,9 +111,12 @@ def main() -> int:
     print(f"# bench_fidelity: NumPy on {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, BLAS threads {os.environ.get('OPENBLAS_NUM_THREADS')}\n", flush=True)
     cal_res = run_calibration("numpy", preset, quick=a.quick, repeats=a.repeats)
-    cal = cal_res.hardware
+    from optimizer.realrun.calibration import fit_dispatch
+
+    cal, dispatch, n_disp = fit_dispatch(cal_res.hardware, "numpy", a.repeats, a.quick)
     print(f"offline calibration on {cal_res.before['n']} kernel points: mean |log(model/measured)| "
-          f"{cal_res.before['mean_abs_log']:.3f} -> {cal_res.after['mean_abs_log']:.3f}\n", flush=True)
+          f"{cal_res.before['mean_abs_log']:.3f} -> {cal_res.after['mean_abs_log']:.3f}; dispatch between shards "
+          f"{dispatch * 1e6:.0f} us per shard (from {n_disp} plans of a small MLP)\n", flush=True)
 
     sizes = QUICK if a.quick else WORKLOADS
     per = [a.plans // 3 + (1 if i < a.plans % 3 else 0) for i in range(3)]
@@ -150,6 +155,7 @@ def main() -> int:
     out = {"bench": "fidelity", "plans": len(rows), "repeats": a.repeats, "every": a.every, "seed": a.seed,
            "quick": a.quick, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
            "offline_calibration": {"points": cal_res.before["n"], "before": cal_res.before["mean_abs_log"],
+                                   "dispatch_s": dispatch, "dispatch_plans": n_disp,
                                    "after": cal_res.after["mean_abs_log"], "factors": cal_res.factors()},
            "verified": sum(r["verified"] for r in rows), "models": {}, "rows": rows}
     table = []

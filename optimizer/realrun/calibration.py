@@ -187,6 +187,33 @@ def calibrate_records(records: list[dict[str, Any]], hw: Any) -> CalibrationResu
     return CalibrationResult(cal, base, fits, records, errors(records, base), errors(records, cal))
 
 
+def fit_dispatch(hw: Any, backend: str = "numpy", repeats: int = 3, quick: bool = False,
+                 seed: int = 0) -> tuple[Any, float, int]:
+    """Time a few plans of a small MLP (the unsharded program and random rewrites of it over 4
+    devices, 3 to 40 shards) and fit the executor's time between shards
+    (``optimizer.realrun.online._fit_dispatch``) on top of ``hw``. Returns ``(hardware with the
+    dispatch added to its launch overheads, dispatch seconds per shard, plans timed)``."""
+    from ir import workloads
+    from ir.rewrites import random_walk
+    from optimizer.realrun.measurement import measure_plan
+    from optimizer.realrun.online import _fit_dispatch, plan_points
+
+    base = workloads.build("mlp", batch=32 if quick else 64, widths=(64, 128, 64) if quick else (256, 1024, 256))
+    rng = np.random.default_rng(seed)
+    plans, seen = [base], {base.digest}
+    for steps in (3, 6, 10, 14, 18, 24, 30, 36):
+        g = random_walk(base, rng, 4, steps)
+        if g.digest not in seen:
+            seen.add(g.digest)
+            plans.append(g)
+    records = []
+    for g in plans[: 4 if quick else len(plans)]:
+        records += measure_plan(g, hw, backend, repeats=repeats)
+    points = plan_points(records)
+    cal, d = _fit_dispatch(points, hw, np.array([p["measured"] for p in points]))
+    return cal, d, len(points)
+
+
 def run_calibration(backend: str, hardware: Any, quick: bool = False, repeats: int = 3, warmup: int = 1,
                     dtypes: tuple[str, ...] | None = None,
                     progress: Callable[[str], None] | None = None) -> CalibrationResult:
