@@ -41,6 +41,13 @@ def trim_memory() -> bool:
         return False
 
 
+async def trim_memory_async() -> bool:
+    """:func:`trim_memory` as a coroutine function: ``client.run(..., wait=False)`` (fire and
+    forget) accepts only those, and runs them on each worker's event loop (a trim takes
+    milliseconds)."""
+    return trim_memory()
+
+
 def local_gpus() -> list[str]:
     """The GPUs local workers may use, as ``CUDA_VISIBLE_DEVICES`` entries: the entries of that
     variable when it is set, else ``0..n-1`` for the n GPUs CuPy sees, else none."""

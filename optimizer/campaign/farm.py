@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from optimizer.campaign.cluster import trim_memory
+from optimizer.campaign.cluster import trim_memory, trim_memory_async
 from optimizer.campaign.progress import Progress
 from optimizer.search.pareto import EpsilonBoxArchive, hypervolume
 from optimizer.search.strategies.base import Strategy
@@ -211,7 +211,7 @@ class Farm:
         self._last_trim = time.monotonic()
         trim_memory()
         try:
-            self.client.run(trim_memory, wait=False)
+            self.client.run(trim_memory_async, wait=False)
         except Exception as e:  # noqa: BLE001  (a worker leaving mid-call must not stop the campaign)
             log.debug("trim_memory on the workers failed: %s", e)
 

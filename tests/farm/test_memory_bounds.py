@@ -3,6 +3,7 @@ pages back to the operating system (``trim_memory``), and the farm does so on a 
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from optimizer.campaign import farm as farm_module
+from optimizer.campaign.cluster import trim_memory_async
 from optimizer.campaign.farm import Budget, Farm
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim is glibc's")
@@ -73,7 +75,9 @@ def test_farm_trims_the_driver_and_every_worker(monkeypatch: pytest.MonkeyPatch)
     farm = _farm(client)
     farm.trim_memory()
     assert driver_calls == [1]
-    assert client.calls == [(fake_trim, (), False)]  # the same function on every worker, fire and forget
+    # every worker, fire and forget: Dask takes only coroutine functions with wait=False
+    assert client.calls == [(trim_memory_async, (), False)]
+    assert inspect.iscoroutinefunction(trim_memory_async)
     assert farm_module.TRIM_SECONDS == 60.0
 
 
@@ -96,5 +100,11 @@ def test_local_cluster_keeps_short_diagnostic_logs() -> None:
         (logs,) = client.run(lambda dask_worker: (dask_worker.state.log.maxlen, dask_worker.state.stimulus_log.maxlen,
                                                   dask_worker.profile_history.maxlen)).values()
         assert list(logs) == [n, n, n]
+        # what the farm sends each minute: Dask refuses wait=False for a plain function
+        # ("Combination not supported"), so it must be a coroutine function
+        with pytest.raises(Exception, match="Combination not supported"):
+            client.run(lambda: 0, wait=False)
+        assert client.run(trim_memory_async, wait=False) is None
+        assert set(client.run(trim_memory_async).values()) <= {True, False}
         with dask_client(scheduler.address) as remote:  # a client of an existing scheduler too
             assert remote.scheduler_comm.recent_message_log.maxlen == n
