@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterable, Iterator, Mapping
@@ -191,17 +192,18 @@ class Graph:
     @cached_property
     def topo_order(self) -> tuple[str, ...]:
         """Operations in dependency order (ties keep insertion order). Raises on a cycle."""
-        indeg = {}
+        producers = self.producers
+        indeg: dict[str, int] = {}
         succ: dict[str, list[str]] = {n: [] for n in self.ops}
-        for o in self.ops.values():
-            preds = {self.producers[t] for _, t in o.inputs if t in self.producers}
-            indeg[o.name] = len(preds)
+        for name, o in self.ops.items():
+            preds = {producers[t] for _, t in o.inputs if t in producers}
+            indeg[name] = len(preds)
             for p in preds:
-                succ[p].append(o.name)
-        ready = [n for n in self.ops if indeg[n] == 0]
+                succ[p].append(name)
+        ready = deque(n for n, d in indeg.items() if d == 0)  # FIFO: Kahn's order, ties by insertion
         order: list[str] = []
         while ready:
-            n = ready.pop(0)
+            n = ready.popleft()
             order.append(n)
             for m in succ[n]:
                 indeg[m] -= 1
