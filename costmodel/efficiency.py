@@ -31,6 +31,10 @@ Default curves (ESTIMATES from published measurements; calibrate with :func:`fit
   fractions (no separate public measurement used here).
 
 ``scripts/measure_gemm_curve.py`` measures GEMM points on a real GPU (CuPy) for calibration.
+
+``costmodel.Evaluator`` applies these curves by default (``curves="default"``) on a device that
+has them and whose hardware carries no factors of its own (:func:`curves_for`); ``curves=None``
+gives the flat datasheet roofline that the closed-form tests pin.
 """
 
 from __future__ import annotations
@@ -68,8 +72,11 @@ DEFAULT_CURVES = {"H100": Curves(), "H200": Curves()}
 
 
 def curves_for(hw: Hardware) -> Curves | None:
-    """The default curves of ``hw``'s device (by name: H100, H200), or None (no published curve:
-    the constant efficiency factors apply)."""
+    """The default curves of ``hw``'s device (by name: H100, H200), or None: no published curve,
+    or ``hw`` carries its own efficiency factors (calibrated or written in a hardware file: any
+    factor other than 1), which then apply as given (calibration wins over published curves)."""
+    if any(f != (1.0, 1.0) for f in hw.efficiency.values()):
+        return None
     for key, c in DEFAULT_CURVES.items():
         if key in hw.device.name:
             return c

@@ -176,12 +176,13 @@ def breakdown(ev: Evaluation) -> Breakdown:
 class Evaluator:
     """Evaluates plans on one hardware; reuse it (its caches make re-evaluation incremental)."""
 
-    def __init__(self, hw: Hardware | str, collectives: bool = True, curves: Any = None,
+    def __init__(self, hw: Hardware | str, collectives: bool = True, curves: Any = "default",
                  lookahead: int = DEFAULT_WINDOW, gc_every: int = 2000) -> None:
         """``collectives``: time the transfer groups that are NCCL collectives as such
         (``costmodel.collectives``); False: every transfer point to point. ``curves``: a
-        ``costmodel.efficiency.Curves``, ``"default"`` (the device's published curves, if any),
-        or None (the hardware's constant efficiency factors). ``lookahead``: how many compute
+        ``costmodel.efficiency.Curves``, ``"default"`` (the default: the device's published
+        curves, H100 and H200, unless the hardware carries its own factors; else none), or None
+        (the hardware's constant factors only: the flat roofline). ``lookahead``: how many compute
         nodes a device may run ahead of program order (``costmodel.lookahead``; 0: unbounded).
         ``gc_every``: pace the garbage collector (``costmodel.gc_pacing``: freeze the caches, one
         full collection every ``gc_every`` evaluations; 0: leave the collector alone)."""
@@ -302,6 +303,7 @@ def serial_prediction(g: Graph, hw: Hardware) -> float:
     return float(low.dur[: int(low.op_offsets[-1])].sum())  # the compute nodes: one per shard
 
 
-def evaluate(g: Graph, hw: Hardware | str, keep: bool = True, collectives: bool = True) -> Evaluation:
+def evaluate(g: Graph, hw: Hardware | str, keep: bool = True, collectives: bool = True,
+             curves: Any = "default") -> Evaluation:
     """One-shot evaluation of ``g`` on ``hw`` (a ``Hardware``, preset name or YAML path)."""
-    return Evaluator(hw, collectives=collectives)(g, keep=keep)
+    return Evaluator(hw, collectives=collectives, curves=curves)(g, keep=keep)

@@ -30,7 +30,9 @@ def test_8192_cubed_bf16_gemm_on_one_h100():
     b.matmul(b.input("a", (n, n)), b.parameter("w", (n, n)), name="mm")
     e = Evaluator(H100, curves="default")(b.build())
     assert e.makespan == pytest.approx(closed, rel=1e-12)
-    assert Evaluator(H100)(b.build()).makespan == pytest.approx(2.0 * n**3 / 989.4e12 + 5e-6, rel=1e-12)
+    assert Evaluator(H100)(b.build()).makespan == pytest.approx(closed, rel=1e-12)  # curves are the default
+    flat = Evaluator(H100, curves=None)(b.build()).makespan  # the datasheet roofline, asked for explicitly
+    assert flat == pytest.approx(2.0 * n**3 / 989.4e12 + 5e-6, rel=1e-12)
 
 
 def test_skinny_and_small_shapes_are_less_efficient():
@@ -57,8 +59,13 @@ def test_fit_recovers_the_peak_factors():
     assert math.isclose(fit(Curves(), [], peak, bw).gemm_peak, 0.78)
 
 
-def test_curves_off_by_default_and_bad_value_refused():
+def test_curves_on_by_default_where_published_and_bad_value_refused():
     with pytest.raises(ValueError, match="curves"):
         Evaluator(H100, curves="fancy")
-    assert Evaluator(H100).lowerer.curves is None
-    assert np.all(Evaluator(H100, curves="default").lowerer._curve[1:] > 0)
+    assert Evaluator(H100).lowerer.curves == curves_for(H100) is not None
+    assert np.all(Evaluator(H100).lowerer._curve[1:] > 0)
+    assert Evaluator(H100, curves=None).lowerer.curves is None  # the flat roofline on request
+    assert Evaluator("cpu").lowerer.curves is None  # no published curve for the CPU
+    # a hardware with its own (calibrated) factors keeps them: calibration wins over published curves
+    cal = H100.with_efficiency(matmul=(0.7, 0.9))
+    assert curves_for(cal) is None and Evaluator(cal).lowerer.curves is None

@@ -59,7 +59,7 @@ def test_eval_hardware_yaml_file(plan, capsys, tmp_path):
     code, out, err = run(["eval", str(p), "--hardware", str(hw), "--json"], capsys)
     assert code == 0, err
     assert json.loads(out)["hardware"] == "slow"
-    assert json.loads(out)["makespan"] > evaluate(g, "h100-sxm-8").makespan
+    assert json.loads(out)["makespan"] > evaluate(g, "h100-sxm-8", curves=None).makespan  # flat factors 1 vs 0.5
 
 
 @pytest.mark.parametrize("case", ["preset", "yaml", "field", "missing-yaml", "plan", "plan-json", "no-plan",

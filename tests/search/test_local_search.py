@@ -14,7 +14,7 @@ from optimizer.search.local import local_search, replay, time_to_within
 
 def test_search_improves_and_lineage_replays():
     g = workloads.build("mlp", batch=1024, widths=[2048, 8192, 2048], dtype="bfloat16")
-    ev = Evaluator(preset("h100-sxm-8"))
+    ev = Evaluator(preset("h100-sxm-8"), curves=None)  # flat roofline: the 2x margin below is not about GEMM curves
     single = ev(g).makespan  # numba compiles on the first evaluation: outside the budget
     run = local_search(g, ev, budget_s=3.0, seed=1, replayable=True)
     assert run.best.feasible and run.best.makespan < 0.5 * single
