@@ -107,3 +107,20 @@ def test_plans_without_microbatches_get_no_pipeline_order():
     assert pipeline_units(ev.lowerer.lower(staged), staged) is None
     with pytest.raises(ValueError, match="policy"):
         pipeline_units(ev.lowerer.lower(staged), staged, "zigzag")
+
+
+def test_tensor_parallel_stages_get_one_pipeline_order():
+    """Under TP a weightless op (layernorm) may have its batch split over the stage's devices
+    already; microbatches are cut at global boundaries, so every op of microbatch j is in unit j
+    and the pipeline order applies (no deadlock, lower peak than the op-major order)."""
+    from costmodel.lookahead import _acyclic, _unit_chain_edges
+    from ir import workloads
+
+    step = workloads.build("gpt", mode="train", layers=4, d_model=8, heads=2, vocab=10, seq=4, batch=8)
+    plan = parse_move("layout{ops=all,mesh=4,use=t,node=8}; pipeline{stages=2,group=4}; "
+                      "microbatch{ops=all,m=4}").apply(step)
+    low, s, res = _schedule(plan, "auto")
+    assert res is not None and res[1] == "1f1b"
+    assert _acyclic(low, *_unit_chain_edges(low, plan, res[0]))
+    mb = _microbatch_of_nodes(low, plan)
+    assert set(np.unique(mb[mb >= 0]).tolist()) == {0, 1, 2, 3}
