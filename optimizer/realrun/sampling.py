@@ -12,7 +12,8 @@ executor runs it*: its shards one after another on one device of the sampling ha
 (``sampling.hardware``; default ``cpu`` for NumPy, the campaign's device for CuPy).
 
 Every ``sampling.calibrate_every`` sampled plans (and once more when the campaign stops, if new
-ones came), :meth:`Sampler.calibrate` refits that hardware from the campaign's shard timings
+ones came), :meth:`Sampler.calibrate` refits that hardware from the shard timings of the
+campaign's last ``Sampler.WINDOW`` sampled plans (kept in memory; read once on resume)
 and stores it in the archive with the rank correlation before and after
 (``optimizer.realrun.online``). The stored ``predicted_seconds`` stay those of the uncalibrated
 hardware; the calibrated predictions are in the calibration's report.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,8 +82,14 @@ class Sampler:
         self.new_plans = 0  # sampled plans stored since the last refit
         self.last_cal: Any = None  # Hardware of the last refit (for held-out figures)
         self.last_digests: set[str] = set()
+        # the refit's data: the records of the last WINDOW sampled plans, kept here so that a long
+        # campaign's driver never re-reads its whole measurement table
+        self.window: deque[list[dict]] = deque(maxlen=self.WINDOW)
         if calibrate_every > 0:
             self._resume_calibration()
+
+    #: sampled plans a refit uses, the most recent first (older ones age out: the machine may drift)
+    WINDOW = 200
 
     def _resume_calibration(self) -> None:
         """After ``tapestry resume``: the last refit of this campaign, and the plans sampled since."""
@@ -89,15 +97,20 @@ class Sampler:
 
         try:
             cals = self.archive.calibrations(self.campaign, "sampling")
+            stored = self.archive.measurements(self.campaign)
         except Exception:  # noqa: BLE001  (an archive without the campaign yet: nothing to resume)
             return
+        by_plan: dict[str, list[dict]] = {}
+        for m in stored:
+            by_plan.setdefault(m["plan_digest"], []).append(m)
+        self.window.extend(by_plan.values())  # insertion order: oldest first
         if not cals:
+            self.new_plans = len(by_plan)
             return
         last = cals[-1]
         self.last_cal = Hardware.from_dict(last["hardware"])
         self.last_digests = {p["digest"] for p in last["report"].get("points", [])}
-        plans = {m["plan_digest"] for m in self.archive.measurements(self.campaign) if m["kind"] == "plan"}
-        self.new_plans = len(plans - self.last_digests)
+        self.new_plans = len(set(by_plan) - self.last_digests)
 
     def calibrate(self, farm: Any = None) -> dict[str, Any] | None:
         """Refit now (see the class docstring); returns the stored report, or None."""
@@ -106,7 +119,7 @@ class Sampler:
         from optimizer.realrun.online import refit, rescore, same_kind, target_hardware
 
         base = Hardware.from_dict(self.hw_dict)
-        res = refit(self.archive.measurements(self.campaign), base, self.last_cal, self.last_digests)
+        res = refit([m for recs in self.window for m in recs], base, self.last_cal, self.last_digests)
         if res is None:
             return None
         cal = res.pop("hardware")
@@ -164,6 +177,8 @@ class Sampler:
                 fut.release()
             rows.extend({**m, "campaign": self.campaign} for m in records)
             self.new_plans += sum(1 for m in records if m.get("kind") == "plan")
+            if self.calibrate_every > 0:
+                self.window.append(records)
         if rows:
             self.archive.add_measurements(rows)
 

@@ -107,19 +107,37 @@ def test_sampler_stores_calibrations(plans, tmp_path, target):
     cpu = load_hardware("cpu")
     tgt = cpu.replace(name="cpu4", devices_per_node=4) if target == "cpu4" else PRESETS[target]
     graphs = [plans.random_plan("mlp", s) for s in range(4)]
+
+    class Done:  # a finished Dask future holding one sampled execution's records
+        def __init__(self, g):
+            self.records = measure_plan(g, cpu, repeats=1, warmup=0)
+
+        def result(self):
+            return self.records
+
+        def release(self):
+            pass
+
     with Archive.open(tmp_path / "a.db") as a:
         a.create_campaign("c", {"x": 1}, "h", ["makespan"], [1.0])
         s = Sampler("c", 1.0, "numpy", 60, 1, cpu.to_dict(), a, None, 0, calibrate_every=3, target_hw=tgt)
         for g in graphs[:3]:
-            a.add_measurements([{**r, "campaign": "c"} for r in measure_plan(g, cpu, repeats=1, warmup=0)])
-        s.new_plans = 3
+            fut = Done(g)
+            s.futures[fut] = g.digest
+            s._store([fut])
+        assert s.new_plans == 3 and len(s.window) == 3
         s._maybe_calibrate(_Farm(graphs[:2]))
         assert s.new_plans == 0 and s.last_cal is not None
-        a.add_measurements([{**r, "campaign": "c"} for r in measure_plan(graphs[3], cpu, repeats=1, warmup=0)])
-        s.new_plans = 1
+        fut = Done(graphs[3])
+        s.futures[fut] = graphs[3].digest
+        s._store([fut])
         s._maybe_calibrate(_Farm(graphs[:2]))  # not due: 1 < 3
+        assert s.new_plans == 1
         s._maybe_calibrate(_Farm(graphs[:2]), final=True)  # the campaign stops: refit with the new plan
         cals = a.calibrations("c")
+        # a resumed sampler reads the window back once and knows nothing is new
+        s2 = Sampler("c", 1.0, "numpy", 60, 1, cpu.to_dict(), a, None, 0, calibrate_every=3, target_hw=tgt)
+        assert len(s2.window) == 4 and s2.new_plans == 0 and s2.last_cal is not None
     sampling = [c for c in cals if c["role"] == "sampling"]
     assert [c["plans"] for c in sampling] == [3, 4]
     rep = sampling[-1]["report"]
