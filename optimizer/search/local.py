@@ -15,6 +15,8 @@ this loop is its one-objective, one-process counterpart with the same moves.
 
 from __future__ import annotations
 
+import re
+
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -113,18 +115,38 @@ def local_search(program: Graph, ev: Evaluator, budget_s: float, seeds: Mapping[
     return SearchRun(best, pop, trace, archive, n_eval, time.perf_counter() - t0, dict(aw.tries), dict(aw.wins))
 
 
-def replay(program: Graph, lineage: tuple[str, ...], seeds: Callable[[str], Graph] | None = None) -> Graph:
+_LAYER1 = re.compile(r"\bl1(?=[._])")
+
+
+def replay(program: Graph, lineage: tuple[str, ...], seeds: Callable[[str], Graph] | None = None,
+           broadcast: bool = False) -> Graph:
     """Rebuild a plan from its lineage on ``program`` (e.g. the full model of a proxy's plan);
     ``seeds(name)`` builds a named seed plan on it. Raises ``RewriteError`` if a move does not
-    apply there."""
+    apply there.
+
+    ``broadcast``: a 2-layer proxy's moves on layer 1 (ops ``l1.…``, parameters ``l1_…``) are
+    applied to every layer ``1 .. L-1`` of ``program`` (layer 0 keeps its own): the proxy's layer 1
+    stands for the repeated middle of the model. A copy that does not apply to some layer is
+    skipped there; the move on layer 1 itself must apply."""
     g = program
+    n_layers = 0
+    if broadcast:
+        from ir.rewrites.pipeline import op_layers
+
+        n_layers = op_layers(program)[1]
     for text in lineage:
         if text.startswith(SEED_PREFIX):
             if seeds is None:
                 raise RewriteError(f"lineage starts from seed {text[len(SEED_PREFIX):]!r}, and no seeds were given")
             g = seeds(text[len(SEED_PREFIX):])
-        else:
-            g = parse_move(text).apply(g)
+            continue
+        g = parse_move(text).apply(g)
+        if n_layers > 2 and _LAYER1.search(text):
+            for k in range(2, n_layers):
+                try:
+                    g = parse_move(_LAYER1.sub(f"l{k}", text)).apply(g)
+                except RewriteError:
+                    continue
     return g
 
 

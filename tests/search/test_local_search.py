@@ -39,3 +39,16 @@ def test_proxy_plan_replays_on_the_deeper_model():
         assert verify(plan, reference=full).ok
         replayed += 1
     assert replayed >= 1
+
+
+def test_replay_broadcasts_layer_one_moves_to_every_layer():
+    from ir import workloads
+    from optimizer.search.local import replay
+
+    step = workloads.build("gpt", mode="train", layers=4, d_model=8, heads=2, vocab=10, seq=4, batch=4)
+    lin = ("layout{ops=all,mesh=2,use=b,node=8}", "split{op=l1.ff1,dim=o,parts=2}", "split{op=l0.ff2,dim=o,parts=2}")
+    plain = replay(step, lin)
+    wide = replay(step, lin, broadcast=True)
+    assert [len(plain.ops[f"l{k}.ff1"].shards) for k in range(4)] == [2, 4, 2, 2]
+    assert [len(wide.ops[f"l{k}.ff1"].shards) for k in range(4)] == [2, 4, 4, 4]  # layer 0 keeps its own
+    assert [len(wide.ops[f"l{k}.ff2"].shards) for k in range(4)] == [4, 2, 2, 2]
