@@ -13,6 +13,9 @@ from numba import njit
 
 # Above this many cells of the compressed coordinate grid, unions are computed by box subtraction.
 GRID_LIMIT = 1 << 21
+# A GEMM with fewer output tiles than SMs is split along K (split-K, stream-K) into pieces of at
+# least this many K-steps of ``k_half`` (``costmodel.efficiency``).
+SPLIT_K_MIN_STEPS = 4.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,6 +212,18 @@ def _project(Ap, An, b, s, lo, hi, i, r, empty):
     return a, z
 
 
+@njit(cache=True)
+def gemm_curve(points, k, curve):
+    """Fraction of the tensor peak of a GEMM shard (``costmodel.efficiency.gemm_efficiency``):
+    output tiles in waves over the SMs, split along K when there are fewer tiles than SMs."""
+    tiles = max(np.ceil(points / curve[2]), 1.0)
+    splits = max(1.0, min(np.floor(curve[3] / tiles), np.floor(k / (SPLIT_K_MIN_STEPS * curve[4]))))
+    tiles *= splits
+    kk = k / splits
+    occ = tiles / (np.ceil(tiles / curve[3]) * curve[3])
+    return curve[1] * occ * kk / (kk + curve[4])
+
+
 @njit(cache=True, nogil=True)
 def op_kernel(lo, hi, dev, in_Ap, in_An, in_b, in_s, in_shape, in_rank, in_item, out_Ap, out_An, out_b, out_s,
               out_shape, out_item, flops_per_point, flop_den, byte_den, launch, n_dev, src_port, curve, gemm):
@@ -266,10 +281,7 @@ def op_kernel(lo, hi, dev, in_Ap, in_An, in_b, in_s, in_shape, in_rank, in_item,
         tb = nbytes / byte_den
         if curve[0] != 0.0:
             if gemm and flops > 0.0:
-                kk = max(flops_per_point / 2.0, 1.0)
-                tiles = max(np.ceil(np.float64(vol) / curve[2]), 1.0)
-                occ = tiles / (np.ceil(tiles / curve[3]) * curve[3])
-                tf = flops / (flop_den * curve[1] * occ * kk / (kk + curve[4]))
+                tf = flops / (flop_den * gemm_curve(np.float64(vol), max(flops_per_point / 2.0, 1.0), curve))
             if nbytes > 0.0:
                 tb = nbytes / (byte_den * curve[5] * nbytes / (nbytes + curve[6]))
         if (dev[i] < 0 or dev[i] >= n_dev) and bad < 0:
