@@ -43,12 +43,12 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.efficiency import curves_for
+from costmodel.efficiency import Curves, curves_for
 from costmodel.energy import energy_breakdown
 from costmodel.gc_pacing import GcPacer
 from costmodel.hardware import Hardware
 from costmodel.hardware_io import load_hardware
-from costmodel.lowering import Lowered, Lowerer, program_key
+from costmodel.lowering import Lowered, Lowerer, kernel_class_of, program_key
 from costmodel.lookahead import DEFAULT_WINDOW, lookahead_edges
 from costmodel.simulate import Schedule
 from ir.graph import SOURCE_ROLES, Graph
@@ -231,7 +231,7 @@ class Evaluator:
             key = program_key(logical)
             facts = self._logical_facts.get(key)
             if facts is None:
-                facts = self._logical_facts[key] = program_facts(logical, self.hw)
+                facts = self._logical_facts[key] = program_facts(logical, self.hw, self.lowerer.curves)
                 if len(self._logical_facts) > 64:
                     self._logical_facts.pop(next(iter(self._logical_facts)))
             self._bounds[program] = facts
@@ -242,7 +242,7 @@ class Evaluator:
     def lower_bound(self, g: Graph) -> float:
         from ir.rewrites import unshard
 
-        return lower_bound(unshard(g), self.hw)
+        return lower_bound(unshard(g), self.hw, self.lowerer.curves)
 
 
 @dataclass(frozen=True)
@@ -259,8 +259,9 @@ class ProgramFacts:
     memory_floor: float
 
 
-def program_facts(program: Graph, hw: Hardware) -> ProgramFacts:
-    """:class:`ProgramFacts` of ``program`` (the unsharded logical program) on ``hw``."""
+def program_facts(program: Graph, hw: Hardware, curves: Curves | None = None) -> ProgramFacts:
+    """:class:`ProgramFacts` of ``program`` (the unsharded logical program) on ``hw``, whose
+    shards are timed with ``curves`` (``costmodel.efficiency``; None: the flat roofline)."""
     flops = ideal = 0.0
     for o in program.ops.values():
         sig = program.signature(o)
@@ -269,15 +270,18 @@ def program_facts(program: Graph, hw: Hardware) -> ProgramFacts:
         ideal += f / hw.peak_flops(program.tensors[o.output].dtype)
     state = sum(float(np.prod(program.tensors[p].shape, dtype=np.float64)) * ITEMSIZE[program.tensors[p].dtype]
                 for p in program.carried)
-    return ProgramFacts(lower_bound(program, hw), flops, ideal, state, state / hw.n_devices)
+    return ProgramFacts(lower_bound(program, hw, curves), flops, ideal, state, state / hw.n_devices)
 
 
-def lower_bound(program: Graph, hw: Hardware) -> float:
+def lower_bound(program: Graph, hw: Hardware, curves: Curves | None = None) -> float:
     """Lower bound on the makespan of any plan of ``program`` (the unsharded logical program,
-    ``ir.rewrites.unshard``) on ``hw``; see the module docstring."""
+    ``ir.rewrites.unshard``) on ``hw``; see the module docstring. With ``curves`` (the shards
+    are timed with them), no GEMM shard of an op with reduction depth ``K`` runs above
+    ``gemm_peak · K / (K + k_half)`` of the peak (its occupancy is at most 1 and its own depth
+    at most ``K``), and no shard moves bytes above ``mem_peak`` of the bandwidth."""
     n = hw.n_devices
     ce = max(c for c, _ in hw.efficiency.values())
-    me = max(m for _, m in hw.efficiency.values())
+    me = max(m for _, m in hw.efficiency.values()) if curves is None else curves.mem_peak
     launch = min([hw.device.launch_overhead] + list(hw.launch_overhead_by_class.values()))
     work = 0.0
     chain: dict[str, float] = {}
@@ -285,7 +289,11 @@ def lower_bound(program: Graph, hw: Hardware) -> float:
         o = program.ops[name]
         sig = program.signature(o)
         flops = float(np.prod(sig.extents, dtype=np.float64)) * sig.flops_per_point
-        work += flops / (hw.peak_flops(program.tensors[o.output].dtype) * ce)
+        eff = ce
+        if curves is not None and kernel_class_of(o) == "matmul" and flops > 0:
+            k = max(sig.flops_per_point / 2.0, 1.0)
+            eff = curves.gemm_peak * k / (k + curves.k_half)
+        work += flops / (hw.peak_flops(program.tensors[o.output].dtype) * eff)
         preds = [program.producers[t] for _, t in o.inputs if t in program.producers]
         fusable = o.kernel != "fused" and ELEMENTWISE in get_kernel(o.kernel).properties and bool(preds)
         chain[name] = max((chain[p] for p in preds), default=0.0) + (0.0 if fusable else launch)

@@ -95,3 +95,30 @@ def test_default_curves_match_the_h100_measurements():
     assert len(logs) >= 20
     assert max(abs(x) for x in logs) < math.log(1.8)  # worst: fp32 16x8192x8192, 0.57x
     assert sum(abs(x) for x in logs) / len(logs) < 0.12
+
+
+def test_lower_bound_knows_the_curves_and_stays_below_every_plan():
+    """With curves, no GEMM shard runs above ``gemm_peak · K / (K + k_half)`` of the peak: the
+    bound divides the work by that (closed form for one 8192³ matmul on 8 H100s), and it stays
+    below the makespan of random plans of a transformer block."""
+    from costmodel.evaluate import lower_bound
+    from ir import workloads
+    from ir.rewrites import random_walk
+
+    n = 8192
+    b = GraphBuilder("bfloat16")
+    b.matmul(b.input("a", (n, n)), b.parameter("w", (n, n)), name="mm")
+    g = b.build()
+    c = curves_for(H100)
+    launch = min([H100.device.launch_overhead] + list(H100.launch_overhead_by_class.values()))
+    work = 2.0 * n**3 / (989.4e12 * 0.78 * n / (n + 64))
+    io = 3 * n * n * 2 / (H100.device.mem_bandwidth * 0.9)
+    assert lower_bound(g, H100, c) == pytest.approx(max(work, io) / 8 + launch, rel=1e-12)
+    assert lower_bound(g, H100, c) > 1.2 * lower_bound(g, H100)
+    prog = workloads.build("transformer", batch=4, seq=256, d_model=512, heads=8, d_ff=2048)
+    ev = Evaluator(H100)
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        plan = random_walk(prog, rng, 8, 15)
+        e = ev(plan)
+        assert e.lower_bound <= e.makespan * (1 + 1e-9)
