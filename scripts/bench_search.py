@@ -25,6 +25,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +152,10 @@ def run_case(case: Case, budget: float, seed: int, log) -> dict:
             final, feasible = float("inf"), False
             # the best three as they are, and the best with its layer-1 moves on every layer
             tries = [(p, False) for p in run.population[:3]] + [(p, True) for p in run.population[:1]]
+            if mode == "seeded" and feas:  # the seeds themselves are candidates: refinements found on
+                # the proxy may not pay on the full model
+                best_name = min((k for k, v in experts.items() if v["feasible"]), key=lambda k: experts[k]["makespan"])
+                tries.append((SimpleNamespace(lineage=(f"seed:{best_name}",)), False))
             for p, bcast in tries:
                 try:
                     g = replay(report_prog, p.lineage, seed_on_full, broadcast=bcast)
