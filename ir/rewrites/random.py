@@ -6,7 +6,6 @@ applies it; an illegal draw is retried (bounded). Returns the new graph and the 
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Mapping
 
 import numpy as np
@@ -28,68 +27,51 @@ DEFAULT_WEIGHTS: dict[str, float] = {
 }
 
 
+def _reducible(g: Graph) -> list[str]:
+    return [n for n, o in g.ops.items() if o.kernel != "fused" and not o.params.get("split")
+            and g.signature(n).reductions]
+
+
+def _split(g: Graph) -> list[str]:
+    return [n for n, o in g.ops.items() if o.params.get("split")]
+
+
+def _fused(g: Graph) -> list[str]:
+    return [n for n, o in g.ops.items() if o.kernel == "fused"]
+
+
+def _fusable(g: Graph) -> list[tuple[str, str]]:
+    return [(g.producers[t], r[0][0]) for t, r in g.consumers.items()
+            if len(r) == 1 and t in g.producers and fusable(g, g.producers[t], r[0][0]) is None]
+
+
+#: each candidate list of :class:`Structure` and the function that finds it
+_FINDERS = {
+    "reducible": _reducible, "split": _split, "fused": _fused, "fusable": _fusable,
+    "attention_sites": attention_sites, "attentions": fused_attentions, "norm_sites": norm_sites,
+    "norms": fused_norms, "merge_sites": merge_sites, "merged": merged_matmuls,
+    "reassoc_sites": reassociation_sites, "reassociated": reassociated,
+}
+
+
 class Structure:
-    """Candidates of the structural moves. They depend on the ops' kernels, params and tensors,
-    never on shards; every structural rewrite (fuse, unfuse, reduction split and merge,
-    substitutions) makes a new tensor table, so the table object identifies the structure and
-    keys this cache. Each list is found on first use: a draw needs one of them, and after a
-    structural move the next draw meets a new structure (finding all eight took ~0.3 s on a
-    GPT-2 small training step, most of a search step)."""
+    """Candidates of the structural moves (the lists named in ``_FINDERS``). They depend on the
+    ops' kernels, params and tensors, never on shards; every structural rewrite (fuse, unfuse,
+    reduction split and merge, substitutions) makes a new tensor table, so the table object
+    identifies the structure and keys this cache. Each list is found on first use: a draw needs
+    one of them, and after a structural move the next draw meets a new structure (finding all of
+    them took ~0.3 s on a GPT-2 small training step, most of a search step)."""
 
     def __init__(self, g: Graph) -> None:
         self.g = g
 
-    @cached_property
-    def reducible(self) -> list[str]:
-        g = self.g
-        return [n for n, o in g.ops.items() if o.kernel != "fused" and not o.params.get("split")
-                and g.signature(n).reductions]
-
-    @cached_property
-    def split(self) -> list[str]:
-        return [n for n, o in self.g.ops.items() if o.params.get("split")]
-
-    @cached_property
-    def fused(self) -> list[str]:
-        return [n for n, o in self.g.ops.items() if o.kernel == "fused"]
-
-    @cached_property
-    def fusable(self) -> list[tuple[str, str]]:
-        g = self.g
-        return [(g.producers[t], r[0][0]) for t, r in g.consumers.items()
-                if len(r) == 1 and t in g.producers and fusable(g, g.producers[t], r[0][0]) is None]
-
-    @cached_property
-    def attention_sites(self) -> list:
-        return attention_sites(self.g)
-
-    @cached_property
-    def attentions(self) -> list:
-        return fused_attentions(self.g)
-
-    @cached_property
-    def norm_sites(self) -> list:
-        return norm_sites(self.g)
-
-    @cached_property
-    def norms(self) -> list:
-        return fused_norms(self.g)
-
-    @cached_property
-    def merge_sites(self) -> list:
-        return merge_sites(self.g)
-
-    @cached_property
-    def merged(self) -> list:
-        return merged_matmuls(self.g)
-
-    @cached_property
-    def reassoc_sites(self) -> list:
-        return reassociation_sites(self.g)
-
-    @cached_property
-    def reassociated(self) -> list:
-        return reassociated(self.g)
+    def __getattr__(self, name: str) -> list:
+        finder = _FINDERS.get(name)
+        if finder is None:
+            raise AttributeError(name)
+        value = finder(self.g)
+        setattr(self, name, value)  # found once: later reads hit the instance dict
+        return value
 
 
 _STRUCTURES: dict[int, tuple[object, Structure]] = {}
