@@ -115,6 +115,39 @@ def _bind_inputs(m: Any, params: Mapping[str, Any], inits: set[str]) -> list[tup
     return [(n, tuple(int(d) for d in s), dt) for n, s, dt in out]
 
 
+# Layout ops whose data inputs (the rest are constant shapes and axes) may be integer tensors.
+_VIEWS = {"Unsqueeze": 1, "Squeeze": 1, "Reshape": 1, "Flatten": 1, "Transpose": 1, "Expand": 1, "Slice": 1,
+          "Identity": 1, "Concat": None}
+
+
+def _view(ctx: Context, handler: Any, node: Any, label: str) -> None:
+    """Run a layout op; on ``int32`` tensors (an attention mask on its way to a Cast), whose views
+    the float-only layout kernels refuse, run it on their ``index_to_float`` copies instead. A view
+    the handler maps without a kernel (a no-op reshape of token ids) keeps the integers."""
+    data = [x for x in (node.input[:_VIEWS[node.op_type]] if _VIEWS[node.op_type] else node.input) if x]
+    ints = [x for x in data if not ctx.is_const(x) and ctx.resolve(x) in ctx.prog.tensors
+            and ctx.prog.spec(ctx.resolve(x)).dtype == "int32"]
+    if ints:
+        saved = [dict(d) for d in (ctx.prog.ops, ctx.prog.tensors, ctx.prog.values, ctx.aliases, ctx._params)]
+        try:
+            handler(ctx, node, label)
+            return
+        except SignatureError:  # a layout kernel on integers: undo what it emitted, go through floats
+            ctx.prog.ops, ctx.prog.tensors, ctx.prog.values, ctx.aliases, ctx._params = saved
+        import onnx  # noqa: PLC0415
+
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        for i, x in enumerate(copy.input):
+            if x in ints:
+                copy.input[i] = ctx.float_view(x)
+        node = copy
+    handler(ctx, node, label)
+    computed = [ctx.resolve(x) for x in node.input[:len(data)] if x and not ctx.is_const(x)]
+    if computed and all(t in ctx.int_valued for t in computed):
+        ctx.int_valued.update(ctx.resolve(o) for o in node.output if o)
+
+
 def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
                 what: str = "imported ONNX model") -> tuple[Graph, dict[str, np.ndarray]]:
     """Import an ONNX model; ``params`` binds its symbolic dims (``{"batch": 8, "seq": 128}``).
@@ -156,7 +189,10 @@ def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
                 handler = HANDLERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
                 if handler is None:
                     raise Unsupported("")
-                handler(ctx, node, label)
+                if node.op_type in _VIEWS:
+                    _view(ctx, handler, node, label)
+                else:
+                    handler(ctx, node, label)
         except Unsupported as e:
             key = node.op_type + (f" ({e})" if str(e) else "")
             unsupported.setdefault(key, []).append(label)

@@ -43,6 +43,10 @@ class Context:
         self.initializers = initializers  # keep their ONNX names; folded constants get tidy ones
         self.aliases: dict[str, str] = {}
         self._params: dict[str, str] = {}
+        # Graph tensors that hold integers as floats: views of an int32 tensor run on its
+        # ``index_to_float`` copy (the view kernels take floats), so a later Cast to float is a no-op.
+        self.int_valued: set[str] = set()
+        self._floated: dict[str, str] = {}
 
     # -- values ---------------------------------------------------------------------------
     def is_const(self, name: str) -> bool:
@@ -86,6 +90,18 @@ class Context:
         self.prog.source(t, v.shape, dt, "parameter", v)
         self._params[name] = t
         return t
+
+    def float_view(self, name: str) -> str:
+        """An ONNX value name whose graph tensor is the ``index_to_float`` copy of the computed
+        ``int32`` tensor of ``name`` (emitted once per tensor)."""
+        t = self.resolve(name)
+        if t not in self._floated:
+            self._floated[t] = self.prog.emit("index_to_float", {"x": t}, {"dtype": self.dtype},
+                                              name=f"{t}.as_float")
+            self.int_valued.add(self._floated[t])
+        alias = f"{name}#float"
+        self.aliases[alias] = self._floated[t]
+        return alias
 
     def set(self, onnx_name: str, tensor: str) -> None:
         """Record that ONNX value ``onnx_name`` is graph tensor ``tensor``."""
@@ -191,15 +207,32 @@ def _identity(ctx, node, label):
     ctx.set(node.output[0], ctx.use(node.input[0]))
 
 
+_ONNX_INT = {2, 3, 4, 5, 6, 7, 9, 12, 13}  # uint8, int8, uint16, int16, int32, int64, bool, uint32, uint64
+
+
 @handles("Cast")
 def _cast(ctx, node, label):
-    to = _ONNX_FLOAT.get(attr(node, "to"))
+    """Float -> float is ``cast``; a computed integer tensor (an ``int32`` graph tensor, or one that
+    ``Context.float_view`` already holds as floats) to a float is ``index_to_float``; integer ->
+    integer keeps the tensor. Float -> integer would round, which no kernel does: refused."""
+    code = attr(node, "to")
     src = ctx.use(node.input[0])
-    if to is None or ctx.prog.spec(src).dtype == "int32":
-        raise Unsupported(f"Cast to ONNX type {attr(node, 'to')} of a computed tensor (only float -> float)")
+    dt = ctx.prog.spec(src).dtype
+    is_int = dt == "int32" or src in ctx.int_valued
+    if code in _ONNX_INT:
+        if not is_int:
+            raise Unsupported(f"Cast of a computed float tensor to integer ONNX type {code} (only integer -> "
+                              f"integer, integer -> float and float -> float)")
+        ctx.set(node.output[0], src)
+        return
+    to = _ONNX_FLOAT.get(code)
+    if to is None:
+        raise Unsupported(f"Cast to ONNX type {code} (float16, bfloat16, float32, float64 and integers only)")
     if to == "float64":
         to = ctx.dtype
-    if to == ctx.prog.spec(src).dtype:
+    if dt == "int32":
+        ctx.emit("index_to_float", {"x": src}, {"dtype": to}, out=node.output[0], name=label)
+    elif to == dt:
         ctx.set(node.output[0], src)
     else:
         ctx.emit("cast", {"x": src}, {"dtype": to}, out=node.output[0], name=label)

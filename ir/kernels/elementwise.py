@@ -110,6 +110,28 @@ class Cast(Unary):
         return blocks["x"].astype(exec_dtype(xp, params["dtype"]))
 
 
+class IndexToFloat(Kernel):
+    """``int32`` values as floats of ``params["dtype"]``: ONNX's ``Cast`` of a computed integer
+    tensor (BERT's padding mask, ``(1 - mask.float()) * -10000``). Its input is an index port, so
+    autodiff never differentiates it; it is not marked elementwise, so fusion leaves it alone."""
+
+    name = "index_to_float"
+    inputs = ("x",)
+    index_ports = ("x",)
+    kernel_class = "elementwise"
+    params_defaults = {"dtype": "float32"}
+
+    def base_signature(self, ins, params):
+        if params["dtype"] not in FLOAT_DTYPES:
+            raise SignatureError(f"index_to_float dtype {params['dtype']!r} must be one of {list(FLOAT_DTYPES)}")
+        n = len(ins["x"].shape)
+        return Signature(elementwise_dims(n), ins["x"].shape, {"x": identity_projection(n)}, identity_projection(n),
+                         TensorSpec(ins["x"].shape, params["dtype"]), 0.0)
+
+    def compute(self, xp, blocks, params):
+        return blocks["x"].astype(exec_dtype(xp, params["dtype"]))
+
+
 def exec_dtype(xp: Any, dtype: str) -> Any:
     # bfloat16 executes as float32 (NumPy and CuPy have no bfloat16), as in ``executor.backend``.
     return xp.float32 if dtype == "bfloat16" else getattr(xp, dtype)
@@ -212,6 +234,6 @@ class TanhGrad(GradBinary):
         return blocks["dy"] * (1.0 - y * y)
 
 
-KERNELS = (Relu, Gelu, Exp, Tanh, Silu, Scale, Cast, Add, Sub, Mul, Div, ReluGrad, GeluGrad, SiluGrad, TanhGrad)
+KERNELS = (Relu, Gelu, Exp, Tanh, Silu, Scale, Cast, IndexToFloat, Add, Sub, Mul, Div, ReluGrad, GeluGrad, SiluGrad, TanhGrad)
 
 __all__ = ["KERNELS", "broadcast_projection", "elementwise_dims", "SignatureError", "identity_rows"]

@@ -208,3 +208,98 @@ def convnet(c_in: int = 3, c: int = 8, size: int = 8, classes: int = 5, seed: in
     ]
     return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", c_in, size, size])],
                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])], inits)
+
+
+def bert_block(vocab: int = 40, d: int = 16, heads: int = 2, d_ff: int = 32, max_pos: int = 32,
+               seed: int = 0) -> onnx.ModelProto:
+    """A BERT encoder layer as Hugging Face's ``BertModel`` exports it: token + position + token-type
+    embeddings (the position ids a ``Slice`` of a registered ``arange`` buffer to the runtime
+    sequence length, the token types a zeros buffer, so both fold to constants), embedding
+    LayerNorm, multi-head self-attention with the padding mask
+    ``(1 - attention_mask[:, None, None, :].float()) * -10000`` added to the scores, post-norm
+    residuals and an Erf-GELU FFN. ``input_ids`` and ``attention_mask`` are int64 ``[batch, seq]``."""
+    rng = np.random.default_rng(seed)
+    dh = d // heads
+    inits = [_init(rng, "embeddings.word_embeddings.weight", (vocab, d), 1.0),
+             _init(rng, "embeddings.position_embeddings.weight", (max_pos, d), 0.5),
+             _init(rng, "embeddings.token_type_embeddings.weight", (2, d), 0.5),
+             numpy_helper.from_array(np.arange(max_pos, dtype=np.int64)[None], "embeddings.position_ids"),
+             _init(rng, "embeddings.LayerNorm.weight", (d,), 0.1, 1.0),
+             _init(rng, "embeddings.LayerNorm.bias", (d,), 0.1)]
+    for t in ("query", "key", "value"):
+        inits += [_init(rng, f"attention.self.{t}.W", (d, d)), _init(rng, f"attention.self.{t}.bias", (d,), 0.1)]
+    inits += [_init(rng, "attention.output.dense.W", (d, d)), _init(rng, "attention.output.dense.bias", (d,), 0.1),
+              _init(rng, "attention.output.LayerNorm.weight", (d,), 0.1, 1.0),
+              _init(rng, "attention.output.LayerNorm.bias", (d,), 0.1),
+              _init(rng, "intermediate.dense.W", (d, d_ff)), _init(rng, "intermediate.dense.bias", (d_ff,), 0.1),
+              _init(rng, "output.dense.W", (d_ff, d)), _init(rng, "output.dense.bias", (d,), 0.1),
+              _init(rng, "output.LayerNorm.weight", (d,), 0.1, 1.0), _init(rng, "output.LayerNorm.bias", (d,), 0.1)]
+    n = helper.make_node
+    nodes = [
+        n("Gather", ["embeddings.word_embeddings.weight", "input_ids"], ["we"], name="/embeddings/word/Gather"),
+        # position ids: position_ids[:, :seq] (seq from Shape, folded once bound)
+        n("Shape", ["input_ids"], ["ids_shape"], name="/embeddings/Shape"),
+        _const("one_i", np.array([1], np.int64)), _const("two_i", np.array([2], np.int64)),
+        _const("zero_i", np.array([0], np.int64)),
+        n("Slice", ["ids_shape", "one_i", "two_i"], ["seq_len"], name="/embeddings/Slice_seq"),
+        n("Slice", ["embeddings.position_ids", "zero_i", "seq_len", "one_i"], ["pos_ids"],
+          name="/embeddings/Slice_pos"),
+        n("Gather", ["embeddings.position_embeddings.weight", "pos_ids"], ["pe"], name="/embeddings/position/Gather"),
+        n("ConstantOfShape", ["ids_shape"], ["tt_ids"], name="/embeddings/ConstantOfShape",
+          value=numpy_helper.from_array(np.array([0], np.int64), "zero_v")),
+        n("Gather", ["embeddings.token_type_embeddings.weight", "tt_ids"], ["te"], name="/embeddings/type/Gather"),
+        n("Add", ["we", "te"], ["e1"], name="/embeddings/Add"),
+        n("Add", ["e1", "pe"], ["e2"], name="/embeddings/Add_1"),
+        n("LayerNormalization", ["e2", "embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias"], ["h0"],
+          name="/embeddings/LayerNorm", epsilon=1e-12),
+        # extended attention mask
+        n("Unsqueeze", ["attention_mask", "one_i"], ["m1"], name="/Unsqueeze"),
+        n("Unsqueeze", ["m1", "two_i"], ["m2"], name="/Unsqueeze_1"),
+        n("Cast", ["m2"], ["mf"], name="/Cast", to=TensorProto.FLOAT),
+        _const("one_f", np.array(1.0, np.float32)),
+        n("Sub", ["one_f", "mf"], ["inv"], name="/Sub"),
+        _const("big_neg", np.array(-10000.0, np.float32)),
+        n("Mul", ["inv", "big_neg"], ["ext_mask"], name="/Mul"),
+        _const("heads_shape", np.array([0, 0, heads, dh], np.int64)),
+        _const("merge_shape", np.array([0, 0, d], np.int64)),
+    ]
+    for t in ("query", "key", "value"):
+        nodes += [n("MatMul", ["h0", f"attention.self.{t}.W"], [f"{t}0"], name=f"/attention/self/{t}/MatMul"),
+                  n("Add", [f"{t}0", f"attention.self.{t}.bias"], [t], name=f"/attention/self/{t}/Add"),
+                  n("Reshape", [t, "heads_shape"], [f"{t}4"], name=f"/attention/self/Reshape_{t}")]
+    nodes += [
+        n("Transpose", ["query4"], ["qh"], name="/attention/self/Transpose_q", perm=[0, 2, 1, 3]),
+        n("Transpose", ["key4"], ["kT"], name="/attention/self/Transpose_k", perm=[0, 2, 3, 1]),
+        n("Transpose", ["value4"], ["vh"], name="/attention/self/Transpose_v", perm=[0, 2, 1, 3]),
+        n("MatMul", ["qh", "kT"], ["sc"], name="/attention/self/MatMul_qk"),
+        _const("sqrt_dh", np.array(np.sqrt(dh), np.float32)),
+        n("Div", ["sc", "sqrt_dh"], ["scs"], name="/attention/self/Div"),
+        n("Add", ["scs", "ext_mask"], ["masked"], name="/attention/self/Add_mask"),
+        n("Softmax", ["masked"], ["p"], name="/attention/self/Softmax", axis=-1),
+        n("MatMul", ["p", "vh"], ["ctx"], name="/attention/self/MatMul_pv"),
+        n("Transpose", ["ctx"], ["ctxT"], name="/attention/self/Transpose_ctx", perm=[0, 2, 1, 3]),
+        n("Reshape", ["ctxT", "merge_shape"], ["ctx3"], name="/attention/self/Reshape_merge"),
+        n("MatMul", ["ctx3", "attention.output.dense.W"], ["ao0"], name="/attention/output/dense/MatMul"),
+        n("Add", ["ao0", "attention.output.dense.bias"], ["ao"], name="/attention/output/dense/Add"),
+        n("Add", ["ao", "h0"], ["r1"], name="/attention/output/Add"),
+        n("LayerNormalization", ["r1", "attention.output.LayerNorm.weight", "attention.output.LayerNorm.bias"],
+          ["h1"], name="/attention/output/LayerNorm", epsilon=1e-12),
+        n("MatMul", ["h1", "intermediate.dense.W"], ["f0"], name="/intermediate/dense/MatMul"),
+        n("Add", ["f0", "intermediate.dense.bias"], ["f"], name="/intermediate/dense/Add"),
+        _const("sqrt2", np.array(np.sqrt(2.0), np.float32)),
+        n("Div", ["f", "sqrt2"], ["fd"], name="/intermediate/act/Div"),
+        n("Erf", ["fd"], ["fe"], name="/intermediate/act/Erf"),
+        _const("c1", np.array(1.0, np.float32)),
+        n("Add", ["fe", "c1"], ["fa"], name="/intermediate/act/Add"),
+        n("Mul", ["f", "fa"], ["fm"], name="/intermediate/act/Mul"),
+        _const("half", np.array(0.5, np.float32)),
+        n("Mul", ["fm", "half"], ["g"], name="/intermediate/act/Mul_1"),
+        n("MatMul", ["g", "output.dense.W"], ["o0"], name="/output/dense/MatMul"),
+        n("Add", ["o0", "output.dense.bias"], ["o"], name="/output/dense/Add"),
+        n("Add", ["o", "h1"], ["r2"], name="/output/Add"),
+        n("LayerNormalization", ["r2", "output.LayerNorm.weight", "output.LayerNorm.bias"], ["last_hidden_state"],
+          name="/output/LayerNorm", epsilon=1e-12),
+    ]
+    ids = [helper.make_tensor_value_info(x, TensorProto.INT64, ["batch", "seq"]) for x in ("input_ids", "attention_mask")]
+    return _model(nodes, ids, [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT,
+                                                             ["batch", "seq", d])], inits)
