@@ -14,33 +14,47 @@ are still freed by reference counting as caches evict them; only reference *cycl
 objects would outlive their use, so every ``every`` ticks the pacer unfreezes, runs one full
 collection and freezes again: memory stays flat over a multi-day campaign (issue 16) for one
 full collection per ``every`` evaluations instead of one per few.
+
+Every freeze follows a full collection (``gc.unfreeze(); gc.collect(); gc.freeze()``), the first
+one too: ``gc.freeze()`` is process-wide, so a freeze without a collection pins whatever cyclic
+garbage the process holds at that moment, and objects frozen while alive that later become
+cyclic garbage stay until the next freeze. An evaluator used for fewer than ``WARMUP[0]``
+evaluations (``evaluate()``, a rescore of a few plans in the campaign's driver) never freezes;
+one used a little longer pins at most what dies before the process's next freeze (the farm's
+driver also unfreezes and collects once a minute, ``optimizer.campaign.farm.Farm.trim_memory``).
 """
 
 from __future__ import annotations
 
 import gc
 
-__all__ = ["GcPacer"]
+__all__ = ["GcPacer", "collect_and_freeze"]
 
 
 class GcPacer:
-    """Call :meth:`tick` once per evaluation. Ticks 0, 20 and 200 (while the caches warm up)
-    and every ``every``-th tick: one full collection, then freeze what survives.
-    ``every=0`` leaves the collector alone."""
+    """Call :meth:`tick` once per evaluation. Ticks 20 and 200 (while the caches warm up) and
+    every ``every``-th tick after the first: one full collection, then freeze what survives
+    (see the module docstring). ``every=0`` leaves the collector alone."""
 
     WARMUP = (20, 200)
 
     def __init__(self, every: int = 2000) -> None:
         self.every = every
         self._n = -1
+        self.collections = 0  # freezes done by this pacer (each after one full collection)
 
     def tick(self) -> None:
         if self.every <= 0:
             return
         self._n += 1
-        if self._n % self.every and self._n not in self.WARMUP:
+        if self._n not in self.WARMUP and (self._n == 0 or self._n % self.every):
             return
-        if self._n:
-            gc.unfreeze()
-            gc.collect()
-        gc.freeze()
+        collect_and_freeze()
+        self.collections += 1
+
+
+def collect_and_freeze() -> None:
+    """Unfreeze, run one full collection, freeze the survivors."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()

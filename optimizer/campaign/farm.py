@@ -29,6 +29,7 @@ names the budget that stopped it.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -206,9 +207,15 @@ class Farm:
         self.counters["retention"] = self.compactor.counters()
 
     def trim_memory(self) -> None:
-        """Return free heap pages to the operating system here and in every worker (a
-        fire-and-forget ``client.run``: a busy worker trims when its event loop is free)."""
+        """Collect cyclic garbage (all of it: unfrozen first) and return free heap pages to the
+        operating system here, and trim every worker (a fire-and-forget ``client.run``: a busy
+        worker trims when its event loop is free; its own evaluator paces its collector)."""
         self._last_trim = time.monotonic()
+        # An Evaluator made here (a sampler refit's rescore) freezes the whole process through
+        # its GcPacer (costmodel.gc_pacing); the driver has no evaluation loop to unfreeze again,
+        # so objects frozen while alive that died in cycles would be pinned until the next refit.
+        gc.unfreeze()
+        gc.collect()
         trim_memory()
         try:
             self.client.run(trim_memory_async, wait=False)
