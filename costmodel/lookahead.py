@@ -257,7 +257,9 @@ def _cached(key, sh, fn):
         return hit[1]
     out = fn()
     _MB_CACHE[key] = (sh, out)  # the cache keeps ``sh`` alive, so its id is not reused
-    if len(_MB_CACHE) > 20000:
+    # 1,024 entries, not 20,000: a soak's worker hit 70.0 % at 1,024 and 71.3 % at 20,000, which held
+    # ~15-20 MB of shards and filled for ~30,000 evaluations (issue 16)
+    if len(_MB_CACHE) > 1024:
         _MB_CACHE.popitem(last=False)
     return out
 
