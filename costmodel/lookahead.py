@@ -74,6 +74,58 @@ def program_positions(g: Graph) -> dict[str, int]:
     return pos
 
 
+class _StructInfo:
+    """What the lookahead needs of a lowering structure (``low.op_names`` is the structure's own
+    tuple, shared by every plan lowered with it): ops' program positions and phases, and the
+    batch column of each op per set of split-reduction params (``_batch_cols``)."""
+
+    __slots__ = ("names", "op_pos", "op_phase", "batch", "barriers")
+
+    def __init__(self, names: tuple, g: Graph) -> None:
+        self.names = names  # kept alive, so its id is not reused while cached
+        pos = program_positions(g)
+        self.op_pos = np.array([pos[n] for n in names], np.int64)
+        back = _backward_ops(g)
+        self.op_phase = np.array([1 if n in back else 0 for n in names], np.int64)
+        self.batch: dict = {}
+        self.barriers: dict = {}
+
+
+_STRUCT_INFO: OrderedDict = OrderedDict()
+
+
+def _struct_info(low, g: Graph) -> _StructInfo:
+    names = low.op_names
+    key = (id(names), low.program)
+    hit = _STRUCT_INFO.get(key)
+    if hit is not None and hit.names is names:
+        _STRUCT_INFO.move_to_end(key)
+        return hit
+    info = _STRUCT_INFO[key] = _StructInfo(names, g)
+    if len(_STRUCT_INFO) > _ORDER_CACHE_CAP:
+        _STRUCT_INFO.popitem(last=False)
+    return info
+
+
+def _batch_cols(low, g: Graph, info: _StructInfo) -> np.ndarray:
+    """Index dim of each op (``low.op_names`` order) the batch runs through, -1 where none
+    (``ir.rewrites.pipeline.batch_dims``). Within one structure and program only the split
+    params of split reductions can change it (which reduction is split), so those key it."""
+    from ir.rewrites.pipeline import batch_dims
+
+    gops = g.ops
+    key = tuple([(n, o.params_key) for n, o in gops.items() if "split" in o.params])
+    cols = info.batch.get(key)
+    if cols is None:
+        bd = batch_dims(g)
+        cols = np.array([b[1] if (b := bd.get(n)) is not None and b[0] == "dim" else -1 for n in info.names],
+                        np.int64)
+        if len(info.batch) > 16:
+            info.batch.clear()
+        info.batch[key] = cols
+    return cols
+
+
 def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW,
                     pipeline: str = "auto") -> tuple[np.ndarray, np.ndarray] | None:
     """``(ctl_ptr, ctl_idx)``: the control edges of the lookahead and of the pipeline schedule
@@ -109,10 +161,9 @@ def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW,
 def _window_edges(low, g: Graph, window: int, skip: np.ndarray | None) -> tuple[list, list]:
     """The program-order window over compute nodes (those not in ``skip``: pipeline units
     have their own order)."""
-    pos = program_positions(g)
     nc = low.n_compute
     offs = np.asarray(low.op_offsets)
-    op_pos = np.array([pos[n] for n in low.op_names], np.int64)
+    op_pos = _struct_info(low, g).op_pos
     counts = np.diff(offs)
     node_pos = np.repeat(op_pos, counts)  # program position of each compute node's op
     dev = np.asarray(low.dev[:nc], np.int64).copy()
@@ -195,8 +246,6 @@ def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
     ``ir.rewrites.pipeline.microbatch`` cuts every op at the same global boundaries). A shard
     lying inside global microbatch ``j`` gets ``j``; then, per device, ``j`` is replaced by its
     rank among the microbatches that device runs (its data-parallel replica's ``m``)."""
-    from ir.rewrites.pipeline import batch_dims, microbatch_bounds
-
     nc = low.n_compute
     if nc == 0:
         return None
@@ -209,32 +258,31 @@ def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
     multi = np.nonzero(per.max(axis=1) > 1)[0]
     if not multi.size:
         return None
-    bd = batch_dims(g)
+    cols = _batch_cols(low, g, _struct_info(low, g))
+    multi = multi[cols[multi] >= 0]
+    if not multi.size:
+        return None
+    names, gops = low.op_names, g.ops
     total = 0
-    for i in multi:
-        name = low.op_names[i]
-        b = bd.get(name)
-        sh = g.ops[name].shards
-        if b is None or b[0] != "dim" or len(sh) != counts[i]:
+    for i in multi.tolist():
+        sh = gops[names[i]].shards
+        if len(sh) != counts[i]:
             continue
-        info = _shard_starts(sh, b[1])
-        if info[0]:  # several batch pieces on one device: a microbatched op
-            total = info[1] if total == 0 else min(total, info[1])
+        several, starts = _shard_starts(sh, int(cols[i]))
+        if several:  # several batch pieces on one device: a microbatched op
+            total = starts if total == 0 else min(total, starts)
     if total < 2:
         return None
     mb = np.full(nc, -1, np.int64)
-    for i in range(n_ops):
-        name = low.op_names[i]
-        b = bd.get(name)
-        if b is None or b[0] != "dim":
-            continue
-        o = g.ops[name]
+    for i in np.nonzero(cols >= 0)[0].tolist():
+        o = gops[names[i]]
         if len(o.shards) != counts[i]:
             continue
-        ext = g.signature(o).extents[b[1]]
+        c = int(cols[i])
+        ext = g.signature(o).extents[c]
         if ext < total:
             continue
-        j = _global_ids(o.shards, b[1], ext, total)
+        j = _global_ids(o.shards, c, ext, total)
         if j is not None:
             mb[offs[i]:offs[i + 1]] = j
     t = mb >= 0
@@ -332,17 +380,23 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str
     nc = low.n_compute
     offs = np.asarray(low.op_offsets, np.int64)
     counts = np.diff(offs)
-    back = _backward_ops(g)
-    op_phase = np.array([1 if n in back else 0 for n in low.op_names], np.int64)
+    info = _struct_info(low, g)
+    op_phase = info.op_phase
     phase = np.repeat(op_phase, counts)
-    tag_ops = {low.op_names[i]: int(op_phase[i]) for i in np.unique(np.repeat(np.arange(len(counts)), counts)[mb >= 0])}
-    within, across, after = _barriers(g, tag_ops)
+    tagged = tuple(np.unique(np.repeat(np.arange(len(counts)), counts)[mb >= 0]).tolist())
+    bar = info.barriers.get(tagged)
+    if bar is None:
+        bar = _barriers(g, {low.op_names[i]: int(op_phase[i]) for i in tagged})
+        bar = (bar[0], bar[1], np.array([n in bar[2] for n in low.op_names], bool))
+        if len(info.barriers) > 16:
+            info.barriers.clear()
+        info.barriers[tagged] = bar
+    within, across, after_op = bar
     if within:
         return None
     use = "gpipe" if policy == "gpipe" or not (phase[mb >= 0] == 1).any() or across else "1f1b"
     dev = np.asarray(low.dev[:nc], np.int64)
-    pos = program_positions(g)
-    node_pos = np.repeat(np.array([pos[n] for n in low.op_names], np.int64), counts)
+    node_pos = np.repeat(info.op_pos, counts)
     t = np.nonzero(mb >= 0)[0]
     fwd = t[phase[t] == 0]
     first_f = np.full(low.n_devices, np.iinfo(np.int64).max)
@@ -373,7 +427,7 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str
         sel = t[kt == key]
         unit[sel] = tab[phase[sel], mb[sel]]
     # the drain: ops computed from the pipeline's results, after every unit of their device
-    tail = np.repeat(np.array([n in after for n in low.op_names], bool), counts) & (unit < 0)
+    tail = np.repeat(after_op, counts) & (unit < 0)
     unit[tail] = 2 * m_dev[dev[tail]]
     return unit, use
 
@@ -385,9 +439,8 @@ def _unit_chain_edges(low, g: Graph, unit: np.ndarray) -> tuple[np.ndarray, np.n
     t = np.nonzero(unit >= 0)[0]
     if not t.size:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    pos = program_positions(g)
     counts = np.diff(np.asarray(low.op_offsets, np.int64))
-    node_pos = np.repeat(np.array([pos[n] for n in low.op_names], np.int64), counts)
+    node_pos = np.repeat(_struct_info(low, g).op_pos, counts)
     dev = np.asarray(low.dev[:low.n_compute], np.int64)
     o = t[np.lexsort((t, node_pos[t], unit[t], dev[t]))]
     d, u = dev[o], unit[o]

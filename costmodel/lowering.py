@@ -49,6 +49,8 @@ random rewrite sequences).
 
 from __future__ import annotations
 
+import itertools
+
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -216,6 +218,11 @@ def union_volume(lo: np.ndarray, hi: np.ndarray) -> float:
     if lo.ndim != 2 or lo.shape != hi.shape:
         raise ValueError(f"boxes must be (n, d) arrays of one shape, got {lo.shape} and {hi.shape}")
     return float(K.union_volume(lo, hi))
+
+
+#: Program numbers, unique in the process (never reused, nor shared by two lowerers): caches
+#: keyed by them (structures here, ``costmodel.lookahead``'s per-structure facts) stay right.
+_PROGRAM_SEQ = itertools.count(1)
 
 
 def program_key(g: Graph) -> tuple:
@@ -443,7 +450,6 @@ class Lowerer:
         self._den: dict[tuple[str, str], tuple[float, float, float]] = {}
         self._states: deque[_State] = deque(maxlen=max(1, states))
         self._programs: dict[tuple, int] = {}
-        self._program_seq = 0  # numbers are never reused: cached structures keyed by them stay right
         self._structures: dict[tuple, _Structure] = {}
         self._logical: dict[int, tuple] = {}
         self._io: dict[tuple, tuple] = {}
@@ -524,6 +530,8 @@ class Lowerer:
         if bad >= 0:
             raise HardwareError(f"op {o.name!r} places a shard on device {bad}, but {self.hw.name!r} has "
                                 f"devices 0..{self.hw.n_devices - 1}")
+        if self.hw.staged_fusion and o.kernel == "fused":  # its stages run one by one (costmodel.efficiency)
+            f[:, 1] = E.staged_fused_seconds(self.hw, pk.sig, o.params, kclass, dtype, f)
         return OpPiece(o, f, out_lo, out_hi, in_lo, in_hi, pk, kclass, dtype, src_port, res)
 
     def _group_piece(self, g: Graph, st: _Structure, gi: int, ops: list[Op], pieces: list[OpPiece]) -> GroupPiece:
@@ -659,8 +667,7 @@ class Lowerer:
     def _program_number(self, key: tuple) -> int:
         number = self._programs.get(key)
         if number is None:
-            self._program_seq += 1
-            number = self._programs[key] = self._program_seq
+            number = self._programs[key] = next(_PROGRAM_SEQ)
             if len(self._programs) > self.PROGRAMS_CAP:
                 self._programs.pop(next(iter(self._programs)))
         return number

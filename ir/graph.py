@@ -145,7 +145,20 @@ class Op:
         d = {"name": self.name, "kernel": self.kernel, "inputs": self.inputs, "output": self.output,
              "params": self.params, "shards": self.shards}
         d.update(changes)
-        return Op(**d)
+        new = Op(**d)
+        # memos that only kernel, params and inputs decide carry over (rewrites mostly move shards)
+        if new.params is self.params and new.kernel == self.kernel:
+            mine, theirs = self.__dict__, new.__dict__
+            if "params_key" in mine:
+                theirs["params_key"] = mine["params_key"]
+            if "_sig" in mine and new.inputs == self.inputs:
+                theirs["_sig"] = mine["_sig"]
+        return new
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_sig", None)  # a memo of Graph.signature: not worth its bytes in a pickle
+        return state
 
     def to_json(self) -> dict:
         return {"name": self.name, "kernel": self.kernel, "params": self.params,
@@ -167,8 +180,16 @@ class Graph:
     # -- derived views (cached per graph; cheap: O(ops), never O(shards)) ------------------
     def signature(self, op: str | Op) -> Signature:
         o = self.ops[op] if isinstance(op, str) else op
-        specs = tuple((p, self.tensors[t].spec) for p, t in o.inputs)
-        return cached_signature(o.kernel, o.params_key, specs)
+        tensors = self.tensors
+        ts = tuple([tensors[t] for _, t in o.inputs])
+        # memo on the op, keyed by its input tensors (equal Tensors: equal specs); ops are shared
+        # by the plans of a search, so most calls end here
+        hit = o.__dict__.get("_sig")
+        if hit is not None and hit[0] == ts:
+            return hit[1]
+        sig = cached_signature(o.kernel, o.params_key, tuple((p, t.spec) for (p, _), t in zip(o.inputs, ts)))
+        o.__dict__["_sig"] = (ts, sig)
+        return sig
 
     @cached_property
     def producers(self) -> dict[str, str]:

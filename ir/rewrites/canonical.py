@@ -66,4 +66,12 @@ def _merge_reductions(g: Graph) -> Graph:
 
 
 def _whole(g: Graph) -> Graph:
-    return g.with_ops({n: o.replace(shards=Shards.whole(g.signature(o).extents)) for n, o in g.ops.items()})
+    ops = {}
+    for n, o in g.ops.items():
+        ext = g.signature(o).extents
+        sh = o.shards
+        if sh is not None and len(sh) == 1 and not sh.lo.any() and tuple(sh.hi[0].tolist()) == tuple(ext) \
+                and sh.device[0] == 0:
+            continue  # already one whole shard on device 0
+        ops[n] = o.replace(shards=Shards.whole(ext))
+    return g.with_ops(ops) if ops else g

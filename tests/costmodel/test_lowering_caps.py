@@ -41,4 +41,8 @@ def test_caps_hold_and_results_do_not_change() -> None:
 def test_forgotten_program_numbers_are_never_reused() -> None:
     low = Evaluator(load_hardware("h100-sxm-8")).lowerer
     low.PROGRAMS_CAP = 1
-    assert [low._program_number(k) for k in ("a", "b", "a", "a")] == [1, 2, 3, 3]
+    a, b, a2, a3 = (low._program_number(k) for k in ("a", "b", "a", "a"))
+    assert a < b < a2 == a3  # "a" was forgotten when "b" came: a new number, never a reused one
+    # numbers are unique in the process: another lowerer never hands out the same ones
+    other = Evaluator(load_hardware("h100-sxm-8")).lowerer
+    assert other._program_number("a") not in (a, b, a2)
