@@ -664,53 +664,64 @@ def _split(ctx, node, label):
         start += int(size)
 
 
-def _pads(node, rank2: bool = True) -> int:
-    pads = attr(node, "pads", None) or [0, 0, 0, 0]
-    if attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        raise Unsupported(f"auto_pad={attr(node, 'auto_pad')}")
-    if len(set(pads)) != 1:
-        raise Unsupported(f"unequal pads {list(pads)} (only one padding on every side)")
-    return int(pads[0])
+def _compact(vals: list[int]) -> Any:
+    """Kernel parameter forms: one int when all equal, ``[h, w]`` when symmetric per axis, else
+    ``[top, left, bottom, right]``."""
+    if len(set(vals)) == 1:
+        return int(vals[0])
+    if len(vals) == 4 and vals[:2] == vals[2:]:
+        return [int(v) for v in vals[:2]]
+    return [int(v) for v in vals]
 
 
 @handles("Conv")
 def _conv(ctx, node, label):
-    """``conv2d`` (+ a broadcast bias ``add``). 1-D convolutions (``[N, C, L]``) run as 2-D ones
-    on ``[N, C, 1, L]`` between two ``reshape`` views; unequal pads (asymmetric, or a 1-D
-    conv's, which must not pad the unit height) become explicit ``pad`` ops before a conv without
-    padding; ``group`` > 1 (grouped and depthwise convolutions) is one conv per group on
-    ``slice``s of the channels and the weight's output channels, joined by ``concat``."""
+    """``conv2d`` (+ a broadcast bias ``add``) with ONNX's strides, dilations and pads per axis.
+    1-D convolutions (``[N, C, L]``) run as 2-D ones on ``[N, C, 1, L]`` between two ``reshape``
+    views; an axis whose stride exceeds a one-cell window (ResNet's 1x1 stride-2 downsample,
+    which ``conv2d`` refuses because it would skip input cells) is subsampled first by a strided
+    ``slice`` (after a ``pad`` if that axis is padded); ``group`` > 1 (grouped and depthwise
+    convolutions) is one conv per group on ``slice``s of the channels and the weight's output
+    channels, joined by ``concat``."""
     x, w = ctx.use(node.input[0]), ctx.use(node.input[1])
     xs, ws = ctx.prog.spec(x).shape, ctx.prog.spec(w).shape
     if len(xs) not in (3, 4):
         raise Unsupported(f"only 1-D and 2-D convolutions (NCL, NCHW); input has rank {len(xs)}")
     one_d = len(xs) == 3
-    if set(attr(node, "dilations", None) or [1]) != {1}:
-        raise Unsupported("dilated convolutions")
     if attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         raise Unsupported(f"auto_pad={attr(node, 'auto_pad')}")
-    strides = attr(node, "strides", None) or [1] * (len(xs) - 2)
-    if len(set(strides)) != 1:
-        raise Unsupported(f"unequal strides {list(strides)}")
-    if one_d and int(strides[0]) != 1:
-        raise Unsupported("strided 1-D convolutions (a 2-D conv2d would stride the unit height too)")
-    pads = [int(v) for v in (attr(node, "pads", None) or [0] * (2 * (len(xs) - 2)))]
+    nd = len(xs) - 2
+    strides = [int(v) for v in (attr(node, "strides", None) or [1] * nd)]
+    dil = [int(v) for v in (attr(node, "dilations", None) or [1] * nd)]
+    pads = [int(v) for v in (attr(node, "pads", None) or [0] * (2 * nd))]
     if one_d:
         n, c, length = xs
         x = ctx.emit("reshape", {"x": x}, {"shape": [n, c, 1, length], "from": list(xs)}, name=f"{label}.as_2d")
         w = ctx.emit("reshape", {"x": w}, {"shape": [ws[0], ws[1], 1, ws[2]], "from": list(ws)},
                      name=f"{label}.w_as_2d")
-        pads = [0, pads[0], 0, pads[1]]  # [top, left, bottom, right]: the unit height is not padded
-    padding = pads[0] if len(set(pads)) == 1 else 0
-    if not padding:  # explicit pads per axis (ONNX pads: all begins, then all ends)
-        for axis, before, after in ((2, pads[0], pads[2]), (3, pads[1], pads[3])):
-            if before or after:
-                x = ctx.emit("pad", {"x": x}, {"axis": axis, "before": before, "after": after},
-                             name=f"{label}.pad{axis}")
+        strides, dil, pads = [1, strides[0]], [1, dil[0]], [0, pads[0], 0, pads[1]]  # the unit height: no pads
+    kern = ctx.prog.spec(w).shape[2:]
+    for ax in (0, 1):
+        extent = dil[ax] * (kern[ax] - 1) + 1
+        if strides[ax] <= extent:
+            continue
+        if extent != 1:
+            raise Unsupported(f"stride {strides[ax]} larger than the dilated kernel extent {extent} (it skips input "
+                              f"cells; only one-cell windows are subsampled)")
+        if pads[ax] or pads[ax + 2]:
+            x = ctx.emit("pad", {"x": x}, {"axis": 2 + ax, "before": pads[ax], "after": pads[ax + 2]},
+                         name=f"{label}.pad{2 + ax}")
+            pads[ax] = pads[ax + 2] = 0
+        size = ctx.prog.spec(x).shape[2 + ax]
+        x = ctx.emit("slice", {"x": x}, {"axis": 2 + ax, "start": 0, "stop": size, "step": strides[ax]},
+                     name=f"{label}.subsample{2 + ax}")
+        strides[ax] = 1
     groups = int(attr(node, "group", 1))
     has_b = len(node.input) > 2 and node.input[2]
     direct_out = None if (has_b or one_d) else node.output[0]
-    p = {"stride": int(strides[0]), "padding": padding}
+    p = {"stride": _compact(strides), "padding": _compact(pads)}
+    if set(dil) != {1}:
+        p["dilation"] = _compact(dil)
     if groups == 1:
         y = ctx.emit("conv2d", {"x": x, "w": w}, p, out=direct_out, name=label)
     else:
@@ -741,16 +752,21 @@ def _conv(ctx, node, label):
 
 @handles("MaxPool", "AveragePool")
 def _pool(ctx, node, label):
+    """``maxpool2d``/``avgpool2d`` with ONNX's per-side pads and ``ceil_mode``; dilated pooling and
+    the indices output are refused."""
     x = ctx.use(node.input[0])
     if len(ctx.prog.spec(x).shape) != 4:
         raise Unsupported("only 2-D pooling (NCHW)")
-    if attr(node, "ceil_mode", 0) or set(attr(node, "dilations", None) or [1]) != {1} or \
-            (len(node.output) > 1 and node.output[1]):
-        raise Unsupported("ceil_mode, dilations or indices outputs")
+    if set(attr(node, "dilations", None) or [1]) != {1} or (len(node.output) > 1 and node.output[1]):
+        raise Unsupported("dilations or indices outputs")
+    if attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise Unsupported(f"auto_pad={attr(node, 'auto_pad')}")
     k = [int(v) for v in attr(node, "kernel_shape")]
     st = [int(v) for v in (attr(node, "strides", None) or [1, 1])]
-    pad = _pads(node)
-    params = {"window": k, "stride": st, "padding": pad}
+    pads = [int(v) for v in (attr(node, "pads", None) or [0, 0, 0, 0])]
+    params = {"window": k, "stride": st, "padding": _compact(pads)}
+    if attr(node, "ceil_mode", 0):
+        params["ceil_mode"] = True
     if node.op_type == "AveragePool":
         params["count_include_pad"] = bool(attr(node, "count_include_pad", 0))
     kernel = "maxpool2d" if node.op_type == "MaxPool" else "avgpool2d"

@@ -15,38 +15,64 @@ stride``, every stride-th row, which is no affine box of ``h`` (the reason strid
 splits along ``n`` and ``c`` read nothing twice, splits along ``h``/``w`` re-read the plane. The
 max's gradient goes to the first maximum of each window in row-major order (PyTorch's and ONNX's
 argmax), padding never wins (it is ``-inf``).
+
+``padding`` is an int, ``[h, w]`` or ``[top, left, bottom, right]`` (ONNX's ``pads``);
+``ceil_mode`` rounds the output size up (ONNX and PyTorch: the last window must start inside the
+input or its begin padding). The cells a ceil-mode window reaches past the bottom/right padding
+are neither maxed nor counted (PyTorch's ``ceil_mode``; ``count_include_pad`` counts the
+declared padding only).
 """
 
 from __future__ import annotations
 
 from ir.kernels.base import Kernel, Signature, SignatureError, TensorSpec, unit_row, zero_row
+from ir.kernels.conv import conv_out, pads4
 from ir.zspace import Projection, ZRange, identity_projection
+
+
+def _framed(xp, x, top: int, left: int, rows: int, cols: int, fill: float):
+    """``x``'s cells in a ``rows x cols`` frame whose origin is ``(-top, -left)``; ``fill`` elsewhere."""
+    out = xp.full(x.shape[:2] + (rows, cols), fill, dtype=x.dtype)
+    H, W = x.shape[2], x.shape[3]
+    r0, r1 = max(0, -top), min(H, rows - top)
+    c0, c1 = max(0, -left), min(W, cols - left)
+    if r1 > r0 and c1 > c0:
+        out[:, :, r0 + top: r1 + top, c0 + left: c1 + left] = x[:, :, r0:r1, c0:c1]
+    return out
 
 
 class Pool2d(Kernel):
     inputs = ("x",)
     kernel_class = "elementwise"
-    params_defaults = {"window": [2, 2], "stride": [2, 2], "padding": 0}
+    params_defaults = {"window": [2, 2], "stride": [2, 2], "padding": 0, "ceil_mode": False}
+
+    def geometry(self, x: tuple[int, ...], params) -> tuple[int, int, int, int, int, int]:
+        """``(oh, ow, top, left, bottom, right)`` of input shape ``x``."""
+        k, st = params["window"], params["stride"]
+        ok = (isinstance(k, (list, tuple)) and len(k) == 2 and isinstance(st, (list, tuple)) and len(st) == 2
+              and all(isinstance(v, int) and v >= 1 for v in (*k, *st)) and isinstance(params["ceil_mode"], bool))
+        if len(x) != 4 or not ok:
+            raise SignatureError(f"{self.name} needs x[N, C, H, W], window [kh, kw] and stride [sh, sw] >= 1 and "
+                                 f"padding >= 0; got x{list(x)}, window={k!r}, stride={st!r}, "
+                                 f"padding={params['padding']!r}")
+        t, l, b, r = pads4(params["padding"], f"{self.name} padding")
+        if max(t, b) >= k[0] or max(l, r) >= k[1]:  # then every window holds a cell of the tensor
+            raise SignatureError(f"{self.name} padding {params['padding']} must be less than the window "
+                                 f"{list(k)} on each side (a window of padding only has no value)")
+        oh = conv_out(x[2], t, b, k[0], st[0], params["ceil_mode"])
+        ow = conv_out(x[3], l, r, k[1], st[1], params["ceil_mode"])
+        if oh < 1 or ow < 1:
+            raise SignatureError(f"{self.name} output would be empty for x{list(x)} and window {list(k)}")
+        return oh, ow, t, l, b, r
 
     def base_signature(self, ins, params):
         x = ins["x"].shape
-        k, st, pad = params["window"], params["stride"], params["padding"]
-        ok = (isinstance(k, (list, tuple)) and len(k) == 2 and isinstance(st, (list, tuple)) and len(st) == 2
-              and all(isinstance(v, int) and v >= 1 for v in (*k, *st)) and isinstance(pad, int) and pad >= 0)
-        if len(x) != 4 or not ok:
-            raise SignatureError(f"{self.name} needs x[N, C, H, W], window [kh, kw] and stride [sh, sw] >= 1 and "
-                                 f"padding >= 0; got x{list(x)}, window={k!r}, stride={st!r}, padding={pad!r}")
-        if pad and 2 * pad >= min(k):
-            raise SignatureError(f"{self.name} padding {pad} must be less than half the window {list(k)} (a window "
-                                 f"of padding only has no value)")
-        oh = (x[2] + 2 * pad - k[0]) // st[0] + 1
-        ow = (x[3] + 2 * pad - k[1]) // st[1] + 1
-        if oh < 1 or ow < 1:
-            raise SignatureError(f"{self.name} output would be empty for x{list(x)} and window {list(k)}")
+        k, st = params["window"], params["stride"]
+        oh, ow, t, l, _, _ = self.geometry(x, params)
         rows = (unit_row(4, 0), unit_row(4, 1), tuple(st[0] * int(c == 2) for c in range(4)),
                 tuple(st[1] * int(c == 3) for c in range(4)))
         out = (x[0], x[1], oh, ow)
-        return Signature(("n", "c", "oh", "ow"), out, {"x": Projection(rows, (0, 0, -pad, -pad), (1, 1, k[0], k[1]))},
+        return Signature(("n", "c", "oh", "ow"), out, {"x": Projection(rows, (0, 0, -t, -l), (1, 1, k[0], k[1]))},
                          identity_projection(4), TensorSpec(out, ins["x"].dtype), float(k[0] * k[1]))
 
     def windows(self, x, params):
@@ -57,29 +83,36 @@ class Pool2d(Kernel):
             for j in range(kw):
                 yield x[:, :, i: i + sh * (oh - 1) + 1: sh, j: j + sw * (ow - 1) + 1: sw]
 
-    def inside(self, xp, box: ZRange, sig: Signature):
-        """Boolean (rows, cols) of the shard's input block that lie inside the tensor."""
+    @staticmethod
+    def plain(params) -> bool:
+        """No padding and no ceil mode: every window lies inside the tensor."""
+        return not params["ceil_mode"] and pads4(params["padding"], "padding") == (0, 0, 0, 0)
+
+    def inside(self, xp, box: ZRange, sig: Signature, pads=(0, 0, 0, 0)):
+        """Boolean (rows, cols) of the shard's input block inside the tensor grown by ``pads``."""
         b = sig.inputs["x"].apply(box)
         H, W = sig.in_specs["x"].shape[2:]
         r = xp.arange(b.start[2], b.end[2])
         c = xp.arange(b.start[3], b.end[3])
-        return (r >= 0) & (r < H), (c >= 0) & (c < W)
+        t, l, bo, ri = pads
+        return (r >= -t) & (r < H + bo), (c >= -l) & (c < W + ri)
 
     def compute(self, xp, blocks, params):
-        if params["padding"]:
-            raise SignatureError(f"{self.name} with padding runs through run() (it needs the shard's box)")
+        if not self.plain(params):
+            raise SignatureError(f"{self.name} with padding or ceil_mode runs through run() (it needs the shard's box)")
         return self.reduce(xp, blocks["x"], params, None)
 
     def run(self, xp, blocks, params, box, sig):
-        if not params["padding"]:
+        if self.plain(params):
             return self.reduce(xp, blocks["x"], params, None)
-        return self.reduce(xp, blocks["x"], params, self.inside(xp, box, sig))
+        return self.reduce(xp, blocks["x"], params, self.inside(xp, box, sig),
+                           self.inside(xp, box, sig, pads4(params["padding"], "padding")))
 
 
 class MaxPool2d(Pool2d):
     name = "maxpool2d"
 
-    def reduce(self, xp, x, params, inside):
+    def reduce(self, xp, x, params, inside, padded=None):
         if inside is not None:
             keep = inside[0][:, None] & inside[1][None, :]
             x = xp.where(keep, x, xp.asarray(-xp.inf, dtype=x.dtype))
@@ -93,14 +126,15 @@ class AvgPool2d(Pool2d):
     name = "avgpool2d"
     params_defaults = {**Pool2d.params_defaults, "count_include_pad": True}
 
-    def reduce(self, xp, x, params, inside):
+    def reduce(self, xp, x, params, inside, padded=None):
         y = None
         for win in self.windows(x, params):
             y = win if y is None else y + win
         kh, kw = params["window"]
-        if inside is None or params["count_include_pad"]:
+        if inside is None:
             return y * (1.0 / (kh * kw))
-        ones = (inside[0][:, None] & inside[1][None, :]).astype(x.dtype)[None, None]
+        rows, cols = padded if params["count_include_pad"] else inside  # cells the divisor counts
+        ones = (rows[:, None] & cols[None, :]).astype(x.dtype)[None, None]
         count = None
         for win in self.windows(ones, params):
             count = win if count is None else count + win
@@ -112,7 +146,7 @@ class Pool2dGrad(Kernel):
     (the forward input's), ``dy`` the forward output's shape for that window, stride, padding."""
 
     kernel_class = "elementwise"
-    params_defaults = {"window": [2, 2], "stride": [2, 2], "padding": 0, "size": None}
+    params_defaults = {"window": [2, 2], "stride": [2, 2], "padding": 0, "ceil_mode": False, "size": None}
     forward: type[Pool2d]
 
     def base_signature(self, ins, params):
@@ -139,16 +173,24 @@ class Pool2dGrad(Kernel):
         return Signature(("n", "c", "h", "w"), out, plane, identity_projection(4), TensorSpec(out, ins["dy"].dtype),
                          float(kh * kw * dy[2] * dy[3]) / (size[2] * size[3]))
 
+    @staticmethod
+    def frame(params, dy) -> tuple[int, int, int, int]:
+        """``(top, left, rows, cols)``: the windows' frame, origin ``(-top, -left)``."""
+        (kh, kw), (sh, sw) = params["window"], params["stride"]
+        t, l, _, _ = pads4(params["padding"], "padding")
+        return t, l, sh * (dy.shape[2] - 1) + kh, sw * (dy.shape[3] - 1) + kw
+
     def scatter(self, xp, dy, weights, params, plane):
         """``dx`` of whole planes: each window's ``dy`` times its weight (one array per window
         offset, as ``Pool2d.windows`` yields them) added back where the window read."""
-        (kh, kw), (sh, sw), pad = params["window"], params["stride"], params["padding"]
+        (kh, kw), (sh, sw) = params["window"], params["stride"]
+        t, l, rows, cols = self.frame(params, dy)
         n, c, H, W = dy.shape[0], dy.shape[1], plane[0], plane[1]
         oh, ow = dy.shape[2], dy.shape[3]
-        dx = xp.zeros((n, c, H + 2 * pad, W + 2 * pad), dtype=dy.dtype)
+        dx = xp.zeros((n, c, max(rows, t + H), max(cols, l + W)), dtype=dy.dtype)
         for (i, j), wgt in zip(((i, j) for i in range(kh) for j in range(kw)), weights):
             dx[:, :, i: i + sh * (oh - 1) + 1: sh, j: j + sw * (ow - 1) + 1: sw] += dy * wgt
-        return dx[:, :, pad: pad + H, pad: pad + W]
+        return dx[:, :, t: t + H, l: l + W]
 
     def compute(self, xp, blocks, params):
         return self.whole(xp, blocks, params)
@@ -165,9 +207,8 @@ class MaxPool2dGrad(Pool2dGrad):
 
     def whole(self, xp, blocks, params):
         x, dy = blocks["x"], blocks["dy"]
-        pad = params["padding"]
-        if pad:
-            x = xp.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=-xp.inf)
+        t, l, rows, cols = self.frame(params, dy)
+        x = _framed(xp, x, t, l, rows, cols, -xp.inf)  # padding and ceil-mode overhang never win
         fwd = MaxPool2d()
         y = fwd.reduce(xp, x, params, None)
         taken = xp.zeros(y.shape, dtype=bool)
@@ -187,17 +228,20 @@ class AvgPool2dGrad(Pool2dGrad):
 
     def whole(self, xp, blocks, params):
         dy = blocks["dy"]
-        (kh, kw), pad = params["window"], params["padding"]
+        kh, kw = params["window"]
         H, W = params["size"][2], params["size"][3]
-        if params["count_include_pad"] or not pad:
-            scale = 1.0 / (kh * kw)
-        else:  # the divisor counts the cells inside the tensor, as the forward does
-            ones = xp.pad(xp.ones((1, 1, H, W), dtype=dy.dtype), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-            count = None
-            for win in AvgPool2d().windows(ones, params):
-                count = win if count is None else count + win
-            scale = 1.0 / count
-        return self.scatter(xp, dy, [scale] * (kh * kw), params, (H, W))
+        t, l, b, r = pads4(params["padding"], "padding")
+        if Pool2d.plain(params):
+            return self.scatter(xp, dy, [1.0 / (kh * kw)] * (kh * kw), params, (H, W))
+        # the divisor counts the cells the forward counts: the tensor, or the tensor and its padding
+        top, left, rows, cols = self.frame(params, dy)
+        grow = (t, l, b, r) if params["count_include_pad"] else (0, 0, 0, 0)
+        region = xp.ones((1, 1, H + grow[0] + grow[2], W + grow[1] + grow[3]), dtype=dy.dtype)
+        ones = _framed(xp, region, top - grow[0], left - grow[1], rows, cols, 0.0)
+        count = None
+        for win in AvgPool2d().windows(ones, params):
+            count = win if count is None else count + win
+        return self.scatter(xp, dy, [1.0 / count] * (kh * kw), params, (H, W))
 
 
 KERNELS = (MaxPool2d, AvgPool2d, MaxPool2dGrad, AvgPool2dGrad)

@@ -92,13 +92,16 @@ def test_expand_to_the_same_shape_and_of_a_scalar_like_tensor():
 def test_conv1d_with_asymmetric_pads_and_bias():
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 2], kernel_shape=[3])]
     m = _model(nodes, ["n", 4, 10], ["n", 6, 11], [_w("w", (6, 4, 3)), _w("b", (6,), 1)])
-    g = _check(m, {"n": 2}, {"conv2d", "pad", "reshape"})
+    g = _check(m, {"n": 2}, {"conv2d", "reshape"})
     assert {"w", "b"} <= set(g.tensors)  # initializers keep their names
+    conv = next(o for o in g.ops.values() if o.kernel == "conv2d")
+    assert conv.params["padding"] == [0, 1, 0, 2]  # asymmetric pads are the kernel's, the unit height unpadded
 
 
 def test_conv2d_asymmetric_pads_and_stride():
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[0, 1, 1, 0], strides=[2, 2])]
-    _check(_model(nodes, [2, 3, 7, 7], [2, 4, 4, 3], [_w("w", (4, 3, 3, 3))]), {}, {"conv2d", "pad"})
+    g = _check(_model(nodes, [2, 3, 7, 7], [2, 4, 4, 3], [_w("w", (4, 3, 3, 3))]), {}, {"conv2d"})
+    assert [o.kernel for o in g.ops.values()] == ["conv2d"]
 
 
 @pytest.mark.parametrize("groups,c_in,c_out", [(2, 4, 6), (4, 4, 4)], ids=["grouped", "depthwise"])
@@ -109,8 +112,8 @@ def test_grouped_and_depthwise_conv(groups, c_in, c_out):
     assert sum(o.kernel == "conv2d" for o in g.ops.values()) == groups
 
 
-def test_dilated_conv_still_refused_by_name():
-    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], dilations=[2, 2], name="atrous")]
-    m = _model(nodes, [1, 2, 8, 8], [1, 2, 4, 4], [_w("w", (2, 2, 3, 3))])
-    with pytest.raises(ImportFailure, match=r"Conv \(dilated convolutions\): atrous"):
+def test_conv_stride_larger_than_a_dilated_window_refused_by_name():
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], strides=[4, 4], name="sparse")]
+    m = _model(nodes, [1, 2, 9, 9], [1, 2, 2, 2], [_w("w", (2, 2, 3, 3))])
+    with pytest.raises(ImportFailure, match=r"Conv \(stride 4 larger than the dilated kernel extent 3.*\): sparse"):
         import_onnx(m, {})

@@ -118,5 +118,7 @@ def test_bad_params_refused():
         b.reshape(x, name="r", shape=[5, 5])
     with pytest.raises(SignatureError, match="start < stop"):
         b.slice(x, name="s", axis=1, start=4, stop=2)
-    with pytest.raises(SignatureError, match="less than half"):
-        b.maxpool2d(b.input("im", (1, 1, 4, 4)), name="m", window=[2, 2], stride=[2, 2], padding=1)
+    with pytest.raises(SignatureError, match="less than the window"):  # a window of padding only
+        b.maxpool2d(b.input("im", (1, 1, 4, 4)), name="m", window=[2, 2], stride=[2, 2], padding=[0, 0, 2, 0])
+    with pytest.raises(SignatureError, match="padding >= 0"):
+        b.maxpool2d(b.input("im2", (1, 1, 4, 4)), name="m2", window=[2, 2], stride=[2, 2], padding=[1, -1])

@@ -1,0 +1,122 @@
+"""Conv with dilations, strides and pads that differ per axis (DeepLab's atrous convolutions,
+ResNet's 1x1 stride-2 downsample, 1-D audio convs), and pooling with per-side pads and
+``ceil_mode``: each import equals ``onnx.reference.ReferenceEvaluator`` on random inputs, and a
+random sharded plan of it verifies (halos of dilated and strided windows included)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from executor import verify  # noqa: E402
+from executor.run import execute, random_inputs  # noqa: E402
+from ir.importers.onnx import import_onnx  # noqa: E402
+from ir.rewrites import place, random_walk, split  # noqa: E402
+
+
+def _model(node, x_shape, inits=()):
+    """One node on input ``x``; the output shape is left to ONNX shape inference."""
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    m.ir_version = 9
+    m = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+    onnx.checker.check_model(m)
+    return m
+
+
+def _w(name, shape, seed=0):
+    return numpy_helper.from_array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 0.5, name)
+
+
+def _check(m, kernels, walk_seed=3):
+    g, values = import_onnx(m, {})
+    for seed in (0, 1):
+        ins = random_inputs(g, seed)
+        ins.update(values)
+        got = np.asarray(execute(g, ins)["y"])
+        (ref,) = ReferenceEvaluator(m).run(None, {"x": ins["x"]})
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    assert {o.kernel for o in g.ops.values()} == set(kernels)
+    rng = np.random.default_rng(walk_seed)
+    for _ in range(2):
+        rep = verify(random_walk(g, rng, 4, 20), values=values)
+        assert rep.ok, rep
+    return g, values
+
+
+CONVS = {
+    # atrous 3x3, dilation 2, "same" padding
+    "dilated": (dict(dilations=[2, 2], pads=[2, 2, 2, 2]), [2, 3, 9, 9], (4, 3, 3, 3), {"conv2d"}),
+    # dilation and stride differ per axis, asymmetric pads
+    "per_axis": (dict(dilations=[2, 1], strides=[2, 1], pads=[1, 2, 0, 1]), [1, 2, 10, 7], (3, 2, 3, 2),
+                 {"conv2d"}),
+    "unequal_strides": (dict(strides=[1, 3], pads=[0, 1, 1, 1]), [2, 2, 6, 11], (2, 2, 2, 3), {"conv2d"}),
+    # ResNet downsample: 1x1 conv, stride 2 (past its one-cell window: a strided slice first)
+    "downsample_1x1": (dict(strides=[2, 2]), [2, 4, 7, 8], (6, 4, 1, 1), {"slice", "conv2d"}),
+    "padded_1x1_stride2": (dict(strides=[2, 1], pads=[1, 0, 1, 0]), [1, 2, 5, 4], (3, 2, 1, 1),
+                           {"pad", "slice", "conv2d"}),
+    "grouped_dilated": (dict(dilations=[2, 2], pads=[2, 2, 2, 2], group=2), [1, 4, 7, 7], (4, 2, 3, 3),
+                        {"slice", "conv2d", "concat"}),
+}
+
+
+@pytest.mark.parametrize("name", list(CONVS))
+def test_conv_geometry_equals_onnx_reference(name):
+    attrs, x_shape, w_shape, kernels = CONVS[name]
+    m = _model(helper.make_node("Conv", ["x", "w"], ["y"], name=name, **attrs), x_shape, [_w("w", w_shape)])
+    g, _ = _check(m, kernels)
+    conv = next(o for o in g.ops.values() if o.kernel == "conv2d")
+    if "dilations" in attrs:
+        assert conv.params["dilation"] in (2, [2, 1])
+
+
+def test_conv1d_strided_dilated_with_bias():
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=[2], dilations=[3], pads=[2, 1], name="c1d")
+    m = _model(node, [2, 3, 17], [_w("w", (5, 3, 3)), _w("b", (5,), 1)])
+    _check(m, {"reshape", "conv2d", "add"})
+
+
+POOLS = {
+    # ResNet-style 3x3/2 max pool in ceil mode: the last window overhangs the input
+    "max_ceil": ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1), [2, 2, 8, 8]),
+    "max_ceil_pads": ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1),
+                      [1, 2, 6, 9]),
+    "max_asym_pads": ("MaxPool", dict(kernel_shape=[3, 2], strides=[1, 2], pads=[1, 0, 0, 1]), [1, 3, 5, 6]),
+    "avg_ceil_exclude_pad": ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1),
+                             [1, 2, 6, 6]),
+    "avg_ceil_include_pad": ("AveragePool", dict(kernel_shape=[2, 3], strides=[2, 2], pads=[0, 1, 0, 1], ceil_mode=1,
+                                                 count_include_pad=1), [2, 1, 5, 8]),
+    "avg_ceil_nopad": ("AveragePool", dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1), [1, 2, 5, 7]),
+    "avg_asym_include_pad": ("AveragePool", dict(kernel_shape=[3, 3], strides=[1, 1], pads=[0, 1, 1, 0],
+                                                 count_include_pad=1), [1, 2, 4, 5]),
+}
+
+
+@pytest.mark.parametrize("name", list(POOLS))
+def test_pool_geometry_equals_onnx_reference(name):
+    op, attrs, x_shape = POOLS[name]
+    m = _model(helper.make_node(op, ["x"], ["y"], name=name, **attrs), x_shape)
+    g, values = _check(m, {"maxpool2d" if op == "MaxPool" else "avgpool2d"})
+    # split the output rows in two: the second shard's windows are the ones that overhang
+    pool = next(iter(g.ops))
+    if g.signature(pool).extents[2] >= 2:
+        plan = place(split(g, pool, 2, 2), pool, [0, 1])
+        assert verify(plan, values=values).ok
+
+
+def test_ceil_mode_changes_the_shape():
+    """The same pool with and without ceil_mode: 3 rows vs 4 (ONNX's output-shape formula)."""
+    shapes = []
+    for ceil in (0, 1):
+        m = _model(helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=ceil),
+                   [1, 1, 8, 8])
+        g, _ = import_onnx(m, {})
+        shapes.append(g.tensors["y"].shape)
+    assert shapes == [(1, 1, 3, 3), (1, 1, 4, 4)]
