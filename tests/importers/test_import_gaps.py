@@ -117,3 +117,21 @@ def test_conv_stride_larger_than_a_dilated_window_refused_by_name():
     m = _model(nodes, [1, 2, 9, 9], [1, 2, 2, 2], [_w("w", (2, 2, 3, 3))])
     with pytest.raises(ImportFailure, match=r"Conv \(stride 4 larger than the dilated kernel extent 3.*\): sparse"):
         import_onnx(m, {})
+
+
+def test_unknown_op_types_and_refused_attributes_in_one_error():
+    """One error names every problem: unknown op types and supported ops whose attributes cannot
+    be mapped (each with its node names), not only the first."""
+    nodes = [helper.make_node("Hardmax", ["x"], ["a"], name="hm"),
+             helper.make_node("Conv", ["x", "w"], ["c"], strides=[4, 4], name="sparse"),
+             helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], dilations=[2, 2], name="dil_pool"),
+             helper.make_node("Cast", ["x"], ["i"], to=TensorProto.INT64, name="to_int"),
+             helper.make_node("Add", ["c", "c"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 9, 9])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 2, 2])], [_w("w", (2, 2, 3, 3))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ImportFailure) as e:
+        import_onnx(m, {})
+    msg = str(e.value).split("Supported op types")[0]
+    for part in ("Hardmax: hm", "): sparse", "dilations or indices outputs): dil_pool", "): to_int"):
+        assert part in msg, (part, msg)
