@@ -78,6 +78,19 @@ def test_bert_sharded_plans_verify_with_real_masks():
     assert rep.ok, rep
 
 
+def test_bert_block_trains():
+    """The mask conversion reads an index port, so autodiff passes it by: the step has gradients for
+    every initializer read by a float op and none for the mask, and a random plan of it verifies."""
+    from ir.autodiff import training_step  # noqa: PLC0415
+
+    g, values = import_onnx(onnx_models.bert_block(), {"batch": 2, "seq": 5})
+    step = training_step(g, loss="mse", optimizer="sgd")
+    assert "attention_mask.grad" not in step.tensors and "attention.self.query.W.next" in step.tensors
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32)
+    rep = verify(random_walk(step, np.random.default_rng(0), 4, 20), values={**values, "attention_mask": mask})
+    assert rep.ok, rep
+
+
 def _cast_model(nodes, in_type, out_type, out_shape):
     x = helper.make_tensor_value_info("x", in_type, [2, 3])
     m = helper.make_model(helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", out_type, out_shape)]),
