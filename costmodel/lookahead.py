@@ -50,6 +50,13 @@ def program_positions(g: Graph) -> dict[str, int]:
         return hit
     index = {n: i for i, n in enumerate(g.ops)}
     producers = g.producers
+    if all(index[producers[t]] < i for i, o in enumerate(g.ops.values()) for _, t in o.inputs if t in producers):
+        # op order is already topological (as programs and rewrites build it): the earliest ready
+        # op is always the next one, so program order is op order
+        _ORDER_CACHE[key] = index
+        if len(_ORDER_CACHE) > _ORDER_CACHE_CAP:
+            _ORDER_CACHE.popitem(last=False)
+        return index
     preds = {n: {producers[t] for _, t in o.inputs if t in producers} for n, o in g.ops.items()}
     succ: dict[str, list[str]] = {n: [] for n in g.ops}
     indeg = {}
@@ -79,7 +86,7 @@ class _StructInfo:
     tuple, shared by every plan lowered with it): ops' program positions and phases, and the
     batch column of each op per set of split-reduction params (``_batch_cols``)."""
 
-    __slots__ = ("names", "op_pos", "op_phase", "batch", "barriers")
+    __slots__ = ("names", "op_pos", "op_phase", "batch", "barriers", "split_ops")
 
     def __init__(self, names: tuple, g: Graph) -> None:
         self.names = names  # kept alive, so its id is not reused while cached
@@ -89,6 +96,9 @@ class _StructInfo:
         self.op_phase = np.array([1 if n in back else 0 for n in names], np.int64)
         self.batch: dict = {}
         self.barriers: dict = {}
+        # ops with split params: within a structure always the same ones (splitting a reduction
+        # adds an accumulate op, a new structure), only their params may change
+        self.split_ops = [n for n in names if "split" in g.ops[n].params]
 
 
 _STRUCT_INFO: OrderedDict = OrderedDict()
@@ -114,7 +124,7 @@ def _batch_cols(low, g: Graph, info: _StructInfo) -> np.ndarray:
     from ir.rewrites.pipeline import batch_dims
 
     gops = g.ops
-    key = tuple([(n, o.params_key) for n, o in gops.items() if "split" in o.params])
+    key = tuple([gops[n].params_key for n in info.split_ops])
     cols = info.batch.get(key)
     if cols is None:
         bd = batch_dims(g)

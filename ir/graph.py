@@ -27,6 +27,8 @@ Graphs are immutable; ``Graph.with_ops`` returns a new graph sharing everything 
 
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import json
 from collections import deque
@@ -88,8 +90,8 @@ class Shards:
 
     @classmethod
     def whole(cls, extents: Iterable[int], device: int = 0) -> Shards:
-        ext = list(extents)
-        return cls([[0] * len(ext)], [ext], [device])
+        """One shard covering ``extents`` on ``device`` (shared: shard tables are immutable)."""
+        return _whole_shards(tuple(int(e) for e in extents), int(device))
 
     def __len__(self) -> int:
         return self.device.shape[0]
@@ -119,6 +121,11 @@ class Shards:
 
     def __repr__(self) -> str:
         return f"Shards(n={len(self)}, devices={sorted(set(self.device.tolist()))})"
+
+
+@functools.lru_cache(maxsize=4096)
+def _whole_shards(extents: tuple[int, ...], device: int) -> Shards:
+    return Shards([[0] * len(extents)], [list(extents)], [device])
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,13 +158,16 @@ class Op:
             mine, theirs = self.__dict__, new.__dict__
             if "params_key" in mine:
                 theirs["params_key"] = mine["params_key"]
-            if "_sig" in mine and new.inputs == self.inputs:
-                theirs["_sig"] = mine["_sig"]
+            if new.inputs == self.inputs:
+                for memo in ("_sig", "_batch"):
+                    if memo in mine:
+                        theirs[memo] = mine[memo]
         return new
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.pop("_sig", None)  # a memo of Graph.signature: not worth its bytes in a pickle
+        state.pop("_sig", None)  # memos of Graph.signature and batch_dims: not worth their bytes
+        state.pop("_batch", None)
         return state
 
     def to_json(self) -> dict:

@@ -193,34 +193,27 @@ def batch_dims(g: Graph) -> dict[str, tuple[str, int | str]]:
     hit = _BATCH_CACHE.get(key)
     if hit is not None:
         return hit
-    T: dict[str, set[int]] = {n: {0} for n, t in g.tensors.items() if t.role == "input" and t.shape}
+    T: dict[str, frozenset[int]] = {n: frozenset((0,)) for n, t in g.tensors.items() if t.role == "input" and t.shape}
     out: dict[str, tuple[str, int | str]] = {}
+    ops = g.ops
     for n in g.topo_order:
-        o = g.ops[n]
+        o = ops[n]
+        tin = tuple([T.get(t) for _, t in o.inputs])
+        if not any(tin):
+            continue  # the batch does not reach this op
         sig = g.signature(o)
-        found: tuple[str, int | str] | None = None
-        split_from = sig.split_from
-        for port, t in o.inputs:
-            for r in T.get(t, ()):
-                if split_from is not None and (port, r) in split_from.spans:
-                    found = ("dim", 0)
-                    break
-                proj = sig.inputs[port]
-                c = _unit_col(proj.A[r]) if r < len(proj.A) else None
-                if c is not None and proj.s[r] == 1:
-                    found = ("dim", c)
-                    break
-                red = next((x for x in sig.reductions if (port, r) in x.spans), None)
-                if red is not None and found is None:
-                    found = ("red", red.name)
-            if found is not None and found[0] == "dim":
-                break
+        # memo on the op (ops are shared by the plans of a search): same signature, same batch rows in
+        memo = o.__dict__.get("_batch")
+        if memo is not None and memo[0] is sig and memo[1] == tin:
+            found, tout = memo[2], memo[3]
+        else:
+            found, tout = _op_batch(o, sig, tin)
+            o.__dict__["_batch"] = (sig, tin, found, tout)
         if found is None:
             continue
         out[n] = found
-        if found[0] == "dim":
-            c = found[1]
-            T[o.output] = {r for r, row in enumerate(sig.output.A) if _unit_col(row) == c}
+        if tout is not None:
+            T[o.output] = tout
     if len(_BATCH_CACHE) > 32:
         _BATCH_CACHE.clear()
     _BATCH_CACHE[key] = out
@@ -228,6 +221,32 @@ def batch_dims(g: Graph) -> dict[str, tuple[str, int | str]]:
 
 
 _BATCH_CACHE: dict[tuple, dict[str, tuple[str, int | str]]] = {}
+
+
+def _op_batch(o, sig, tin: tuple) -> tuple[tuple[str, int | str] | None, frozenset[int] | None]:
+    """(where the batch runs through op ``o``, the batch rows of its output) given the batch rows
+    ``tin`` of its inputs (see ``batch_dims``)."""
+    found: tuple[str, int | str] | None = None
+    split_from = sig.split_from
+    for (port, _t), rows in zip(o.inputs, tin):
+        for r in rows or ():
+            if split_from is not None and (port, r) in split_from.spans:
+                found = ("dim", 0)
+                break
+            proj = sig.inputs[port]
+            c = _unit_col(proj.A[r]) if r < len(proj.A) else None
+            if c is not None and proj.s[r] == 1:
+                found = ("dim", c)
+                break
+            red = next((x for x in sig.reductions if (port, r) in x.spans), None)
+            if red is not None and found is None:
+                found = ("red", red.name)
+        if found is not None and found[0] == "dim":
+            break
+    if found is None or found[0] != "dim":
+        return found, None
+    c = found[1]
+    return found, frozenset(r for r, row in enumerate(sig.output.A) if _unit_col(row) == c)
 
 
 # ------------------------------------------------------------------------------------------
