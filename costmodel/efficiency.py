@@ -53,7 +53,8 @@ import numpy as np
 from costmodel._kernels import SPLIT_K_MIN_STEPS
 from costmodel.hardware import Hardware
 
-__all__ = ["Curves", "DEFAULT_CURVES", "curves_for", "fit", "gemm_efficiency", "memory_efficiency", "gemm_time"]
+__all__ = ["Curves", "DEFAULT_CURVES", "curves_for", "fit", "gemm_efficiency", "memory_efficiency", "gemm_time",
+           "staged_fused_seconds"]
 
 
 @dataclass(frozen=True)
@@ -145,3 +146,26 @@ def fit(c: Curves, samples: Iterable[tuple[float, float, float, float, float]], 
     if m:
         out = replace(out, mem_peak=float(np.clip(np.median(m), 1e-3, 1.0)))
     return out
+
+
+def staged_fused_seconds(hw: Hardware, sig, params, kernel_class: str, dtype: str, f: np.ndarray) -> np.ndarray:
+    """Per shard, the seconds of a fused op whose stages run one after another (a Hardware with
+    ``staged_fusion``: this repository's executor, where ``ir.kernels.fused`` calls each stage's
+    kernel in turn and every intermediate makes a round trip through memory).
+
+    ``f``: the lowering's rows ``(device, seconds, output bytes, FLOPs, bytes)`` of the fused op's
+    shards. Stage 0 is charged at ``kernel_class`` with the op's FLOPs less the epilogue's and the
+    op's own bytes; each later stage (``Fused.epilogue_work``) at its own kernel class, with its
+    FLOPs and bytes per output cell times the shard's output cells, plus its launch overhead.
+    Measured on this 2-vCPU VM (NumPy, one BLAS thread): a fused linear+gelu shard of the
+    benchmark MLP took 16.6 ms against 5.4 ms charged as one GEMM-class kernel, because NumPy's
+    gelu costs ~8 ns per element (docs/benchmarks.md, "Model fidelity on this CPU")."""
+    from ir.kernels import ITEMSIZE, get_kernel
+
+    work = get_kernel("fused").epilogue_work(sig, params)
+    cells = f[:, 2] / float(ITEMSIZE[sig.out_spec.dtype])
+    ep_flops = sum(fl for _, fl, _ in work) * cells
+    t = hw.shard_time(np.maximum(f[:, 3] - ep_flops, 0.0), f[:, 4], dtype, kernel_class)
+    for kclass, fl, by in work:
+        t = t + hw.shard_time(fl * cells, by * cells, dtype, kclass)
+    return np.asarray(t, dtype=np.float64)

@@ -263,6 +263,11 @@ class Hardware:
     #: slowdown of compute while its device communicates (``costmodel.simulate``, "Contention");
     #: 1 = none. Presets cite their value (``costmodel.presets``); calibration may set it.
     contention: float = 1.0
+    #: a fused op runs as its stages one after another, each its own kernel (this repository's
+    #: executor on NumPy or CuPy: ``ir.kernels.fused`` calls the stages in turn), so it is costed
+    #: per stage at each stage's kernel class (``costmodel.efficiency.staged_fused_seconds``);
+    #: False (default): one kernel at its first stage's class, the epilogue in its registers
+    staged_fusion: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -298,6 +303,10 @@ class Hardware:
         if not (math.isfinite(c) and c >= 1.0):
             raise HardwareError(f"contention: a slowdown factor >= 1 (1 = communication does not slow compute), "
                                 f"got {self.contention!r}")
+        if not isinstance(self.staged_fusion, (bool, np.bool_)):
+            raise HardwareError(f"staged_fusion: true or false (whether a fused op's stages run one after another), "
+                                f"got {self.staged_fusion!r}")
+        object.__setattr__(self, "staged_fusion", bool(self.staged_fusion))
         object.__setattr__(self, "contention", c)
 
     # -- topology ---------------------------------------------------------------------------
@@ -425,13 +434,15 @@ class Hardware:
             d["description"] = self.description
         if self.contention != 1.0:
             d["contention"] = self.contention
+        if self.staged_fusion:
+            d["staged_fusion"] = True
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Hardware":
         """Strict inverse of :meth:`to_dict`: unknown or missing fields raise HardwareError."""
         _check_keys(d, "", ("name", "device", "n_nodes", "devices_per_node", "intra_link", "inter_link"),
-                    ("efficiency", "launch_overhead_by_class", "description", "contention"))
+                    ("efficiency", "launch_overhead_by_class", "description", "contention", "staged_fusion"))
         eff = d.get("efficiency", {"default": (1.0, 1.0)})
         if eff is None or not isinstance(eff, Mapping):
             raise HardwareError("efficiency: expected a mapping kernel_class -> {compute, memory}")
@@ -454,6 +465,7 @@ class Hardware:
             launch_overhead_by_class=dict(d.get("launch_overhead_by_class") or {}),
             description=str(d.get("description", "") or ""),
             contention=d.get("contention", 1.0),
+            staged_fusion=d.get("staged_fusion", False),
         )
 
     def summary(self) -> str:

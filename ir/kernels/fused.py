@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ir.kernels.base import ELEMENTWISE, Kernel, Signature, SignatureError, TensorSpec
+from ir.kernels.base import ELEMENTWISE, ITEMSIZE, Kernel, Signature, SignatureError, TensorSpec
 from ir.zspace import Projection, ZRange, identity_projection
 
 
@@ -82,6 +82,24 @@ class Fused(Kernel):
         k_last, sig_last, M_last = stages[-1]
         return Signature(sig0.dims, sig0.extents, inputs, sig_last.output.compose(M_last), sig_last.out_spec,
                          flops, (), dict(ins))
+
+    def epilogue_work(self, sig: Signature, params: Mapping[str, Any]) -> list[tuple[str, float, float]]:
+        """Per stage after the first: ``(kernel_class, FLOPs, bytes)`` per cell of the fused op's
+        output, the work of that stage run on its own (as an unfused executor runs it): it reads
+        the chained intermediate and its other full-size inputs and writes its output (an input
+        smaller than the output, e.g. a bias row, is broadcast and counted as free). Elementwise
+        stages keep the output's shape, so their index points are the output's cells."""
+        stages = self._stages(params)
+        out = []
+        for i, (k, ssig, _) in enumerate(self.stage_signatures(sig.in_specs, params)):
+            if i == 0:
+                continue
+            cells = float(np.prod(ssig.out_spec.shape))
+            full = sum(1 for port, spec in ssig.in_specs.items()
+                       if port != stages[i]["chain"] and float(np.prod(spec.shape)) >= cells)
+            item = float(ITEMSIZE[ssig.out_spec.dtype])
+            out.append((k.kernel_class, float(ssig.flops_per_point), item * (2.0 + full)))
+        return out
 
     def run(self, xp, blocks, params, box: ZRange, sig: Signature):
         stages = self._stages(params)
