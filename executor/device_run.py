@@ -272,6 +272,9 @@ class DeviceRunResult:
     transfers: list[dict[str, Any]] = field(default_factory=list)
     plan_seconds: float | None = None
     repeats: int = 0
+    #: median over the timed runs of (run time - its shards and transfers): the executor's own time
+    #: between them, which a plan time robust to other processes' time slices adds back
+    gap_seconds: float | None = None
 
 
 def _device_map(xp: Any, backend: str, devices: Iterable[int], device_map: Any) -> dict[int, int | None]:
@@ -466,6 +469,7 @@ def run_on_devices(g: Graph, transfers: Iterable[Mapping[str, Any]], residency: 
                                    "seconds": statistics.median(s[k] for s in transfer_s)})
         k += 1
     result.plan_seconds = statistics.median(r[2] for r in runs)
+    result.gap_seconds = statistics.median(r[2] - sum(s) - sum(t) for r, s, t in zip(runs, shard_s, transfer_s))
     result.repeats = len(runs)
     return result
 

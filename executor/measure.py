@@ -3,6 +3,12 @@
 On CPU (NumPy) times come from ``time.perf_counter``; on GPU (CuPy) from CUDA events recorded
 around the work on the current stream (a device synchronisation ends each measurement). Every
 figure is the median of ``repeats`` runs after ``warmup`` untimed runs.
+
+``time_ops`` times each op's shards exactly as a device-aware plan run does
+(``executor.device_run.compute_shard``: input boxes read from full-shape buffers, the block
+written into a buffer allocated once), so that one-op calibration points and the shards of real
+plans are the same measurement. (It used to allocate a fresh zeroed output per run, whose page
+faults made a 16 MB elementwise point 3-4x slower than the same shard inside a plan.)
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import time
 from typing import Any, Callable
 
 from executor.backend import get_backend
-from executor.run import execute, random_inputs, run_op
+from executor.run import execute, random_inputs
 from ir.graph import Graph
 
 
@@ -51,11 +57,23 @@ def time_plan(g: Graph, backend: str = "numpy", repeats: int = 3, warmup: int = 
 
 
 def time_ops(g: Graph, backend: str = "numpy", repeats: int = 3, warmup: int = 1, seed: int = 0) -> dict[str, float]:
-    """Median seconds of each op (all its shards), with its inputs already computed."""
+    """Median seconds of each op (all its shards, one after another), with its inputs already
+    computed, timed the way a plan run times shards (see the module docstring)."""
+    from executor.device_run import DeviceMemory, compute_shard, prepare_ops
+
     xp = get_backend(backend)
-    env: dict[str, Any] = {k: xp.asarray(v) for k, v in random_inputs(g, seed).items()}
+    mem = DeviceMemory(xp, 0, None, {n: (t.shape, t.dtype) for n, t in g.tensors.items()})
+    for k, v in random_inputs(g, seed).items():
+        mem.buffer(k)[...] = xp.asarray(v)
+    ops = prepare_ops(g)
     out = {}
     for name in g.topo_order:
-        out[name] = median_time(lambda: run_op(xp, g, name, dict(env)), xp, repeats, warmup)
-        run_op(xp, g, name, env)
+        op = ops[name]
+        mem.buffer(op.output)  # allocated (and zero-filled) once, as in a plan run
+
+        def shards(op: Any = op) -> None:
+            for i in range(op.n):
+                compute_shard(xp, op, i, mem, check=False)
+
+        out[name] = median_time(shards, xp, repeats, warmup)
     return out

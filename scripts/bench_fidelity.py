@@ -96,6 +96,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--every", type=int, default=5, help="online refit every N plans (the campaign's calibrate_every)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cal-plans", type=int, default=3,
+                    help="offline calibration plans per workload (seed + 1000: not the plans under test)")
     ap.add_argument("--quick", action="store_true", help="tiny workloads and the quick kernel spread (smoke test)")
     ap.add_argument("--json", help="also write the results as JSON to this path")
     a = ap.parse_args()
@@ -107,16 +109,20 @@ def main() -> int:
     from optimizer.realrun.online import plan_points, predict_plans, refit
 
     t0 = time.perf_counter()
-    preset = load_hardware("cpu")
+    from optimizer.realrun.measurement import executed_hardware
+
+    preset = executed_hardware(load_hardware("cpu"))
     print(f"# bench_fidelity: NumPy on {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, BLAS threads {os.environ.get('OPENBLAS_NUM_THREADS')}\n", flush=True)
     cal_res = run_calibration("numpy", preset, quick=a.quick, repeats=a.repeats)
-    from optimizer.realrun.calibration import fit_dispatch
+    from optimizer.realrun.calibration import calibrate_on_plans
 
-    cal, dispatch, n_disp = fit_dispatch(cal_res.hardware, "numpy", a.repeats, a.quick)
+    # held-out calibration plans: the same workloads, random walks from another seed
+    cal, dispatch, n_disp = calibrate_on_plans(cal_res, QUICK if a.quick else WORKLOADS, a.cal_plans, "numpy",
+                                               a.repeats, seed=a.seed + 1000)
     print(f"offline calibration on {cal_res.before['n']} kernel points: mean |log(model/measured)| "
           f"{cal_res.before['mean_abs_log']:.3f} -> {cal_res.after['mean_abs_log']:.3f}; dispatch between shards "
-          f"{dispatch * 1e6:.0f} us per shard (from {n_disp} plans of a small MLP)\n", flush=True)
+          f"{dispatch * 1e6:.0f} us per shard; classes refitted with the shards of {n_disp} held-out plans\n", flush=True)
 
     sizes = QUICK if a.quick else WORKLOADS
     per = [a.plans // 3 + (1 if i < a.plans % 3 else 0) for i in range(3)]

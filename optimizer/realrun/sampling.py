@@ -206,8 +206,10 @@ def make_sampler(cfg: Any, archive: Any, client: Any, hw: Any, base: Any) -> Sam
     if s.rate <= 0:
         return None
     from costmodel.hardware_io import load_hardware
+    from optimizer.realrun.measurement import executed_hardware
 
-    hw_s = load_hardware(s.hardware or ("cpu" if s.backend == "numpy" else cfg.hardware))
+    # as the executor runs plans there: fused ops stage by stage (the target hardware stays fused)
+    hw_s = executed_hardware(load_hardware(s.hardware or ("cpu" if s.backend == "numpy" else cfg.hardware)))
     return Sampler(cfg.name, s.rate, s.backend, s.max_per_minute, s.repeats, hw_s.to_dict(), archive, client,
                    cfg.search.seed, calibrate_every=s.calibrate_every, target_hw=hw)
 
