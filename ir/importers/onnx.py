@@ -25,6 +25,10 @@ How a model becomes a graph:
 
 Reshape, Flatten, Squeeze and Unsqueeze become ``reshape`` ops whose projections are exact
 (``ir.kernels.shape``): a reshape that splits ``D`` into heads shards along the heads.
+
+Integer tensors (int64 inputs become int32) feed index ports (embedding ids). A ``Cast`` of one
+to a float is ``index_to_float``; layout ops on the way (BERT's ``mask[:, None, None, :]``) run
+on that float copy, since the layout kernels take floats (``_view``).
 """
 
 from __future__ import annotations
