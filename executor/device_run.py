@@ -263,7 +263,8 @@ class DeviceRunResult:
     """Outputs (host NumPy arrays, assembled from the devices that produced them) and, with
     timing, medians: ``shards`` (``op``, ``shard``, ``device``, ``gpu``, ``seconds``), ``transfers``
     (``index``, ``tensor``, ``producer``, ``shard``, ``src``, ``dst``, ``cells``, ``bytes``,
-    ``seconds``) and ``plan_seconds``."""
+    ``seconds``) and ``plan_seconds``; ``samples`` in each shard and transfer: its time in every
+    timed run."""
 
     outputs: dict[str, np.ndarray]
     backend: str
@@ -459,14 +460,16 @@ def run_on_devices(g: Graph, transfers: Iterable[Mapping[str, Any]], residency: 
         for i in range(op.n):
             d = int(op.device[i])
             result.shards.append({"op": name, "shard": i, "device": d, "gpu": gpu_of[d],
-                                  "seconds": statistics.median(s[k] for s in shard_s)})
+                                  "seconds": statistics.median(s[k] for s in shard_s),
+                                  "samples": [s[k] for s in shard_s]})
             k += 1
     k = 0
     for tr in gathers + [tr for name in g.topo_order for tr in by_op.get(name, ())]:
         result.transfers.append({key: tr[key] for key in ("index", "tensor", "producer", "shard", "src", "dst",
                                                           "cells", "bytes")}
                                 | {"state": tr.get("state", False),
-                                   "seconds": statistics.median(s[k] for s in transfer_s)})
+                                   "seconds": statistics.median(s[k] for s in transfer_s),
+                                   "samples": [s[k] for s in transfer_s]})
         k += 1
     result.plan_seconds = statistics.median(r[2] for r in runs)
     result.gap_seconds = statistics.median(r[2] - sum(s) - sum(t) for r, s, t in zip(runs, shard_s, transfer_s))

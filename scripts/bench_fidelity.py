@@ -3,7 +3,10 @@
 Random plans (``ir.rewrites.random_walk`` over 4 devices) of three workloads (an MLP, a
 transformer block, a convnet) are run for real with NumPy, device-aware and verified
 (``optimizer.realrun.measurement.measure_plan``: one buffer set per plan device, the lowering's
-transfers as memory copies, median of ``--repeats`` timed runs after a warm-up). Each plan's
+transfers as memory copies; per shard and transfer the median, or with ``--statistic min`` the
+minimum, of ``--repeats`` timed runs after a warm-up; the plan's time is their sum plus the
+executor's gap between them, which other processes' time slices do not inflate). Fused ops are
+predicted stage by stage, as the executor runs them (``executed_hardware``). Each plan's
 prediction is the serial time (``costmodel.evaluate.serial_prediction``: its shards one after
 another on one device, which is how one machine runs it; the figure campaigns store), and the same
 plus the modelled transfers.
@@ -13,9 +16,9 @@ plans and per workload:
 
 1. ``preset``: the ``cpu`` preset as shipped;
 2. ``calibrated``: the ``cpu`` preset calibrated offline on the kernel spread of ``tapestry
-   calibrate`` (``optimizer.realrun.calibration``), plus the executor's time between shards
-   fitted offline on a few plans of a separate small MLP (``fit_dispatch``), *without* the
-   campaign's online refit;
+   calibrate`` (``optimizer.realrun.calibration``) together with the shards of ``--cal-plans``
+   held-out plans per workload (random walks from seed + 1000, ``calibrate_on_plans``), plus the
+   executor's measured time between shards, *without* the campaign's online refit;
 3. ``online``: the campaign's online refit (``optimizer.realrun.online.refit``, as a sampler runs
    it every ``--every`` plans), starting from the offline-calibrated hardware: each plan is
    predicted with the refit made *before* it was measured (held out; the first ``--every``
@@ -28,7 +31,7 @@ so that timings do not swing with other load. Prints tables and one JSON line; `
 writes the JSON too.
 
 Usage: ``python scripts/bench_fidelity.py [--plans 50] [--repeats 5] [--every 5] [--seed 0]
-[--quick] [--json PATH]``
+[--cal-plans 3] [--statistic median|min] [--quick] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -96,6 +99,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--every", type=int, default=5, help="online refit every N plans (the campaign's calibrate_every)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--statistic", choices=("median", "min"), default="median",
+                    help="per shard and transfer over the repeats (min: the least disturbed run)")
     ap.add_argument("--cal-plans", type=int, default=3,
                     help="offline calibration plans per workload (seed + 1000: not the plans under test)")
     ap.add_argument("--quick", action="store_true", help="tiny workloads and the quick kernel spread (smoke test)")
@@ -114,12 +119,12 @@ def main() -> int:
     preset = executed_hardware(load_hardware("cpu"))
     print(f"# bench_fidelity: NumPy on {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, BLAS threads {os.environ.get('OPENBLAS_NUM_THREADS')}\n", flush=True)
-    cal_res = run_calibration("numpy", preset, quick=a.quick, repeats=a.repeats)
+    cal_res = run_calibration("numpy", preset, quick=a.quick, repeats=a.repeats, statistic=a.statistic)
     from optimizer.realrun.calibration import calibrate_on_plans
 
     # held-out calibration plans: the same workloads, random walks from another seed
     cal, dispatch, n_disp = calibrate_on_plans(cal_res, QUICK if a.quick else WORKLOADS, a.cal_plans, "numpy",
-                                               a.repeats, seed=a.seed + 1000)
+                                               a.repeats, seed=a.seed + 1000, statistic=a.statistic)
     print(f"offline calibration on {cal_res.before['n']} kernel points: mean |log(model/measured)| "
           f"{cal_res.before['mean_abs_log']:.3f} -> {cal_res.after['mean_abs_log']:.3f}; dispatch between shards "
           f"{dispatch * 1e6:.0f} us per shard; classes refitted with the shards of {n_disp} held-out plans\n", flush=True)
@@ -137,7 +142,7 @@ def main() -> int:
     online_hw, fitted_digests = cal, []
     online_pred = []
     for i, (name, g) in enumerate(jobs):
-        recs = measure_plan(g, cal, "numpy", repeats=a.repeats, warmup=1)
+        recs = measure_plan(g, cal, "numpy", repeats=a.repeats, warmup=1, statistic=a.statistic)
         plan = recs[-1]
         records += recs
         pts = plan_points(recs)
@@ -158,7 +163,8 @@ def main() -> int:
     meas = [r["measured_s"] for r in rows]
     models = {"preset": "preset_s", "calibrated": "calibrated_s", "calibrated + transfers": "calibrated_transfers_s",
               "online refit (held out)": "online_s"}
-    out = {"bench": "fidelity", "plans": len(rows), "repeats": a.repeats, "every": a.every, "seed": a.seed,
+    out = {"bench": "fidelity", "plans": len(rows), "repeats": a.repeats, "statistic": a.statistic,
+           "every": a.every, "seed": a.seed,
            "quick": a.quick, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
            "offline_calibration": {"points": cal_res.before["n"], "before": cal_res.before["mean_abs_log"],
                                    "dispatch_s": dispatch, "dispatch_plans": n_disp,

@@ -122,14 +122,14 @@ def record_of(g: Any, seconds: float) -> dict[str, Any]:
 
 
 def measure_spread(cases: list[Case], backend: str = "numpy", repeats: int = 3, warmup: int = 1,
-                   progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Time every case (median of ``repeats``) and return one record per case."""
+                   progress: Callable[[str], None] | None = None, statistic: str = "median") -> list[dict[str, Any]]:
+    """Time every case (median, or ``statistic``, of ``repeats``) and return one record per case."""
     from executor.measure import time_ops
 
     out = []
     for c in cases:
         g = c.build()
-        seconds = time_ops(g, backend, repeats=repeats, warmup=warmup)["k"]
+        seconds = time_ops(g, backend, repeats=repeats, warmup=warmup, statistic=statistic)["k"]
         rec = record_of(g, seconds)
         rec["case"] = c.name
         out.append(rec)
@@ -215,7 +215,8 @@ def fit_dispatch(hw: Any, backend: str = "numpy", repeats: int = 3, quick: bool 
 
 
 def calibrate_on_plans(result: CalibrationResult, workloads: dict[str, dict[str, Any]], plans_each: int = 3,
-                       backend: str = "numpy", repeats: int = 3, seed: int = 1000) -> tuple[Any, float, int]:
+                       backend: str = "numpy", repeats: int = 3, seed: int = 1000,
+                       statistic: str = "median") -> tuple[Any, float, int]:
     """Refit ``result`` (a one-op spread calibration) with the shards of real plans, then fit the
     executor's time between shards on those plans (``optimizer.realrun.online._fit_dispatch``).
 
@@ -247,7 +248,8 @@ def calibrate_on_plans(result: CalibrationResult, workloads: dict[str, dict[str,
                 seen.add(g.digest)
                 plans.append(g)
         for g in plans:
-            records += measure_plan(g, executed_hardware(result.hardware), backend, repeats=repeats)
+            records += measure_plan(g, executed_hardware(result.hardware), backend, repeats=repeats,
+                                    statistic=statistic)
     points = plan_points(records)
     cal = executed_hardware(calibrate(list(result.records) + calibration_records(points), result.base))
     cal, d = _fit_dispatch(points, cal, np.array([p["measured"] for p in points]))
@@ -255,6 +257,7 @@ def calibrate_on_plans(result: CalibrationResult, workloads: dict[str, dict[str,
 
 
 def run_calibration(backend: str, hardware: Any, quick: bool = False, repeats: int = 3, warmup: int = 1,
+                    statistic: str = "median",
                     dtypes: tuple[str, ...] | None = None,
                     progress: Callable[[str], None] | None = None) -> CalibrationResult:
     """Time the spread on ``backend`` and fit ``hardware``'s factors to it."""
@@ -263,5 +266,6 @@ def run_calibration(backend: str, hardware: Any, quick: bool = False, repeats: i
     get_backend(backend)  # fail early, with a clear message, when CuPy or a GPU is missing
     if dtypes is None:
         dtypes = ("float32",)
-    records = measure_spread(kernel_spread(backend, quick, tuple(dtypes)), backend, repeats, warmup, progress)
+    records = measure_spread(kernel_spread(backend, quick, tuple(dtypes)), backend, repeats, warmup, progress,
+                             statistic)
     return calibrate_records(records, hardware)

@@ -18,8 +18,8 @@ to predict what this executor does: it runs a fused op's stages one after anothe
 (``ir.kernels.fused``), each its own NumPy or CuPy kernel. Shard records of fused ops carry that
 per-stage work (``details["stages"]``), which the online refit uses.
 
-The plan's measured time is *robust to other processes*: the sum of the medians of its shards and
-transfers plus the median of the executor's own time between them (``DeviceRunResult.
+The plan's measured time is *robust to other processes*: the sum of the medians (``statistic``:
+or minima) of its shards and transfers plus the median of the executor's own time between them (``DeviceRunResult.
 gap_seconds``), not the median of whole-run wall times. On a shared machine the scheduler takes
 time slices of ~4 ms from a run (measured on this 2-vCPU VM: a 17-shard MLP plan whose shard
 medians add up to 15 ms had whole runs of 28-45 ms, each run hit on different shards), which
@@ -81,9 +81,15 @@ def stage_work(g: Any, o: Any) -> list[list[list[Any]]] | None:
 
 
 def measure_plan(g: Any, hw: Any, backend: str = "numpy", repeats: int = 3, warmup: int = 1, seed: int = 0,
-                 campaign: str | None = None, device_map: Any = None) -> list[dict[str, Any]]:
+                 campaign: str | None = None, device_map: Any = None,
+                 statistic: str = "median") -> list[dict[str, Any]]:
     """Measurement records (kinds ``plan``, ``shard``, ``transfer``) of plan ``g``; see the module
-    docstring. ``hw``: a Hardware, preset name or YAML path (the model the predictions use)."""
+    docstring. ``hw``: a Hardware, preset name or YAML path (the model the predictions use).
+    ``statistic``: of each shard's and transfer's timed runs, ``median`` or ``min`` (the least
+    disturbed run; on a shared machine the steadier figure)."""
+    from executor.measure import STATISTICS
+
+    pick = STATISTICS[statistic]
     from costmodel.evaluate import serial_prediction
     from costmodel.lowering import Lowerer
     from costmodel.transfers import transfer_plan
@@ -126,7 +132,7 @@ def measure_plan(g: Any, hw: Any, backend: str = "numpy", repeats: int = 3, warm
     records: list[dict[str, Any]] = []
     for s in run.shards:
         records.append({**base, "kind": "shard", "device_name": names[s["gpu"]], "op": s["op"], "shard": s["shard"],
-                        "measured_seconds": s["seconds"],
+                        "measured_seconds": float(pick(s["samples"])),
                         "predicted_seconds": float(low.dur[first[s["op"]] + s["shard"]]),
                         "details": {"device": s["device"], "gpu": s["gpu"],
                                     # what the online refit (optimizer.realrun.online) needs per shard
@@ -140,17 +146,18 @@ def measure_plan(g: Any, hw: Any, backend: str = "numpy", repeats: int = 3, warm
         pred = (float(low.elapsed[nc + k]) if aligned
                 else float(hwp.transfer_time(t["src"], t["dst"], t["bytes"] or 0.0)))
         records.append({**base, "kind": "transfer", "device_name": names[run.device_map[t["dst"]]],
-                        "op": t["producer"], "shard": t["shard"], "measured_seconds": t["seconds"],
+                        "op": t["producer"], "shard": t["shard"], "measured_seconds": float(pick(t["samples"])),
                         "predicted_seconds": pred,
                         "details": {"tensor": t["tensor"], "src": t["src"], "dst": t["dst"], "bytes": t["bytes"],
                                     "index": k}})
     serial = serial_prediction(g, hw)
     details: dict[str, Any] = {
         "hardware": hw.name, "prediction": "serial", "n_devices": len(run.device_map), "shards": len(run.shards),
-        "transfers": len(run.transfers), "repeats": run.repeats, "transfer_bytes": tp.transfer_bytes,
+        "transfers": len(run.transfers), "repeats": run.repeats, "statistic": statistic,
+        "transfer_bytes": tp.transfer_bytes,
         "serial_with_transfers": serial + float(low.elapsed[nc:].sum()),
-        "measured_shards_sum": float(sum(s["seconds"] for s in run.shards)),
-        "measured_transfers_sum": float(sum(t["seconds"] for t in run.transfers)),
+        "measured_shards_sum": float(sum(pick(s["samples"]) for s in run.shards)),
+        "measured_transfers_sum": float(sum(pick(t["samples"]) for t in run.transfers)),
         "wall_median_seconds": run.plan_seconds, "gap_seconds": run.gap_seconds,
         "gpus": sorted({v for v in run.device_map.values() if v is not None})}
     try:

@@ -100,13 +100,18 @@ def test_dispatch_is_the_measured_gap_when_plans_carry_it():
     assert d2 > 0 and d2 != pytest.approx(d)
 
 
-def test_plan_time_is_robust_to_time_slices_taken_between_items():
+@pytest.mark.parametrize("statistic", ["median", "min"])
+def test_plan_time_is_robust_to_time_slices_taken_between_items(statistic):
+    from ir.rewrites import place
     from optimizer.realrun.measurement import measure_plan
 
     g = workloads.build("mlp", batch=8, widths=(16, 32, 16), activation="gelu")
-    recs = measure_plan(g, "cpu", repeats=3)
+    g = place(split(g, "fc1", 0, 2), "fc1", [0, 1])  # two devices: a transfer to time as well
+    recs = measure_plan(g, "cpu", repeats=3, statistic=statistic)
     plan = recs[-1]
     d = plan["details"]
+    items = [r for r in recs if r["kind"] in ("shard", "transfer")]
+    assert d["statistic"] == statistic and any(r["kind"] == "transfer" for r in items)
     assert plan["measured_seconds"] == pytest.approx(
-        d["measured_shards_sum"] + d["measured_transfers_sum"] + max(d["gap_seconds"], 0.0))
+        sum(r["measured_seconds"] for r in items) + max(d["gap_seconds"], 0.0))
     assert d["wall_median_seconds"] > 0 and plan["verified"]
