@@ -120,3 +120,25 @@ def test_ceil_mode_changes_the_shape():
         g, _ = import_onnx(m, {})
         shapes.append(g.tensors["y"].shape)
     assert shapes == [(1, 1, 3, 3), (1, 1, 4, 4)]
+
+
+def test_ceil_mode_pools_equal_pytorch():
+    """Strides of 3, where a ceil-mode window can overhang by two cells: PyTorch's definition (the
+    overhang neither maxed nor counted; ``onnx.reference`` shifts such windows, onnxruntime does
+    not), with shapes whose ceil and floor outputs differ."""
+    torch = pytest.importorskip("torch")
+    from ir.importers.torch_export import import_torch  # noqa: PLC0415
+
+    mods = [torch.nn.MaxPool2d(3, stride=3, ceil_mode=True),
+            torch.nn.MaxPool2d((3, 2), stride=(3, 2), padding=(1, 1), ceil_mode=True),
+            torch.nn.AvgPool2d(3, stride=3, padding=1, ceil_mode=True, count_include_pad=True),
+            torch.nn.AvgPool2d(3, stride=3, padding=1, ceil_mode=True, count_include_pad=False)]
+    torch.manual_seed(0)
+    for mod in mods:
+        x = torch.randn(2, 3, 9, 8)
+        g, values = import_torch(mod, {"x": x})
+        ref = mod(x).numpy()
+        floor = type(mod)(**{**{k: getattr(mod, k) for k in ("kernel_size", "stride", "padding")},
+                             "ceil_mode": False})(x)
+        assert ref.shape != tuple(floor.shape)  # ceil mode matters here
+        np.testing.assert_allclose(execute(g, {"x": x.numpy(), **values})["output"], ref, rtol=1e-6, atol=1e-6)
