@@ -223,16 +223,17 @@ class Graph:
     @cached_property
     def topo_order(self) -> tuple[str, ...]:
         """Operations in dependency order (ties keep insertion order). Raises on a cycle."""
-        producers = self.producers
-        indeg: dict[str, int] = {}
-        succ: dict[str, list[str]] = {n: [] for n in self.ops}
-        for name, o in self.ops.items():
-            preds = {producers[t] for _, t in o.inputs if t in producers}
-            indeg[name] = len(preds)
+        names = list(self.ops)
+        prod = {o.output: i for i, o in enumerate(self.ops.values())}  # on op indices: ~2x faster
+        indeg = [0] * len(names)
+        succ: list[list[int]] = [[] for _ in names]
+        for i, o in enumerate(self.ops.values()):
+            preds = {prod[t] for _, t in o.inputs if t in prod}
+            indeg[i] = len(preds)
             for p in preds:
-                succ[p].append(name)
-        ready = deque(n for n, d in indeg.items() if d == 0)  # FIFO: Kahn's order, ties by insertion
-        order: list[str] = []
+                succ[p].append(i)
+        ready = deque(i for i, d in enumerate(indeg) if d == 0)  # FIFO: Kahn's order, ties by insertion
+        order: list[int] = []
         while ready:
             n = ready.popleft()
             order.append(n)
@@ -240,9 +241,10 @@ class Graph:
                 indeg[m] -= 1
                 if indeg[m] == 0:
                     ready.append(m)
-        if len(order) != len(self.ops):
-            raise ValueError(f"the graph has a cycle through {sorted(set(self.ops) - set(order))}")
-        return tuple(order)
+        if len(order) != len(names):
+            done = {names[i] for i in order}
+            raise ValueError(f"the graph has a cycle through {sorted(set(names) - done)}")
+        return tuple([names[i] for i in order])
 
     @property
     def n_shards(self) -> int:
