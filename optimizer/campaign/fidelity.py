@@ -144,7 +144,7 @@ def markdown(rep: dict[str, Any] | None, mfu: list[dict[str, Any]], campaign_hw:
                                   f"{v['memory']:.3g}{'' if v['memory_identified'] else ' (kept)'} / "
                                   f"{fmt_seconds(v['launch']) if v['launch'] >= 1e-9 else '0 s'}" for k, v in fac.items() if v.get("fitted"))
                       + (f"; plus {fmt_seconds(s['dispatch'])} per shard that the executor spends between shards "
-                         f"(fitted on the plan times, added to every launch overhead)" if s.get("dispatch") else "")
+                         f"(measured by the executor where plans record it, else fitted on the plan times; added to every launch overhead)" if s.get("dispatch") else "")
                       + "."]
         t = rep.get("target")
         if t and t.get("front"):

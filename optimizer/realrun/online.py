@@ -7,8 +7,8 @@ bytes and measured seconds) and fits the efficiency factors and launch overheads
 uncalibrated form (so a fit never compounds an earlier one). It then predicts every sampled plan
 again the way its stored prediction was made, the serial time (``costmodel.evaluate.
 serial_prediction``: every shard one after another on one device, which is how one machine runs
-it) = the sum of the shards' roofline times, plus a per-shard dispatch overhead fitted on the plan
-times (:func:`_fit_dispatch`: what the executor spends between shards), and reports, before (the
+it) = the sum of the shards' roofline times, plus a per-shard dispatch overhead (:func:`_fit_dispatch`: what the executor spends between
+shards, measured where the plans record it, else fitted on the plan times), and reports, before (the
 uncalibrated hardware) and after (the refit):
 
 - ``spearman``: the Spearman rank correlation of predicted vs measured plan times (1: the model
