@@ -30,6 +30,22 @@ def _const(name: str, value) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name + "_v"))
 
 
+def _erf_gelu(x: str, y: str, scope: str) -> list[onnx.NodeProto]:
+    """``y = 0.5 · x · (1 + erf(x / √2))`` as PyTorch's exact GELU exports it (the importer's
+    Gelu/Erf pattern); intermediate names ``fd``, ``fe``, ``fa``, ``fm``."""
+    n = helper.make_node
+    return [
+        _const("sqrt2", np.array(np.sqrt(2.0), np.float32)),
+        n("Div", [x, "sqrt2"], ["fd"], name=f"{scope}/Div"),
+        n("Erf", ["fd"], ["fe"], name=f"{scope}/Erf"),
+        _const("c1", np.array(1.0, np.float32)),
+        n("Add", ["fe", "c1"], ["fa"], name=f"{scope}/Add"),
+        n("Mul", [x, "fa"], ["fm"], name=f"{scope}/Mul"),
+        _const("half", np.array(0.5, np.float32)),
+        n("Mul", ["fm", "half"], [y], name=f"{scope}/Mul_1"),
+    ]
+
+
 def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
     g = helper.make_graph(nodes, "g", inputs, outputs, inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
@@ -110,14 +126,7 @@ def gpt2_block(d: int = 16, heads: int = 2, seed: int = 0) -> onnx.ModelProto:
         n("LayerNormalization", ["r1", "ln2.g", "ln2.b"], ["ln2"], name="/h.0/ln_2/LayerNorm", epsilon=1e-5),
         n("MatMul", ["ln2", "mlp.c_fc.W"], ["f0"], name="/h.0/mlp/c_fc/MatMul"),
         n("Add", ["f0", "mlp.c_fc.b"], ["f"], name="/h.0/mlp/c_fc/Add"),
-        _const("sqrt2", np.array(np.sqrt(2.0), np.float32)),
-        n("Div", ["f", "sqrt2"], ["fd"], name="/h.0/mlp/act/Div"),
-        n("Erf", ["fd"], ["fe"], name="/h.0/mlp/act/Erf"),
-        _const("c1", np.array(1.0, np.float32)),
-        n("Add", ["fe", "c1"], ["fa"], name="/h.0/mlp/act/Add"),
-        n("Mul", ["f", "fa"], ["fm"], name="/h.0/mlp/act/Mul"),
-        _const("half", np.array(0.5, np.float32)),
-        n("Mul", ["fm", "half"], ["g"], name="/h.0/mlp/act/Mul_1"),
+        *_erf_gelu("f", "g", "/h.0/mlp/act"),
         n("MatMul", ["g", "mlp.c_proj.W"], ["m0"], name="/h.0/mlp/c_proj/MatMul"),
         n("Add", ["m0", "mlp.c_proj.b"], ["m"], name="/h.0/mlp/c_proj/Add"),
         n("Add", ["r1", "m"], ["y"], name="/h.0/Add_resid2"),
@@ -286,14 +295,7 @@ def bert_block(vocab: int = 40, d: int = 16, heads: int = 2, d_ff: int = 32, max
           ["h1"], name="/attention/output/LayerNorm", epsilon=1e-12),
         n("MatMul", ["h1", "intermediate.dense.W"], ["f0"], name="/intermediate/dense/MatMul"),
         n("Add", ["f0", "intermediate.dense.bias"], ["f"], name="/intermediate/dense/Add"),
-        _const("sqrt2", np.array(np.sqrt(2.0), np.float32)),
-        n("Div", ["f", "sqrt2"], ["fd"], name="/intermediate/act/Div"),
-        n("Erf", ["fd"], ["fe"], name="/intermediate/act/Erf"),
-        _const("c1", np.array(1.0, np.float32)),
-        n("Add", ["fe", "c1"], ["fa"], name="/intermediate/act/Add"),
-        n("Mul", ["f", "fa"], ["fm"], name="/intermediate/act/Mul"),
-        _const("half", np.array(0.5, np.float32)),
-        n("Mul", ["fm", "half"], ["g"], name="/intermediate/act/Mul_1"),
+        *_erf_gelu("f", "g", "/intermediate/act"),
         n("MatMul", ["g", "output.dense.W"], ["o0"], name="/output/dense/MatMul"),
         n("Add", ["o0", "output.dense.bias"], ["o"], name="/output/dense/Add"),
         n("Add", ["o", "h1"], ["r2"], name="/output/Add"),
@@ -303,3 +305,40 @@ def bert_block(vocab: int = 40, d: int = 16, heads: int = 2, d_ff: int = 32, max
     ids = [helper.make_tensor_value_info(x, TensorProto.INT64, ["batch", "seq"]) for x in ("input_ids", "attention_mask")]
     return _model(nodes, ids, [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT,
                                                              ["batch", "seq", d])], inits)
+
+
+def weight(name: str, shape, seed: int = 0) -> onnx.TensorProto:
+    """A random float32 initializer (standard normal × 0.5)."""
+    return numpy_helper.from_array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 0.5, name)
+
+
+def check_import(m: onnx.ModelProto, params: dict, kernels=(), exact: bool = False, walks: int = 1,
+                 walk_seed: int = 4):
+    """Import ``m`` (input ``x``, output ``y``), check it against ``onnx.reference`` on two random
+    inputs, check the kernels it maps to (``exact``: exactly ``kernels``, else at least them), and
+    verify ``walks`` random sharded plans of it (4 devices). Returns ``(graph, values)``."""
+    from onnx.reference import ReferenceEvaluator
+
+    from executor import verify
+    from executor.run import execute, random_inputs
+    from ir.importers.onnx import import_onnx
+    from ir.rewrites import random_walk
+
+    g, values = import_onnx(m, params)
+    for seed in (0, 1):
+        ins = random_inputs(g, seed)
+        ins.update(values)
+        got = np.asarray(execute(g, ins)["y"])
+        (ref,) = ReferenceEvaluator(m).run(None, {"x": ins["x"]})
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    got_kernels = {o.kernel for o in g.ops.values()}
+    if exact:
+        assert got_kernels == set(kernels)
+    else:
+        assert set(kernels) <= got_kernels
+    rng = np.random.default_rng(walk_seed)
+    for _ in range(walks):
+        rep = verify(random_walk(g, rng, 4, 20), values=values)
+        assert rep.ok, rep
+    return g, values

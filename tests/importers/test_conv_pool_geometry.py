@@ -10,13 +10,13 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
 
 from executor import verify  # noqa: E402
-from executor.run import execute, random_inputs  # noqa: E402
+from executor.run import execute  # noqa: E402
 from ir.importers.onnx import import_onnx  # noqa: E402
-from ir.rewrites import place, random_walk, split  # noqa: E402
+from onnx_models import check_import, weight as _w  # noqa: E402
+from ir.rewrites import place, split  # noqa: E402
 
 
 def _model(node, x_shape, inits=()):
@@ -30,25 +30,8 @@ def _model(node, x_shape, inits=()):
     return m
 
 
-def _w(name, shape, seed=0):
-    return numpy_helper.from_array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 0.5, name)
-
-
-def _check(m, kernels, walk_seed=3):
-    g, values = import_onnx(m, {})
-    for seed in (0, 1):
-        ins = random_inputs(g, seed)
-        ins.update(values)
-        got = np.asarray(execute(g, ins)["y"])
-        (ref,) = ReferenceEvaluator(m).run(None, {"x": ins["x"]})
-        assert got.shape == ref.shape
-        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-    assert {o.kernel for o in g.ops.values()} == set(kernels)
-    rng = np.random.default_rng(walk_seed)
-    for _ in range(2):
-        rep = verify(random_walk(g, rng, 4, 20), values=values)
-        assert rep.ok, rep
-    return g, values
+def _check(m, kernels):
+    return check_import(m, {}, kernels, exact=True, walks=2, walk_seed=3)
 
 
 CONVS = {

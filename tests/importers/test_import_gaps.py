@@ -14,11 +14,10 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
-from executor import verify  # noqa: E402
 from executor.run import execute, random_inputs  # noqa: E402
 from ir.importers import ImportFailure  # noqa: E402
 from ir.importers.onnx import import_onnx  # noqa: E402
-from ir.rewrites import random_walk  # noqa: E402
+from onnx_models import check_import, weight as _w  # noqa: E402
 
 
 def _model(nodes, x_shape, out_shape, inits=(), opset=17):
@@ -30,24 +29,8 @@ def _model(nodes, x_shape, out_shape, inits=(), opset=17):
     return m
 
 
-def _w(name, shape, seed=0):
-    return numpy_helper.from_array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 0.5, name)
-
-
 def _check(m, params, kernels=(), walk=True):
-    g, values = import_onnx(m, params)
-    for seed in (0, 1):
-        ins = random_inputs(g, seed)
-        ins.update(values)
-        got = np.asarray(execute(g, ins)["y"])
-        (ref,) = ReferenceEvaluator(m).run(None, {"x": ins["x"]})
-        assert got.shape == ref.shape
-        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-    assert set(kernels) <= {o.kernel for o in g.ops.values()}
-    if walk:
-        rep = verify(random_walk(g, np.random.default_rng(4), 4, 20), values=values)
-        assert rep.ok, rep
-    return g
+    return check_import(m, params, kernels, walks=1 if walk else 0)[0]
 
 
 def test_softmax_over_a_middle_axis():
