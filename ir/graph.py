@@ -28,7 +28,6 @@ Graphs are immutable; ``Graph.with_ops`` returns a new graph sharing everything 
 from __future__ import annotations
 
 import functools
-
 import hashlib
 import json
 from collections import deque
