@@ -220,18 +220,18 @@ class Evaluator:
 
     def _facts(self, program: int, g: Graph) -> ProgramFacts:
         """The facts of ``g``'s logical program, memoised by the lowerer's program number and,
-        behind it, by the logical program itself: plans that differ by substitutions (fused
-        attention in some layers and not others) have different numbers but one logical program,
-        and ``program_facts`` of a whole training step costs far more than ``unshard``."""
+        behind it, by the logical program itself (``Lowerer.unsubstituted_key``, found without
+        unsharding): plans that differ by substitutions (fused attention in some layers and not
+        others) have different numbers but one logical program, and ``unshard`` plus
+        ``program_facts`` of a whole training step cost tens of milliseconds."""
         facts = self._bounds.get(program)
         if facts is None:
             from ir.rewrites import unshard
 
-            logical = unshard(g)
-            key = program_key(logical)
+            key = self.lowerer.unsubstituted_key(g)
             facts = self._logical_facts.get(key)
             if facts is None:
-                facts = self._logical_facts[key] = program_facts(logical, self.hw, self.lowerer.curves)
+                facts = self._logical_facts[key] = program_facts(unshard(g), self.hw, self.lowerer.curves)
                 if len(self._logical_facts) > 64:
                     self._logical_facts.pop(next(iter(self._logical_facts)))
             self._bounds[program] = facts

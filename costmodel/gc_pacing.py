@@ -15,6 +15,14 @@ objects would outlive their use, so every ``every`` ticks the pacer unfreezes, r
 collection and freezes again: memory stays flat over a multi-day campaign (issue 16) for one
 full collection per ``every`` evaluations instead of one per few.
 
+The pacer also raises the collector's thresholds at its first freeze (``THRESHOLDS``: a young
+collection every 20,000 net allocations instead of 700, older generations 50 times rarer than
+that): an evaluation allocates tens of thousands of short-lived tuples and lists, most freed by
+reference counting, and with the default thresholds the collections of the objects made since the
+last freeze still took a fifth of a training step's evaluation (gpt2-small-train@8: 77-89 ->
+91-98 evaluations/s; with the collector off, 97). The pacer's own full collection every
+``every`` ticks still reclaims cycles.
+
 Every freeze follows a full collection (``gc.unfreeze(); gc.collect(); gc.freeze()``), the first
 one too: ``gc.freeze()`` is process-wide, so a freeze without a collection pins whatever cyclic
 garbage the process holds at that moment, and objects frozen while alive that later become
@@ -37,6 +45,8 @@ class GcPacer:
     (see the module docstring). ``every=0`` leaves the collector alone."""
 
     WARMUP = (20, 200)
+    #: ``gc.set_threshold`` from the first freeze on (see the module docstring)
+    THRESHOLDS = (20_000, 50, 50)
 
     def __init__(self, every: int = 2000) -> None:
         self.every = every
@@ -50,6 +60,8 @@ class GcPacer:
         if self._n not in self.WARMUP and (self._n == 0 or self._n % self.every):
             return
         collect_and_freeze()
+        if not self.collections and gc.get_threshold()[0] < self.THRESHOLDS[0]:
+            gc.set_threshold(*self.THRESHOLDS)
         self.collections += 1
 
 

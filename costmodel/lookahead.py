@@ -27,7 +27,6 @@ Edges only point forward in that order, so no cycle can appear. ``window=0`` dis
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
 
 import numpy as np
@@ -37,48 +36,12 @@ from ir.graph import Graph
 
 DEFAULT_WINDOW = 16  # compute nodes per device: about a transformer sub-layer's forward or backward
 
-_ORDER_CACHE: OrderedDict = OrderedDict()
-_ORDER_CACHE_CAP = 64
+_CACHE_CAP = 64
 
 
 def program_positions(g: Graph) -> dict[str, int]:
-    """Op -> position in program order (op order, repaired to be topological)."""
-    key = tuple(g.ops)  # op names in order: the rewrites that change data flow change names too
-    hit = _ORDER_CACHE.get(key)
-    if hit is not None:
-        _ORDER_CACHE.move_to_end(key)
-        return hit
-    index = {n: i for i, n in enumerate(g.ops)}
-    producers = g.producers
-    if all(index[producers[t]] < i for i, o in enumerate(g.ops.values()) for _, t in o.inputs if t in producers):
-        # op order is already topological (as programs and rewrites build it): the earliest ready
-        # op is always the next one, so program order is op order
-        _ORDER_CACHE[key] = index
-        if len(_ORDER_CACHE) > _ORDER_CACHE_CAP:
-            _ORDER_CACHE.popitem(last=False)
-        return index
-    preds = {n: {producers[t] for _, t in o.inputs if t in producers} for n, o in g.ops.items()}
-    succ: dict[str, list[str]] = {n: [] for n in g.ops}
-    indeg = {}
-    for n, ps in preds.items():
-        indeg[n] = len(ps)
-        for p in ps:
-            succ[p].append(n)
-    heap = [index[n] for n, d in indeg.items() if d == 0]
-    heapq.heapify(heap)
-    names = list(g.ops)
-    pos: dict[str, int] = {}
-    while heap:
-        n = names[heapq.heappop(heap)]
-        pos[n] = len(pos)
-        for m in succ[n]:
-            indeg[m] -= 1
-            if indeg[m] == 0:
-                heapq.heappush(heap, index[m])
-    _ORDER_CACHE[key] = pos
-    if len(_ORDER_CACHE) > _ORDER_CACHE_CAP:
-        _ORDER_CACHE.popitem(last=False)
-    return pos
+    """Op -> position in program order (``Graph.topo_order``: op order, repaired to be topological)."""
+    return {n: i for i, n in enumerate(g.topo_order)}
 
 
 class _StructInfo:
@@ -90,10 +53,9 @@ class _StructInfo:
 
     def __init__(self, names: tuple, g: Graph) -> None:
         self.names = names  # kept alive, so its id is not reused while cached
-        pos = program_positions(g)
-        self.op_pos = np.array([pos[n] for n in names], np.int64)
-        back = _backward_ops(g)
-        self.op_phase = np.array([1 if n in back else 0 for n in names], np.int64)
+        # the lowering numbers ops in program order (``Graph.topo_order``)
+        self.op_pos = np.arange(len(names), dtype=np.int64)
+        self.op_phase = _backward_phase(g, names)
         self.batch: dict = {}
         self.barriers: dict = {}
         # ops with split params: within a structure always the same ones (splitting a reduction
@@ -112,7 +74,7 @@ def _struct_info(low, g: Graph) -> _StructInfo:
         _STRUCT_INFO.move_to_end(key)
         return hit
     info = _STRUCT_INFO[key] = _StructInfo(names, g)
-    if len(_STRUCT_INFO) > _ORDER_CACHE_CAP:
+    if len(_STRUCT_INFO) > _CACHE_CAP:
         _STRUCT_INFO.popitem(last=False)
     return info
 
@@ -221,30 +183,18 @@ def _window_edges(low, g: Graph, window: int, skip: np.ndarray | None) -> tuple[
 # ---------------------------------------------------------------------------------------------
 
 POLICIES = ("auto", "gpipe", "1f1b", "off")
-_PHASE_CACHE: OrderedDict = OrderedDict()
-
-
-def _backward_ops(g: Graph) -> frozenset[str]:
-    """Ops of the backward: ``loss.grad`` (``ir.autodiff.step``) and everything computed from it."""
-    key = tuple(g.ops)
-    hit = _PHASE_CACHE.get(key)
-    if hit is not None:
-        return hit
-    seeds = [n for n in g.ops if n == "loss.grad" or n.startswith("loss.grad.")]
-    out: set[str] = set(seeds)
-    stack = list(seeds)
-    cons = g.consumers
-    while stack:
-        n = stack.pop()
-        for r, _ in cons.get(g.ops[n].output, []):
-            if r not in out:
-                out.add(r)
-                stack.append(r)
-    res = frozenset(out)
-    _PHASE_CACHE[key] = res
-    if len(_PHASE_CACHE) > _ORDER_CACHE_CAP:
-        _PHASE_CACHE.popitem(last=False)
-    return res
+def _backward_phase(g: Graph, order: tuple[str, ...]) -> np.ndarray:
+    """1 per op of the backward (``order``: program order): ``loss.grad`` (``ir.autodiff.step``)
+    and every op computed from it; else 0. One pass in program order."""
+    ops = g.ops
+    back_t: set[str] = set()  # tensors the backward produced
+    phase = np.zeros(len(order), np.int64)
+    for i, n in enumerate(order):
+        o = ops[n]
+        if n == "loss.grad" or n.startswith("loss.grad.") or any(t in back_t for _, t in o.inputs):
+            phase[i] = 1
+            back_t.add(o.output)
+    return phase
 
 
 def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:

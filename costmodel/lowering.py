@@ -245,6 +245,57 @@ def _logical_entries(o: Op, g: Graph) -> list[tuple]:
     return [(o.name, o.kernel, o.params_key)]
 
 
+def _record_entry(r: Mapping[str, Any]) -> tuple:
+    """The logical entry of an op a substitution recorded (``op``, ``kernel``, ``params``)."""
+    return (r["op"], r["kernel"], json_key({k: v for k, v in r["params"].items() if k != "split"}))
+
+
+def _entries_read_graph(o: Op) -> bool:
+    """Whether ``_unsubstituted_entries(o, g)`` looks at other ops of ``g`` (so is not memoised)."""
+    return (o.kernel in ("slice", "concat", "attention_lse") or o.kernel.startswith("attention_grad_")
+            or (o.kernel in ("einsum", "matmul") and "+" in o.name))
+
+
+def _attention_grad_of_fused(o: Op, g: Graph) -> bool:
+    """Whether ``o`` is a gradient op ``fuse_attention`` wrote (``<attention op>.dq``, ``.dlse``...):
+    the attention op's records hold the backward ops it replaced."""
+    if o.kernel != "attention_lse" and not o.kernel.startswith("attention_grad_"):
+        return False
+    base = g.ops.get(o.name.rsplit(".", 1)[0])
+    return base is not None and base.kernel == "attention" and bool(base.params.get("origin"))
+
+
+def _merged_contraction(name: str, g: Graph) -> Op | None:
+    """The merged contraction (``ir.rewrites.substitute_merge``) that op ``name`` is, or whose
+    weight concat (``<merged>.wcat<i>``) it is; else None."""
+    base = name.rsplit(".wcat", 1)[0] if ".wcat" in name else name
+    o = g.ops.get(base)
+    if o is None or "+" not in base or o.kernel not in ("einsum", "matmul") or f"{base}.wcat1" not in g.ops:
+        return None
+    return o
+
+
+def _unsubstituted_entries(o: Op, g: Graph) -> list[tuple]:
+    """Logical entries of ``o`` in the program without substitutions (what ``unshard`` restores):
+    a substituted op stands for the ops it records (fused attention, forward and backward; a
+    fused norm; a reassociated chain); other ops as in ``program_key``."""
+    p = o.params
+    merged = _merged_contraction(o.name, g)
+    if merged is not None:  # merge_matmuls: the slices stand for the contractions, the rest for nothing
+        return []
+    if o.kernel == "slice":
+        src = g.ops.get(g.producers.get(o.inputs[0][1], ""))
+        if src is not None and _merged_contraction(src.name, g) is src and o.name in src.name.split("+"):
+            return [(o.name, src.kernel, json_key({k: v for k, v in src.params.items() if k != "split"}))]
+    if o.kernel == "attention" and p.get("origin"):
+        return [_record_entry(r) for r in p["origin"]["ops"] + p["origin"].get("backward", [])]
+    if o.kernel == "norm_matmul":
+        return [_record_entry(p["norm"]), _record_entry(p["inner"])]
+    if o.kernel == "einsum" and p.get("origin"):
+        return [_record_entry(p["origin"]["inner"]), _record_entry(p["origin"]["outer"])]
+    return _logical_entries(o, g)
+
+
 def _io_key(g: Graph) -> tuple:
     return tuple(sorted((n, t.shape, t.dtype, t.role) for n, t in g.tensors.items()
                         if t.role in SOURCE_ROLES or t.role == "output"))
@@ -452,6 +503,7 @@ class Lowerer:
         self._programs: dict[tuple, int] = {}
         self._structures: dict[tuple, _Structure] = {}
         self._logical: dict[int, tuple] = {}
+        self._unsubstituted: dict[int, tuple] = {}
         self._io: dict[tuple, tuple] = {}
         hw_links = (hw.devices_per_node, hw.intra_link.latency, hw.intra_link.bandwidth,
                     hw.intra_link.energy_per_byte, hw.inter_link.latency, hw.inter_link.bandwidth,
@@ -751,12 +803,24 @@ class Lowerer:
 
     def _program_key(self, g: Graph) -> tuple:
         """``program_key(g)`` with per-op and per-tensors-mapping memos (ids kept alive)."""
+        return self._memo_key(g, _logical_entries, self._logical)
+
+    def unsubstituted_key(self, g: Graph) -> tuple:
+        """A key of ``g``'s logical program without substitutions, ``unshard(g)``'s, found without
+        unsharding (per-op memos): equal keys, equal programs. Plans that differ only in which
+        layers have fused attention share it (so ``Evaluator`` shares their program facts)."""
+        return self._memo_key(g, _unsubstituted_entries, self._unsubstituted)
+
+    def _memo_key(self, g: Graph, entries: Callable[[Op, Graph], list[tuple]], memo: dict[int, tuple]) -> tuple:
         logical = []
-        memo = self._logical
         for o in g.ops.values():
+            if entries is not _logical_entries and _entries_read_graph(o):  # depend on g: no memo
+                if not _attention_grad_of_fused(o, g):
+                    logical.extend(entries(o, g))
+                continue
             hit = memo.get(id(o))
             if hit is None or hit[0] is not o:
-                hit = memo[id(o)] = (o, _logical_entries(o, g))
+                hit = memo[id(o)] = (o, entries(o, g))
                 if len(memo) > self.cache_size:
                     memo.pop(next(iter(memo)))
             logical.extend(hit[1])

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import heapq
 import json
-from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterable, Iterator, Mapping
@@ -221,25 +221,30 @@ class Graph:
 
     @cached_property
     def topo_order(self) -> tuple[str, ...]:
-        """Operations in dependency order (ties keep insertion order). Raises on a cycle."""
+        """Operations in dependency order: *program order*, the order that always takes the
+        earliest op (in op order) whose inputs are ready. Builders and rewrites keep op order
+        topological, so this is usually op order itself, found in one pass. Raises on a cycle."""
         names = list(self.ops)
-        prod = {o.output: i for i, o in enumerate(self.ops.values())}  # on op indices: ~2x faster
+        ops = list(self.ops.values())
+        prod = {o.output: i for i, o in enumerate(ops)}  # on op indices
+        if all(prod.get(t, -1) < i for i, o in enumerate(ops) for _, t in o.inputs):
+            return tuple(names)
         indeg = [0] * len(names)
         succ: list[list[int]] = [[] for _ in names]
-        for i, o in enumerate(self.ops.values()):
+        for i, o in enumerate(ops):
             preds = {prod[t] for _, t in o.inputs if t in prod}
             indeg[i] = len(preds)
             for p in preds:
                 succ[p].append(i)
-        ready = deque(i for i, d in enumerate(indeg) if d == 0)  # FIFO: Kahn's order, ties by insertion
+        ready = [i for i, d in enumerate(indeg) if d == 0]  # a heap on op positions
         order: list[int] = []
         while ready:
-            n = ready.popleft()
+            n = heapq.heappop(ready)
             order.append(n)
             for m in succ[n]:
                 indeg[m] -= 1
                 if indeg[m] == 0:
-                    ready.append(m)
+                    heapq.heappush(ready, m)
         if len(order) != len(names):
             done = {names[i] for i in order}
             raise ValueError(f"the graph has a cycle through {sorted(set(names) - done)}")

@@ -26,7 +26,10 @@ class _Node:
 @pytest.fixture(autouse=True)
 def _unfrozen() -> Iterator[None]:
     gc.unfreeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)  # CPython's defaults
     yield
+    gc.set_threshold(*thresholds)
     gc.unfreeze()
 
 
@@ -76,6 +79,24 @@ def test_pacing_off() -> None:
     for _ in range(300):
         pacer.tick()
     assert pacer.collections == 0 and gc.get_freeze_count() == 0
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_the_first_freeze_raises_the_thresholds_and_young_cycles_are_still_freed() -> None:
+    pacer = GcPacer(every=2000)
+    for _ in range(GcPacer.WARMUP[0]):
+        pacer.tick()
+    assert gc.get_threshold() == (700, 10, 10)  # a short-lived evaluator changes nothing
+    pacer.tick()
+    assert gc.get_threshold() == GcPacer.THRESHOLDS
+    refs = []
+    for _ in range(3):  # cycles made after the freeze die in a young collection
+        garbage = _Node()
+        refs.append(weakref.ref(garbage))
+        del garbage
+    junk = [[i] for i in range(3 * GcPacer.THRESHOLDS[0])]  # enough allocations for young collections
+    del junk
+    assert all(r() is None for r in refs)
 
 
 def test_the_drivers_trim_unfreezes_and_collects(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,70 @@
+"""``Lowerer.unsubstituted_key``: the key under which ``Evaluator`` shares program facts.
+
+It must be a function of the logical program (``unshard(g)``): equal keys, equal unsharded
+digests, on random rewrite walks that fuse attention, norms, elementwise chains and split
+reductions, merge matmuls (one key for all of them); and plans that differ only in which layers have fused attention share one key (the
+point of it: no ``unshard`` for those), while a different program gets another key.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costmodel import Evaluator
+from costmodel.evaluate import program_facts
+from costmodel.lowering import Lowerer
+from costmodel.presets import PRESETS
+from ir import workloads
+from ir.rewrites import RewriteError, fuse_attention, random_rewrite, unshard
+from ir.rewrites.substitute_merge import merged_matmuls
+
+HW = PRESETS["h100-sxm-8"]
+
+
+def _sites(g):
+    return [n for n in g.ops if n.endswith("attn_qk")]
+
+
+@pytest.mark.parametrize("name,kw", [("gpt", dict(batch=2, seq=8, layers=2)),
+                                     ("llama", dict(batch=2, seq=8, kv_heads=2, layers=2))])
+def test_fused_attention_in_some_layers_shares_the_key(name, kw):
+    g = workloads.build(name, mode="train", **kw)
+    low = Lowerer(HW)
+    a, b = _sites(g)
+    one, both = fuse_attention(g, a), fuse_attention(fuse_attention(g, a), b)
+    keys = {low.unsubstituted_key(x) for x in (g, one, both, fuse_attention(g, b))}
+    assert len(keys) == 1
+    assert len({low._program_key(x) for x in (g, one, both)}) == 3  # different plans' programs
+    other = workloads.build(name, mode="train", **{**kw, "seq": 16})
+    assert low.unsubstituted_key(other) not in keys
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_key_is_a_function_of_the_unsharded_program(seed):
+    g0 = workloads.build("gpt", mode="train", batch=4, seq=8, layers=2, d_model=16, heads=2, vocab=32)
+    rng = np.random.default_rng(seed)
+    low, seen, merged = Lowerer(HW), {}, 0
+    g = g0
+    for _ in range(60):
+        try:
+            g, _m = random_rewrite(g, rng, 8, max_shards_per_op=8)
+        except RewriteError:
+            g = g0
+            continue
+        digest = unshard(g).digest
+        key = low.unsubstituted_key(g)
+        assert seen.setdefault(key, digest) == digest
+        merged += bool(merged_matmuls(g))
+    assert len(seen) == 1 and merged  # one program, whatever the walk substituted (merged matmuls too)
+
+
+def test_evaluator_facts_equal_those_of_the_unsharded_program():
+    g = workloads.build("gpt", mode="train", batch=2, seq=8, layers=2)
+    h = fuse_attention(g, _sites(g)[0])
+    ev = Evaluator(HW)
+    for x in (g, h):
+        e = ev(x)
+        ref = program_facts(unshard(x), HW, ev.lowerer.curves)
+        assert e.lower_bound == ref.lower_bound and e.model_flops == ref.model_flops
+        assert e.memory_floor == ref.memory_floor
