@@ -99,8 +99,7 @@ CASES = {
     "reduce_mean": lambda: one_op("reduce_mean", {"x": (3, 4)}, dim=0),
     "expand": lambda: one_op("expand", {"x": (3, 2)}, dim=1, size=3),
     "conv2d": lambda: one_op("conv2d", {"x": (2, 2, 4, 4), "w": (3, 2, 3, 3)}, padding=1),
-    "conv2d_stride2_weights": lambda: one_op("conv2d", {"x": (1, 2, 5, 5), "w": (2, 2, 3, 3)}, inputs=("x",),
-                                             stride=2),
+    "conv2d_stride2": lambda: one_op("conv2d", {"x": (1, 2, 5, 5), "w": (2, 2, 3, 3)}, stride=2),
     "attention_gqa_causal": lambda: one_op("attention", {"q": (1, 2, 2, 3, 2), "k": (1, 2, 3, 2), "v": (1, 2, 3, 2)},
                                            scale=0.7, causal=True, offset=1),
 }

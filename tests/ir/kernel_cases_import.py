@@ -10,11 +10,13 @@ import numpy as np
 import scipy.special
 
 
-def _pool(x, k, st, pad, fn, fill=0.0):
+def _pool(x, k, st, pad, fn, fill=0.0, dil=1):
+    """Windows of ``k x k`` taps ``dil`` apart, ``st`` apart, on ``x`` padded with ``fill``."""
     x = np.pad(x, [(0, 0), (0, 0), (pad, pad), (pad, pad)], constant_values=fill)
-    oh, ow = (x.shape[2] - k) // st + 1, (x.shape[3] - k) // st + 1
-    return np.stack([np.stack([fn(x[:, :, i * st:i * st + k, j * st:j * st + k], axis=(2, 3)) for j in range(ow)],
-                              -1) for i in range(oh)], -2)
+    e = dil * (k - 1) + 1
+    oh, ow = (x.shape[2] - e) // st + 1, (x.shape[3] - e) // st + 1
+    return np.stack([np.stack([fn(x[:, :, i * st:i * st + e:dil, j * st:j * st + e:dil], axis=(2, 3))
+                               for j in range(ow)], -1) for i in range(oh)], -2)
 
 
 def _maxpool_grad(x, dy, k, st, pad):
@@ -81,6 +83,12 @@ def import_cases(Case):
         Case("avgpool2d_exclude_pad", "avgpool2d", {"x": (1, 2, 5, 5)},
              {"window": [3, 3], "stride": [2, 2], "padding": 1, "count_include_pad": False},
              lambda i: _pool(i["x"], 3, 2, 1, np.nanmean, np.nan), pads=True),
+        Case("maxpool2d_dilated", "maxpool2d", {"x": (1, 2, 8, 7)},
+             {"window": [3, 3], "stride": [1, 1], "padding": 2, "dilation": 2},
+             lambda i: _pool(i["x"], 3, 1, 2, np.max, -np.inf, dil=2), pads=True),
+        Case("avgpool2d_dilated_exclude_pad", "avgpool2d", {"x": (2, 1, 9, 9)},
+             {"window": [2, 2], "stride": [2, 2], "padding": 1, "dilation": 3, "count_include_pad": False},
+             lambda i: _pool(i["x"], 2, 2, 1, np.nanmean, np.nan, dil=3), pads=True),
         Case("avgpool2d_pad", "avgpool2d", {"x": (1, 2, 5, 5)}, {"window": [3, 3], "stride": [1, 1], "padding": 1},
              lambda i: _pool(i["x"], 3, 1, 1, np.mean), pads=True),
         Case("batchnorm2d", "batchnorm2d", {"x": (2, 3, 2, 2), "scale": (3,), "bias": (3,), "mean": (3,),
