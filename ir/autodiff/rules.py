@@ -179,6 +179,20 @@ def _where(c: VJP, dy: str) -> dict[str, str]:
     return out
 
 
+@rule("compare", "compare_scalar", "logical")
+def _mask(c: VJP, dy: str) -> dict[str, str]:
+    """Masks are piecewise constant: a zero gradient, so no op (their inputs get no contribution)."""
+    return {}
+
+
+@rule("masked_fill")
+def _masked_fill(c: VJP, dy: str) -> dict[str, str]:
+    if "x" not in c.need:
+        return {}
+    take = "a" if c.params.get("fill_where", "nonzero") == "zero" else "b"  # where x was kept
+    return {"x": c.sum_to(c.emit("where_grad", {"dy": dy, "c": c.name("c")}, "x", take=take), "x")}
+
+
 @rule("concat")
 def _concat(c: VJP, dy: str) -> dict[str, str]:
     axis = c.params.get("axis", 0) % len(c.t("a").shape)

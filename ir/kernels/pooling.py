@@ -10,8 +10,10 @@ or cells left out of it. Global average pooling is ``avgpool2d`` with the whole 
 Their gradients, ``maxpool2d_grad`` (``x``, ``dy``) and ``avgpool2d_grad`` (``dy``), have index
 dims ``(n, c, h, w)`` over ``dx`` and read whole ``(H, W)`` planes of their inputs: with a
 stride above 1 the output rows whose windows cover an input row ``h`` are ``(h + pad - i) /
-stride``, every stride-th row, which is no affine box of ``h`` (the reason strided
-``conv2d_input_grad`` is refused). Reading the plane is exact for any window, stride and padding;
+stride``, every stride-th row, which is no affine box of ``h`` (``conv2d_input_grad`` indexes
+blocks of stride rows instead, ``ir.kernels.conv.phase_rows``; the max's first-maximum rule
+needs each window's whole input, which is what the plane read keeps simple). Reading the plane is
+exact for any window, stride, dilation and padding;
 splits along ``n`` and ``c`` read nothing twice, splits along ``h``/``w`` re-read the plane. The
 max's gradient goes to the first maximum of each window in row-major order (PyTorch's and ONNX's
 argmax), padding never wins (it is ``-inf``).

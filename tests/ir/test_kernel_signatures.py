@@ -144,6 +144,8 @@ def data(case: Case, seed: int = 0) -> dict[str, np.ndarray]:
         out[p] = np.abs(out[p]) + 0.5
     for p, high in case.ints.items():
         out[p] = rng.integers(0, high, size=case.shapes[p]).astype(np.int32)
+    for p in case.extra.get("masks", ()):  # 0/1 masks for the boolean kernels
+        out[p] = (out[p] > 0).astype(np.float64)
     return out
 
 
