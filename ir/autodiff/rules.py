@@ -179,6 +179,20 @@ def _where(c: VJP, dy: str) -> dict[str, str]:
     return out
 
 
+@rule("compare", "compare_scalar", "logical")
+def _mask(c: VJP, dy: str) -> dict[str, str]:
+    """Masks are piecewise constant: a zero gradient, so no op (their inputs get no contribution)."""
+    return {}
+
+
+@rule("masked_fill")
+def _masked_fill(c: VJP, dy: str) -> dict[str, str]:
+    if "x" not in c.need:
+        return {}
+    take = "a" if c.params.get("fill_where", "nonzero") == "zero" else "b"  # where x was kept
+    return {"x": c.sum_to(c.emit("where_grad", {"dy": dy, "c": c.name("c")}, "x", take=take), "x")}
+
+
 @rule("concat")
 def _concat(c: VJP, dy: str) -> dict[str, str]:
     axis = c.params.get("axis", 0) % len(c.t("a").shape)
@@ -306,13 +320,18 @@ def _embedding(c: VJP, dy: str) -> dict[str, str]:
 def _conv2d(c: VJP, dy: str) -> dict[str, str]:
     st, pad = c.params.get("stride", 1), c.params.get("padding", 0)
     dil = {"dilation": c.params["dilation"]} if c.params.get("dilation", 1) != 1 else {}
-    w = c.t("w").shape
+    x, w = c.t("x").shape, c.t("w").shape
     out = {}
     if "x" in c.need:
-        if st not in (1, [1, 1], (1, 1)):
-            raise AutodiffError(f"op {c.op.name!r}: the input gradient of a strided conv2d (stride {st}) is not "
-                                "expressible as box reads; only stride-1 convolutions train through their input")
-        out["x"] = c.emit("conv2d_input_grad", {"dy": dy, "w": c.name("w")}, "x", padding=pad, **dil)
+        if st in (1, [1, 1], (1, 1)):
+            out["x"] = c.emit("conv2d_input_grad", {"dy": dy, "w": c.name("w")}, "x", padding=pad, **dil)
+        else:  # whole blocks of stride rows and columns, cropped to the input's plane
+            g = c.emit("conv2d_input_grad", {"dy": dy, "w": c.name("w")}, "x", stride=st, padding=pad,
+                       size=[x[2], x[3]], **dil)
+            for axis in (2, 3):
+                if c.b.tensor(g).shape[axis] != x[axis]:
+                    g = c.emit("slice", {"x": g}, "x", axis=axis, start=0, stop=x[axis])
+            out["x"] = g
     if "w" in c.need:
         out["w"] = c.emit("conv2d_weight_grad", {"x": c.name("x"), "dy": dy}, "w", stride=st, padding=pad,
                           window=[w[2], w[3]], **dil)
@@ -325,7 +344,8 @@ def _conv2d(c: VJP, dy: str) -> dict[str, str]:
 def _pool2d(c: VJP, dy: str) -> dict[str, str]:
     p = {"window": list(c.params.get("window", [2, 2])), "stride": list(c.params.get("stride", [2, 2])),
          "padding": c.params.get("padding", 0), "size": list(c.t("x").shape),
-         **({"ceil_mode": True} if c.params.get("ceil_mode") else {})}
+         **({"ceil_mode": True} if c.params.get("ceil_mode") else {}),
+         **({"dilation": c.params["dilation"]} if c.params.get("dilation", 1) != 1 else {})}
     if c.op.kernel == "maxpool2d":
         return {"x": c.emit("maxpool2d_grad", {"x": c.name("x"), "dy": dy}, "x", **p)}
     return {"x": c.emit("avgpool2d_grad", {"dy": dy}, "x", count_include_pad=c.params.get("count_include_pad", True),

@@ -11,7 +11,8 @@ How a model becomes a graph:
    ``Shape`` of a tensor whose shape is now known) is evaluated once with ONNX's reference
    implementation: the shape arithmetic of exports (``Shape -> Gather -> Unsqueeze -> Concat ->
    Reshape``), position ids (``Range``), causal masks (``Trilu``) all become plain constants.
-4. **Map ops** one node at a time to kernels (``ir.importers.onnx_ops``). Inputs and outputs
+4. **Map ops** one node at a time to kernels (``ir.importers.onnx_ops``; convolutions and
+   pooling in ``onnx_conv``, comparisons and boolean masks in ``onnx_masks``). Inputs and outputs
    keep their ONNX names; initializers read by an op become ``parameter`` tensors of the same
    name, their values returned beside the graph (``program.npz``). Folded constants read by an op
    become parameters named after the ONNX value that holds them.
@@ -29,6 +30,10 @@ Reshape, Flatten, Squeeze and Unsqueeze become ``reshape`` ops whose projections
 Integer tensors (int64 inputs become int32) feed index ports (embedding ids). A ``Cast`` of one
 to a float is ``index_to_float``; layout ops on the way (BERT's ``mask[:, None, None, :]``) run
 on that float copy, since the layout kernels take floats (``_view``).
+
+Booleans are float tensors of 0 and 1: comparisons, ``Not``/``And``/``Or`` and a ``Cast`` to bool
+of computed tensors are the mask kernels (``ir.kernels.masks``); on constants they fold. A
+``Where`` reads its condition as ``c != 0``; a ``Cast`` of a mask to float is the mask itself.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import numpy as np
 
 from ir.graph import Graph
 from ir.importers.errors import ImportFailure
+from ir.importers import onnx_conv, onnx_masks  # noqa: F401  (register their handlers in HANDLERS)
 from ir.importers.onnx_ops import HANDLERS, Context, Unsupported
 from ir.importers.patterns import apply_patterns
 from ir.importers.program import Program
@@ -148,8 +154,9 @@ def _view(ctx: Context, handler: Any, node: Any, label: str) -> None:
         node = copy
     handler(ctx, node, label)
     computed = [ctx.resolve(x) for x in node.input[:len(data)] if x and not ctx.is_const(x)]
-    if computed and all(t in ctx.int_valued for t in computed):
-        ctx.int_valued.update(ctx.resolve(o) for o in node.output if o)
+    for kind in (ctx.int_valued, ctx.bool_valued):  # a view of integers (booleans) holds integers (booleans)
+        if computed and all(t in kind for t in computed):
+            kind.update(ctx.resolve(o) for o in node.output if o)
 
 
 def import_onnx(model: Any, params: Mapping[str, Any] | None = None,

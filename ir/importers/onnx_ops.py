@@ -11,13 +11,15 @@ Mapping choices (why):
 - ``MatMul`` with a 2-D right operand is ``matmul`` (2-D left) or ``einsum`` ``...f,fo->...o``; two
   activations of one rank >= 3 are ``bmm``; ``Gemm`` is an ``einsum`` with its transposes in the
   equation, so weights keep their ONNX names and layouts.
-- ``Conv`` is ``conv2d`` plus a broadcast ``add`` of the bias; ``BatchNormalization`` is
-  ``batchnorm2d``; ``MaxPool``/``AveragePool``/``GlobalAveragePool`` are the pooling kernels.
+- ``Conv``, pooling and ``BatchNormalization``: ``ir.importers.onnx_conv``; comparisons and
+  boolean ops (masks): ``ir.importers.onnx_masks``. Both register into ``HANDLERS`` here.
 - ``Gather`` of an initializer table by runtime ids is ``embedding``; by constant contiguous
   indices it is ``slice`` (+ ``reshape`` for a scalar index).
 - ``Where(cond, x, fill)``, ``Where(future, fill, x)`` (PyTorch's ``masked_fill``) and
   ``Add(x, mask)`` with a constant lower-triangular causal pattern and a fill at or below -1e30
-  are ``causal_mask``; other ``Where`` conditions are float masks.
+  are ``causal_mask``; other ``Where`` conditions are float masks (computed ones from
+  ``ir.importers.onnx_masks``, or ``index_to_float`` copies of integer tensors), and a ``Where``
+  with a scalar constant branch is ``masked_fill`` (the fill a parameter of the op).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class Context:
         # Graph tensors that hold integers as floats: views of an int32 tensor run on its
         # ``index_to_float`` copy (the view kernels take floats), so a later Cast to float is a no-op.
         self.int_valued: set[str] = set()
+        # Graph tensors that hold booleans as floats of 0 and 1 (``ir.importers.onnx_masks``); also int-valued.
+        self.bool_valued: set[str] = set()
         self._floated: dict[str, str] = {}
 
     # -- values ---------------------------------------------------------------------------
@@ -208,17 +212,25 @@ def _identity(ctx, node, label):
 
 
 _ONNX_INT = {2, 3, 4, 5, 6, 7, 9, 12, 13}  # uint8, int8, uint16, int16, int32, int64, bool, uint32, uint64
+_ONNX_BOOL = 9
 
 
 @handles("Cast")
 def _cast(ctx, node, label):
     """Float -> float is ``cast``; a computed integer tensor (an ``int32`` graph tensor, or one that
     ``Context.float_view`` already holds as floats) to a float is ``index_to_float``; integer ->
-    integer keeps the tensor. Float -> integer would round, which no kernel does: refused."""
+    integer keeps the tensor; anything to bool is ``compare_scalar(x, ne, 0)`` (a float 0/1 mask,
+    kept as is when it already is one). Float -> integer would round, which no kernel does: refused."""
     code = attr(node, "to")
     src = ctx.use(node.input[0])
     dt = ctx.prog.spec(src).dtype
     is_int = dt == "int32" or src in ctx.int_valued
+    if code == _ONNX_BOOL and src not in ctx.bool_valued:  # any number to 0/1: nonzero is true
+        x = ctx.use(ctx.float_view(node.input[0])) if dt == "int32" else src
+        ctx.bool_valued.add(ctx.emit("compare_scalar", {"x": x}, {"op": "ne", "value": 0.0}, out=node.output[0],
+                                     name=label))
+        ctx.int_valued.add(ctx.resolve(node.output[0]))
+        return
     if code in _ONNX_INT:
         if not is_int:
             raise Unsupported(f"Cast of a computed float tensor to integer ONNX type {code} (only integer -> "
@@ -566,8 +578,14 @@ def _where(ctx, node, label):
     if ctx.is_const(c):
         ctx.const[f"{c}.float"] = ctx.const[c].astype(np.float32)
         cond = f"{c}.float"
-    elif ctx.prog.spec(ctx.use(c)).dtype == "int32":
-        raise Unsupported("a computed boolean condition (only constant masks)")
+    elif ctx.prog.spec(ctx.use(c)).dtype == "int32":  # an integer tensor kept by a Cast to bool: nonzero is true
+        cond = ctx.float_view(c)
+    for x, fill, where in ((a, b, "zero"), (b, a, "nonzero")):  # Where(c, x, -inf) and Where(c, -inf, x)
+        v = _scalar(ctx, fill)
+        if v is not None and not ctx.is_const(x) and (np.isfinite(v) or v == -np.inf):
+            ctx.emit("masked_fill", {"x": ctx.use(x), "c": ctx.use(cond)},
+                     {"value": None if v == -np.inf else v, "fill_where": where}, out=node.output[0], name=label)
+            return
     ctx.emit("where", {"c": ctx.use(cond), "a": ctx.use(a), "b": ctx.use(b)}, out=node.output[0], name=label)
 
 
@@ -662,132 +680,3 @@ def _split(ctx, node, label):
         if out:
             _slice_chain(ctx, x, [(axis, start, start + int(size), 1)], out, f"{label}.{k}")
         start += int(size)
-
-
-def _compact(vals: list[int]) -> Any:
-    """Kernel parameter forms: one int when all equal, ``[h, w]`` when symmetric per axis, else
-    ``[top, left, bottom, right]``."""
-    if len(set(vals)) == 1:
-        return int(vals[0])
-    if len(vals) == 4 and vals[:2] == vals[2:]:
-        return [int(v) for v in vals[:2]]
-    return [int(v) for v in vals]
-
-
-@handles("Conv")
-def _conv(ctx, node, label):
-    """``conv2d`` (+ a broadcast bias ``add``) with ONNX's strides, dilations and pads per axis.
-    1-D convolutions (``[N, C, L]``) run as 2-D ones on ``[N, C, 1, L]`` between two ``reshape``
-    views; an axis whose stride exceeds a one-cell window (ResNet's 1x1 stride-2 downsample,
-    which ``conv2d`` refuses because it would skip input cells) is subsampled first by a strided
-    ``slice`` (after a ``pad`` if that axis is padded); ``group`` > 1 (grouped and depthwise
-    convolutions) is one conv per group on ``slice``s of the channels and the weight's output
-    channels, joined by ``concat``."""
-    x, w = ctx.use(node.input[0]), ctx.use(node.input[1])
-    xs, ws = ctx.prog.spec(x).shape, ctx.prog.spec(w).shape
-    if len(xs) not in (3, 4):
-        raise Unsupported(f"only 1-D and 2-D convolutions (NCL, NCHW); input has rank {len(xs)}")
-    one_d = len(xs) == 3
-    if attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        raise Unsupported(f"auto_pad={attr(node, 'auto_pad')}")
-    nd = len(xs) - 2
-    strides = [int(v) for v in (attr(node, "strides", None) or [1] * nd)]
-    dil = [int(v) for v in (attr(node, "dilations", None) or [1] * nd)]
-    pads = [int(v) for v in (attr(node, "pads", None) or [0] * (2 * nd))]
-    if one_d:
-        n, c, length = xs
-        x = ctx.emit("reshape", {"x": x}, {"shape": [n, c, 1, length], "from": list(xs)}, name=f"{label}.as_2d")
-        w = ctx.emit("reshape", {"x": w}, {"shape": [ws[0], ws[1], 1, ws[2]], "from": list(ws)},
-                     name=f"{label}.w_as_2d")
-        strides, dil, pads = [1, strides[0]], [1, dil[0]], [0, pads[0], 0, pads[1]]  # the unit height: no pads
-    kern = ctx.prog.spec(w).shape[2:]
-    for ax in (0, 1):
-        extent = dil[ax] * (kern[ax] - 1) + 1
-        if strides[ax] <= extent:
-            continue
-        if extent != 1:
-            raise Unsupported(f"stride {strides[ax]} larger than the dilated kernel extent {extent} (it skips input "
-                              f"cells; only one-cell windows are subsampled)")
-        if pads[ax] or pads[ax + 2]:
-            x = ctx.emit("pad", {"x": x}, {"axis": 2 + ax, "before": pads[ax], "after": pads[ax + 2]},
-                         name=f"{label}.pad{2 + ax}")
-            pads[ax] = pads[ax + 2] = 0
-        size = ctx.prog.spec(x).shape[2 + ax]
-        x = ctx.emit("slice", {"x": x}, {"axis": 2 + ax, "start": 0, "stop": size, "step": strides[ax]},
-                     name=f"{label}.subsample{2 + ax}")
-        strides[ax] = 1
-    groups = int(attr(node, "group", 1))
-    has_b = len(node.input) > 2 and node.input[2]
-    direct_out = None if (has_b or one_d) else node.output[0]
-    p = {"stride": _compact(strides), "padding": _compact(pads)}
-    if set(dil) != {1}:
-        p["dilation"] = _compact(dil)
-    if groups == 1:
-        y = ctx.emit("conv2d", {"x": x, "w": w}, p, out=direct_out, name=label)
-    else:
-        c_in, c_out = ctx.prog.spec(x).shape[1], ws[0]
-        if c_in % groups or c_out % groups or ws[1] != c_in // groups:
-            raise Unsupported(f"group={groups} does not divide {c_in} input and {c_out} output channels into "
-                              f"weights of {ws[1]} input channels")
-        gi, go = c_in // groups, c_out // groups
-        y = None
-        for k in range(groups):
-            xk = ctx.emit("slice", {"x": x}, {"axis": 1, "start": k * gi, "stop": (k + 1) * gi, "step": 1},
-                          name=f"{label}.x{k}")
-            wk = ctx.emit("slice", {"x": w}, {"axis": 0, "start": k * go, "stop": (k + 1) * go, "step": 1},
-                          name=f"{label}.w{k}")
-            yk = ctx.emit("conv2d", {"x": xk, "w": wk}, p, name=f"{label}.g{k}")
-            y = yk if y is None else ctx.emit("concat", {"a": y, "b": yk}, {"axis": 1},
-                                              out=direct_out if k == groups - 1 else None, name=f"{label}.cat{k}")
-    if has_b:
-        b = ctx.use(node.input[2])
-        co = ctx.prog.spec(b).shape[0]
-        b3 = ctx.emit("reshape", {"x": b}, {"shape": [co, 1, 1], "from": [co]}, name=f"{label}.bias_view")
-        y = ctx.emit("add", {"a": y, "b": b3}, out=None if one_d else node.output[0], name=f"{label}.bias")
-    if one_d:
-        ys = ctx.prog.spec(y).shape
-        ctx.emit("reshape", {"x": y}, {"shape": [ys[0], ys[1], ys[3]], "from": list(ys)}, out=node.output[0],
-                 name=f"{label}.as_1d")
-
-
-@handles("MaxPool", "AveragePool")
-def _pool(ctx, node, label):
-    """``maxpool2d``/``avgpool2d`` with ONNX's per-side pads and ``ceil_mode``; dilated pooling and
-    the indices output are refused."""
-    x = ctx.use(node.input[0])
-    if len(ctx.prog.spec(x).shape) != 4:
-        raise Unsupported("only 2-D pooling (NCHW)")
-    if set(attr(node, "dilations", None) or [1]) != {1} or (len(node.output) > 1 and node.output[1]):
-        raise Unsupported("dilations or indices outputs")
-    if attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        raise Unsupported(f"auto_pad={attr(node, 'auto_pad')}")
-    k = [int(v) for v in attr(node, "kernel_shape")]
-    st = [int(v) for v in (attr(node, "strides", None) or [1, 1])]
-    pads = [int(v) for v in (attr(node, "pads", None) or [0, 0, 0, 0])]
-    params = {"window": k, "stride": st, "padding": _compact(pads)}
-    if attr(node, "ceil_mode", 0):
-        params["ceil_mode"] = True
-    if node.op_type == "AveragePool":
-        params["count_include_pad"] = bool(attr(node, "count_include_pad", 0))
-    kernel = "maxpool2d" if node.op_type == "MaxPool" else "avgpool2d"
-    ctx.emit(kernel, {"x": x}, params, out=node.output[0], name=label)
-
-
-@handles("GlobalAveragePool", "GlobalMaxPool")
-def _global_pool(ctx, node, label):
-    x = ctx.use(node.input[0])
-    shape = ctx.prog.spec(x).shape
-    if len(shape) != 4:
-        raise Unsupported("only 2-D pooling (NCHW)")
-    kernel = "avgpool2d" if node.op_type == "GlobalAveragePool" else "maxpool2d"
-    ctx.emit(kernel, {"x": x}, {"window": [shape[2], shape[3]], "stride": [1, 1], "padding": 0},
-             out=node.output[0], name=label)
-
-
-@handles("BatchNormalization")
-def _batchnorm(ctx, node, label):
-    if attr(node, "training_mode", 0) or any(o for o in node.output[1:]):
-        raise Unsupported("training-mode batch norm (inference only)")
-    ports = ("x", "scale", "bias", "mean", "var")
-    ctx.emit("batchnorm2d", {p: ctx.use(n) for p, n in zip(ports, node.input)},
-             {"eps": float(attr(node, "epsilon", 1e-5))}, out=node.output[0], name=label)

@@ -6,7 +6,8 @@ from functools import lru_cache
 
 from ir.kernels import (attention, contraction, conv, elementwise, embedding, fused, layout, loss, optim, position,
                         prenorm, reduce, rowwise)
-from ir.kernels import batchnorm, mathfn, mathfn_grads, pooling, select, shape  # kernels that imported programs use
+# kernels that imported programs use
+from ir.kernels import batchnorm, masks, mathfn, mathfn_grads, pooling, select, shape
 from ir.kernels.base import (DTYPES, ELEMENTWISE, FLOAT_DTYPES, INDEX_DTYPE, ITEMSIZE, MONOIDS, Kernel, Reduction,
                              Signature, SignatureError,
                              TensorSpec)
@@ -14,7 +15,7 @@ from ir.kernels.base import (DTYPES, ELEMENTWISE, FLOAT_DTYPES, INDEX_DTYPE, ITE
 REGISTRY: dict[str, Kernel] = {
     cls.name: cls()
     for family in (elementwise, contraction, rowwise, reduce, layout, conv, fused, embedding, position, loss, optim,
-                   mathfn, mathfn_grads, select, shape, pooling, batchnorm, attention, prenorm)
+                   mathfn, mathfn_grads, select, masks, shape, pooling, batchnorm, attention, prenorm)
     for cls in family.KERNELS
 }
 

@@ -3,7 +3,13 @@
 Index dims ``(n, co, oh, ow)``. The input projection for ``oh`` is ``[oh·sh - top, oh·sh - top +
 dh·(KH-1) + 1)``: neighbouring shards overlap by the halo, and boxes that reach past the
 tensor's edge read zeros (the executor pads), so asymmetric padding costs nothing but the output
-size. A dilated window reads every ``dh``-th row of that box. Input channels are a splittable sum.
+size. A dilated window reads every ``dh``-th row of that box; a stride above the window's extent
+(ResNet's 1x1 stride-2 downsample) leaves rows between windows unread. Input channels are a
+splittable sum.
+
+The input gradient (``conv2d_input_grad``, a transposed convolution) indexes blocks of
+``stride`` rows of ``dx`` so that its reads of ``dy`` stay boxes (``phase_rows``); the weight
+gradient (``conv2d_weight_grad``) indexes taps and sums over the batch.
 
 Parameters (ONNX's ``Conv`` attributes): ``stride`` and ``dilation`` are an int or ``[h, w]``;
 ``padding`` an int, ``[h, w]`` (each on both sides) or ``[top, left, bottom, right]`` (ONNX's
@@ -63,9 +69,6 @@ class Conv2d(Kernel):
         (sh, sw), (dh, dw) = pair(params["stride"], "conv2d stride", 1), pair(params["dilation"], "conv2d dilation", 1)
         t, l, b, r = pads4(params["padding"], "conv2d padding")
         eh, ew = dh * (w[2] - 1) + 1, dw * (w[3] - 1) + 1
-        if sh > eh or sw > ew:
-            raise SignatureError(f"conv2d stride {[sh, sw]} larger than the kernel {list(w[2:])} (dilated extent "
-                                 f"{[eh, ew]}) would skip input cells")
         oh, ow = conv_out(x[2], t, b, eh, sh), conv_out(x[3], l, r, ew, sw)
         if oh < 1 or ow < 1:
             raise SignatureError(f"conv2d output would be empty for x{list(x)}, w{list(w)}, padding "
@@ -96,54 +99,95 @@ class Conv2d(Kernel):
         return y
 
 
-class Conv2dInputGrad(Kernel):
-    """``dx[n,ci,h,w] = Σ_{co,i,j} dy[n,co,h+top-i·dh,w+left-j·dw] · w[co,ci,i,j]`` (stride 1).
+def phase_rows(k: int, stride: int, dilation: int, begin: int) -> tuple[int, int]:
+    """``(offset, span)``: in the backward of a conv along one axis, the input rows
+    ``[q·s, q·s + s)`` (block ``q``) take their gradient from output rows ``[q + offset, q + offset
+    + span)``.
 
-    Index dims ``(n, ci, h, w)``; ``dy`` is read through a halo ``[h+top-dh·(KH-1), h+top]``
-    (zeros outside), output channels are a splittable sum. ``padding`` and ``dilation`` take the
-    forward's forms. Strided convolutions have a backward whose reads are not an affine box of
-    ``dx``'s index (every stride-th row), so they are refused.
+    Input row ``h`` takes tap ``i`` of output row ``(h + begin - i·d) / s`` when that divides, so
+    block ``q`` reads output rows ``ceil((q·s + begin - d·(k-1)) / s)`` to ``floor((q·s + s - 1 +
+    begin) / s)``: ``q`` plus constants, an affine box (with ``s = 1`` the stride-1 halo ``[h +
+    begin - d·(k-1), h + begin]``)."""
+    extent = dilation * (k - 1) + 1
+    offset = -((extent - 1 - begin) // stride)
+    return offset, (stride - 1 + begin) // stride - offset + 1
+
+
+class Conv2dInputGrad(Kernel):
+    """``dx[n,ci,h,w] = Σ dy[n,co,oh,ow] · w[co,ci,i,j]`` over ``oh·sh - top + i·dh = h`` (and the
+    same for columns): the transposed convolution.
+
+    Index dims ``(n, ci, hb, wb)``: each index point writes a block of ``sh x sw`` cells of ``dx``
+    (output projection ``[sh·hb, sh·hb + sh)``; the identity for stride 1). The input rows of one
+    block take their gradient from ``dy`` rows ``hb + offset ... hb + offset + span`` (see
+    ``phase_rows``), a box affine in ``hb``, read with zeros outside ``dy``; within the block, row
+    ``sh·hb + p`` takes only the taps ``i`` with ``i·dh - top ≡ p (mod sh)``. A per-row index would
+    read every ``sh``-th row of ``dy``, which is no box: blocking the rows is what makes a strided
+    backward exact. Output channels are a splittable sum.
+
+    With stride 1, ``dx`` is ``[N, Ci, H, W]`` with ``H`` fixed by ``dy`` and the padding. With a
+    stride, ``size = [H, W]`` (the forward input's plane) is required, since several ``H`` give
+    one ``dy``; ``dx`` is then ``[N, Ci, ceil(H/sh)·sh, ceil(W/sw)·sw]`` (whole blocks), and the
+    VJP crops the rows and columns past ``H, W`` with ``slice``. ``padding`` and ``dilation``
+    take the forward's forms.
     """
 
     name = "conv2d_input_grad"
     inputs = ("dy", "w")
     kernel_class = "conv"
-    params_defaults = {"stride": 1, "padding": 0, "dilation": 1}
+    params_defaults = {"stride": 1, "padding": 0, "dilation": 1, "size": None}
 
     def base_signature(self, ins, params):
         dy, w = ins["dy"].shape, ins["w"].shape
-        if pair(params["stride"], "conv2d_input_grad stride", 1) != (1, 1):
-            raise SignatureError("conv2d_input_grad supports stride 1 only (a strided backward reads every "
-                                 "stride-th row, which is no box)")
         if len(dy) != 4 or len(w) != 4 or dy[1] != w[0]:
             raise SignatureError(f"conv2d_input_grad needs dy[N, Co, OH, OW], w[Co, Ci, KH, KW], padding >= 0; "
                                  f"got dy{list(dy)}, w{list(w)}")
+        (sh, sw), (dh, dw) = pair(params["stride"], "conv2d_input_grad stride", 1), \
+            pair(params["dilation"], "conv2d_input_grad dilation", 1)
         t, l, b, r = pads4(params["padding"], "conv2d_input_grad padding")
-        dh, dw = pair(params["dilation"], "conv2d_input_grad dilation", 1)
         kh, kw = w[2], w[3]
         eh, ew = dh * (kh - 1) + 1, dw * (kw - 1) + 1
-        H, W = dy[2] + eh - 1 - t - b, dy[3] + ew - 1 - l - r
+        size = params["size"]
+        if size is None and (sh, sw) != (1, 1):
+            raise SignatureError(f"conv2d_input_grad with stride {params['stride']} needs size [H, W], the forward "
+                                 f"input's plane (several input sizes give dy{list(dy)})")
+        if size is None:
+            H, W = dy[2] + eh - 1 - t - b, dy[3] + ew - 1 - l - r
+        else:
+            H, W = pair(size, "conv2d_input_grad size", 1)
+            if conv_out(H, t, b, eh, sh) != dy[2] or conv_out(W, l, r, ew, sw) != dy[3]:
+                raise SignatureError(f"conv2d_input_grad: dy{list(dy)} is not the conv2d output of an input plane "
+                                     f"{[H, W]} with window {[kh, kw]}, stride {params['stride']}, padding "
+                                     f"{params['padding']}, dilation {params['dilation']}")
         if H < 1 or W < 1:
             raise SignatureError(f"conv2d_input_grad: no input of positive size gives dy{list(dy)}")
+        (oh0, spanh), (ow0, spanw) = phase_rows(kh, sh, dh, t), phase_rows(kw, sw, dw, l)
         pdy = Projection((unit_row(4, 0), zero_row(4), unit_row(4, 2), unit_row(4, 3)),
-                         (0, 0, t - eh + 1, l - ew + 1), (1, dy[1], eh, ew))
+                         (0, 0, oh0, ow0), (1, dy[1], spanh, spanw))
         pw = Projection((zero_row(4), unit_row(4, 1), zero_row(4), zero_row(4)), (0, 0, 0, 0), (w[0], 1, kh, kw))
-        out = (dy[0], w[1], H, W)
-        return Signature(("n", "ci", "h", "w"), out, {"dy": pdy, "w": pw}, identity_projection(4),
+        hb, wb = -(-H // sh), -(-W // sw)
+        out = (dy[0], w[1], hb * sh, wb * sw)
+        py = Projection((unit_row(4, 0), unit_row(4, 1), tuple(sh * int(c == 2) for c in range(4)),
+                         tuple(sw * int(c == 3) for c in range(4))), (0, 0, 0, 0), (1, 1, sh, sw))
+        return Signature(("n", "ci", "hb", "wb"), (dy[0], w[1], hb, wb), {"dy": pdy, "w": pw}, py,
                          TensorSpec(out, ins["dy"].dtype), 2.0 * w[0] * kh * kw,
                          (Reduction("co", w[0], "sum", (("dy", 1), ("w", 0))),))
 
     def compute(self, xp, blocks, params):
         dy, w = blocks["dy"], blocks["w"]
-        dh, dw = pair(params["dilation"], "dilation", 1)
+        (sh, sw), (dh, dw) = pair(params["stride"], "stride", 1), pair(params["dilation"], "dilation", 1)
+        t, l, _, _ = pads4(params["padding"], "padding")
         kh, kw = w.shape[2], w.shape[3]
-        hb, wb = dy.shape[2] - dh * (kh - 1), dy.shape[3] - dw * (kw - 1)
-        dx = None
+        (oh0, spanh), (ow0, spanw) = phase_rows(kh, sh, dh, t), phase_rows(kw, sw, dw, l)
+        nh, nw = dy.shape[2] - spanh + 1, dy.shape[3] - spanw + 1  # blocks of this shard
+        dx = xp.zeros((dy.shape[0], w.shape[1], nh * sh, nw * sw), dtype=dy.dtype)
         for i in range(kh):
+            ph = (i * dh - t) % sh  # the block row this tap reaches, and the dy row it reads
+            a = (ph + t - i * dh) // sh - oh0
             for j in range(kw):
-                a, c = dh * (kh - 1 - i), dw * (kw - 1 - j)
-                t = xp.einsum("nohw,oc->nchw", dy[:, :, a: a + hb, c: c + wb], w[:, :, i, j])
-                dx = t if dx is None else dx + t
+                pc = (j * dw - l) % sw
+                c = (pc + l - j * dw) // sw - ow0
+                dx[:, :, ph::sh, pc::sw] += xp.einsum("nohw,oc->nchw", dy[:, :, a: a + nh, c: c + nw], w[:, :, i, j])
         return dx
 
 

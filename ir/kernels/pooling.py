@@ -1,8 +1,8 @@
-"""2-D pooling over NCHW: ``maxpool2d`` and ``avgpool2d`` (window, stride, padding).
+"""2-D pooling over NCHW: ``maxpool2d`` and ``avgpool2d`` (window, stride, padding, dilation).
 
 Index dims ``(n, c, oh, ow)``; the input projection for ``oh`` is ``[oh·stride - pad,
-oh·stride - pad + kh)`` as in ``ir.kernels.conv``: shards of neighbouring rows overlap by the
-halo. The executor reads padding cells as zeros; ``run`` knows the shard's box, hence which rows
+oh·stride - pad + dilation·(kh - 1) + 1)`` as in ``ir.kernels.conv``: shards of neighbouring
+rows overlap by the halo, and a dilated window takes every ``dilation``-th row of that box. The executor reads padding cells as zeros; ``run`` knows the shard's box, hence which rows
 and columns of its block lie outside the tensor, and treats them as ONNX does: ``-inf`` for a
 max, and for an average either zeros counted in the divisor (``count_include_pad``, the default)
 or cells left out of it. Global average pooling is ``avgpool2d`` with the whole plane as window.
@@ -10,13 +10,17 @@ or cells left out of it. Global average pooling is ``avgpool2d`` with the whole 
 Their gradients, ``maxpool2d_grad`` (``x``, ``dy``) and ``avgpool2d_grad`` (``dy``), have index
 dims ``(n, c, h, w)`` over ``dx`` and read whole ``(H, W)`` planes of their inputs: with a
 stride above 1 the output rows whose windows cover an input row ``h`` are ``(h + pad - i) /
-stride``, every stride-th row, which is no affine box of ``h`` (the reason strided
-``conv2d_input_grad`` is refused). Reading the plane is exact for any window, stride and padding;
+stride``, every stride-th row, which is no affine box of ``h`` (``conv2d_input_grad`` indexes
+blocks of stride rows instead, ``ir.kernels.conv.phase_rows``; the max's first-maximum rule
+needs each window's whole input, which is what the plane read keeps simple). Reading the plane is
+exact for any window, stride, dilation and padding;
 splits along ``n`` and ``c`` read nothing twice, splits along ``h``/``w`` re-read the plane. The
 max's gradient goes to the first maximum of each window in row-major order (PyTorch's and ONNX's
 argmax), padding never wins (it is ``-inf``).
 
 ``padding`` is an int, ``[h, w]`` or ``[top, left, bottom, right]`` (ONNX's ``pads``);
+``dilation`` an int or ``[h, w]`` (ONNX's ``dilations``: the divisor of an average counts the
+window's taps, as ``onnx.reference`` does; a window whose taps all fall in padding is refused);
 ``ceil_mode`` rounds the output size up (ONNX and PyTorch: the last window must start inside the
 input or its begin padding). The cells a ceil-mode window reaches past the bottom/right padding
 are neither maxed nor counted (PyTorch's ``ceil_mode``; ``count_include_pad`` counts the
@@ -26,7 +30,7 @@ declared padding only).
 from __future__ import annotations
 
 from ir.kernels.base import Kernel, Signature, SignatureError, TensorSpec, unit_row, zero_row
-from ir.kernels.conv import conv_out, pads4
+from ir.kernels.conv import conv_out, pads4, pair
 from ir.zspace import Projection, ZRange, identity_projection
 
 
@@ -44,7 +48,7 @@ def _framed(xp, x, top: int, left: int, rows: int, cols: int, fill: float):
 class Pool2d(Kernel):
     inputs = ("x",)
     kernel_class = "elementwise"
-    params_defaults = {"window": [2, 2], "stride": [2, 2], "padding": 0, "ceil_mode": False}
+    params_defaults = {"window": [2, 2], "stride": [2, 2], "padding": 0, "ceil_mode": False, "dilation": 1}
 
     def geometry(self, x: tuple[int, ...], params) -> tuple[int, int, int, int, int, int]:
         """``(oh, ow, top, left, bottom, right)`` of input shape ``x``."""
@@ -56,14 +60,29 @@ class Pool2d(Kernel):
                                  f"padding >= 0; got x{list(x)}, window={k!r}, stride={st!r}, "
                                  f"padding={params['padding']!r}")
         t, l, b, r = pads4(params["padding"], f"{self.name} padding")
-        if max(t, b) >= k[0] or max(l, r) >= k[1]:  # then every window holds a cell of the tensor
+        (dh, dw) = pair(params["dilation"], f"{self.name} dilation", 1)
+        eh, ew = dh * (k[0] - 1) + 1, dw * (k[1] - 1) + 1
+        if max(t, b) >= eh or max(l, r) >= ew:  # then every undilated window holds a cell of the tensor
             raise SignatureError(f"{self.name} padding {params['padding']} must be less than the window "
-                                 f"{list(k)} on each side (a window of padding only has no value)")
-        oh = conv_out(x[2], t, b, k[0], st[0], params["ceil_mode"])
-        ow = conv_out(x[3], l, r, k[1], st[1], params["ceil_mode"])
+                                 f"{[eh, ew]} on each side (a window of padding only has no value)")
+        oh = conv_out(x[2], t, b, eh, st[0], params["ceil_mode"])
+        ow = conv_out(x[3], l, r, ew, st[1], params["ceil_mode"])
         if oh < 1 or ow < 1:
             raise SignatureError(f"{self.name} output would be empty for x{list(x)} and window {list(k)}")
+        for what, size, begin, n, kk, ss, dd in (("row", x[2], t, oh, k[0], st[0], dh),
+                                                 ("column", x[3], l, ow, k[1], st[1], dw)):
+            empty = [o for o in range(n) if not any(0 <= o * ss - begin + i * dd < size for i in range(kk))]
+            if empty:  # a dilated window can step over the whole tensor
+                raise SignatureError(f"{self.name}: the window of output {what} {empty[0]} reads padding only "
+                                     f"(x{list(x)}, window {list(k)}, dilation {params['dilation']}, padding "
+                                     f"{params['padding']})")
         return oh, ow, t, l, b, r
+
+    @staticmethod
+    def extent(params) -> tuple[int, int]:
+        """The dilated window's rows and columns, ``dilation·(k - 1) + 1``."""
+        (kh, kw), (dh, dw) = params["window"], pair(params["dilation"], "dilation", 1)
+        return dh * (kh - 1) + 1, dw * (kw - 1) + 1
 
     def base_signature(self, ins, params):
         x = ins["x"].shape
@@ -72,16 +91,18 @@ class Pool2d(Kernel):
         rows = (unit_row(4, 0), unit_row(4, 1), tuple(st[0] * int(c == 2) for c in range(4)),
                 tuple(st[1] * int(c == 3) for c in range(4)))
         out = (x[0], x[1], oh, ow)
-        return Signature(("n", "c", "oh", "ow"), out, {"x": Projection(rows, (0, 0, -t, -l), (1, 1, k[0], k[1]))},
+        return Signature(("n", "c", "oh", "ow"), out, {"x": Projection(rows, (0, 0, -t, -l), (1, 1) + self.extent(params))},
                          identity_projection(4), TensorSpec(out, ins["x"].dtype), float(k[0] * k[1]))
 
     def windows(self, x, params):
+        """One strided view of ``x`` per window tap (row-major), each of the output's shape."""
         (kh, kw), (sh, sw) = params["window"], params["stride"]
-        oh = (x.shape[2] - kh) // sh + 1
-        ow = (x.shape[3] - kw) // sw + 1
+        (dh, dw), (eh, ew) = pair(params["dilation"], "dilation", 1), self.extent(params)
+        oh = (x.shape[2] - eh) // sh + 1
+        ow = (x.shape[3] - ew) // sw + 1
         for i in range(kh):
             for j in range(kw):
-                yield x[:, :, i: i + sh * (oh - 1) + 1: sh, j: j + sw * (ow - 1) + 1: sw]
+                yield x[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
 
     @staticmethod
     def plain(params) -> bool:
@@ -146,7 +167,8 @@ class Pool2dGrad(Kernel):
     (the forward input's), ``dy`` the forward output's shape for that window, stride, padding."""
 
     kernel_class = "elementwise"
-    params_defaults = {"window": [2, 2], "stride": [2, 2], "padding": 0, "ceil_mode": False, "size": None}
+    params_defaults = {"window": [2, 2], "stride": [2, 2], "padding": 0, "ceil_mode": False, "dilation": 1,
+                       "size": None}
     forward: type[Pool2d]
 
     def base_signature(self, ins, params):
@@ -176,20 +198,22 @@ class Pool2dGrad(Kernel):
     @staticmethod
     def frame(params, dy) -> tuple[int, int, int, int]:
         """``(top, left, rows, cols)``: the windows' frame, origin ``(-top, -left)``."""
-        (kh, kw), (sh, sw) = params["window"], params["stride"]
+        sh, sw = params["stride"]
+        eh, ew = Pool2d.extent(params)
         t, l, _, _ = pads4(params["padding"], "padding")
-        return t, l, sh * (dy.shape[2] - 1) + kh, sw * (dy.shape[3] - 1) + kw
+        return t, l, sh * (dy.shape[2] - 1) + eh, sw * (dy.shape[3] - 1) + ew
 
     def scatter(self, xp, dy, weights, params, plane):
         """``dx`` of whole planes: each window's ``dy`` times its weight (one array per window
         offset, as ``Pool2d.windows`` yields them) added back where the window read."""
         (kh, kw), (sh, sw) = params["window"], params["stride"]
+        dh, dw = pair(params["dilation"], "dilation", 1)
         t, l, rows, cols = self.frame(params, dy)
         n, c, H, W = dy.shape[0], dy.shape[1], plane[0], plane[1]
         oh, ow = dy.shape[2], dy.shape[3]
         dx = xp.zeros((n, c, max(rows, t + H), max(cols, l + W)), dtype=dy.dtype)
         for (i, j), wgt in zip(((i, j) for i in range(kh) for j in range(kw)), weights):
-            dx[:, :, i: i + sh * (oh - 1) + 1: sh, j: j + sw * (ow - 1) + 1: sw] += dy * wgt
+            dx[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw] += dy * wgt
         return dx[:, :, t: t + H, l: l + W]
 
     def compute(self, xp, blocks, params):

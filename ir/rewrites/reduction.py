@@ -6,8 +6,10 @@
  -> fc2:     p[kb, n, o] = Σ_{f in block kb} h[n, f] W2[f, o] (+ b2 in block 0)   -> fc2.partial
     fc2.acc: y[n, o] = Σ_kb p[kb, n, o]
 
-The partial op keeps its shards (each now covering every block); the accumulate op gets the
-same boxes and devices. ``merge_reduction`` is the inverse.
+The partial op keeps its shards (each now covering every block); the accumulate op gets their
+output boxes (the same boxes where the output projection is the identity; a strided conv's input
+gradient writes blocks of stride rows per index point) and devices. ``merge_reduction`` is the
+inverse.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from ir.graph import Graph, Op, Shards, Tensor
 from ir.kernels import get_kernel
 from ir.kernels.attention import COMBINE_KERNEL, SOFTMAX_MONOID
 from ir.rewrites.errors import RewriteError
-from ir.zspace import ZRange, partition_problem, project_boxes
+from ir.zspace import Projection, ZRange, identity_projection, partition_problem, project_boxes
 from ir.rewrites.shard import get_op
 
 
@@ -62,9 +64,9 @@ def split_reduction(g: Graph, op: str, parts: int, reduction: str | None = None)
     kernel, acc_params = ((COMBINE_KERNEL, {}) if red.monoid == SOFTMAX_MONOID
                           else ("accumulate", {"monoid": red.monoid}))
     acc_rank = len(get_kernel(kernel).signature({"p": part_spec}, acc_params).dims)
-    if acc_rank == sh.ndim:
+    if acc_rank == sh.ndim and _is_identity(sig.output):
         acc_shards = Shards(sh.lo, sh.hi, sh.device)
-    else:  # an op whose output keeps a dim whole (attention's gradients): the accumulate tiles its output boxes
+    else:  # the accumulate tiles the op's output boxes (attention's gradients keep a dim whole)
         out_lo, out_hi = project_boxes(sig.output, sh.lo, sh.hi)
         acc_shards = Shards(out_lo[:, :acc_rank], out_hi[:, :acc_rank], sh.device)
     acc = Op(acc_name(op), kernel, (("p", partial.name),), o.output, acc_params, acc_shards)
@@ -85,7 +87,10 @@ def merge_reduction(g: Graph, op: str) -> Graph:
     params = {k: v for k, v in o.params.items() if k != "split"}
     n_op = o.shards.ndim - 1  # the index dims without the block dim
     shards = acc.shards
-    if shards.ndim != n_op:  # the accumulate tiles the output, which keeps more dims than the op's index
+    out = get_kernel(o.kernel).signature({p: g.tensors[t].spec for p, t in o.inputs}, params).output
+    if shards.ndim == n_op and not _is_identity(out):  # output boxes back to index boxes, where they are blocks
+        shards = _index_shards(out, acc.shards, ZRange.of_shape(o.shards.hi.max(axis=0)[1:]))
+    elif shards.ndim != n_op:  # the accumulate tiles the output, which keeps more dims than the op's index
         _, idx = np.unique(acc.shards.lo[:, :n_op], axis=0, return_index=True)
         idx = np.sort(idx)  # first shard of each box, in the accumulate's order
         lo, hi = acc.shards.lo[idx, :n_op], acc.shards.hi[idx, :n_op]
@@ -94,3 +99,24 @@ def merge_reduction(g: Graph, op: str) -> Graph:
                   else Shards.whole(whole.shape, int(acc.shards.device[0])))
     new_op = o.replace(params=params, output=acc.output, shards=shards)
     return g.with_ops({op: new_op, acc.name: None}, tensors={o.output: None})
+
+
+def _is_identity(p: Projection) -> bool:
+    n = len(p.A)
+    return all(len(row) == n for row in p.A) and p == identity_projection(n)
+
+
+def _index_shards(out: Projection, acc: Shards, whole: ZRange) -> Shards:
+    """The index boxes whose images under ``out`` are ``acc``'s boxes, where ``out`` maps index dim
+    ``d`` to blocks ``[a·i, a·i + a)`` of tensor dim ``d`` and the boxes are whole blocks; one
+    whole shard on the first accumulate device otherwise."""
+    n = len(out.A)
+    blocked = (all(len(row) == n for row in out.A) and not any(out.b)
+               and all(out.A[r][c] == (out.s[r] if r == c else 0) for r in range(n) for c in range(n)))
+    if blocked:
+        a = np.array(out.s, dtype=np.int64)
+        if not (acc.lo % a).any() and not (acc.hi % a).any():
+            lo, hi = acc.lo // a, acc.hi // a
+            if partition_problem((lo, hi), whole) is None:
+                return Shards(lo, hi, acc.device)
+    return Shards.whole(whole.shape, int(acc.device[0]))

@@ -99,8 +99,7 @@ CASES = {
     "reduce_mean": lambda: one_op("reduce_mean", {"x": (3, 4)}, dim=0),
     "expand": lambda: one_op("expand", {"x": (3, 2)}, dim=1, size=3),
     "conv2d": lambda: one_op("conv2d", {"x": (2, 2, 4, 4), "w": (3, 2, 3, 3)}, padding=1),
-    "conv2d_stride2_weights": lambda: one_op("conv2d", {"x": (1, 2, 5, 5), "w": (2, 2, 3, 3)}, inputs=("x",),
-                                             stride=2),
+    "conv2d_stride2": lambda: one_op("conv2d", {"x": (1, 2, 5, 5), "w": (2, 2, 3, 3)}, stride=2),
     "attention_gqa_causal": lambda: one_op("attention", {"q": (1, 2, 2, 3, 2), "k": (1, 2, 3, 2), "v": (1, 2, 3, 2)},
                                            scale=0.7, causal=True, offset=1),
 }
@@ -185,6 +184,7 @@ def test_every_differentiable_forward_kernel_is_checked():
     kernels |= {"attention"}  # tests/ir/test_attention_grad.py: against finite differences too
     kernels |= {"slice"}  # below
     kernels |= {"maxpool2d", "avgpool2d", "batchnorm2d"}  # test_pool_batchnorm_grads.py: finite differences too
+    kernels |= {"masked_fill", "compare", "compare_scalar", "logical"}  # below
     forward = set(RULES) - {"cast"}  # cast: checked in the mixed-precision test (fp32 <-> bf16 copies)
     assert forward <= kernels, sorted(forward - kernels)
 
@@ -210,3 +210,29 @@ def test_vjp_of_imported_program_kernels(name):
     g = IMPORTED[name]()
     values = {"in_c": np.array([[1.0], [0.0], [1.0]])} if name == "where" else None  # rows pick a, b, a
     assert fd_check(g, positive=IMPORTED_POSITIVE.get(name, ()), values=values) > 0
+
+
+@pytest.mark.parametrize("where", ["zero", "nonzero"])
+def test_masked_fill_gradient_reaches_the_kept_cells(where):
+    """``masked_fill`` (a Where with a scalar fill) passes dy to the cells it kept, nothing to the
+    filled ones; the 0/1 mask is a plain input with no gradient."""
+    g = one_op("masked_fill", {"x": (2, 3), "c": (1, 3)}, inputs=("c",), value=-2.0, fill_where=where)
+    assert fd_check(g, values={"in_c": np.array([[1.0, 0.0, 1.0]])}) == 6
+
+
+def test_masks_pass_no_gradient():
+    """``x · (x > 0.1)``, ``x · (x < v)`` and ``x · ((x > 0.1) xor (v > 0))``: the masks are piecewise
+    constant, so the gradient of ``x`` is the mask itself (their ops emit nothing), as the central
+    differences say away from the thresholds."""
+    b = GraphBuilder()
+    x, v = b.parameter("x", (3, 4)), b.input("v", (3, 4))
+    gt = b.op("compare_scalar", "gt", {"x": x}, op="gt", value=0.1)
+    lt = b.op("compare", "lt", {"a": x, "b": v}, op="lt")
+    xor = b.op("logical", "xor", {"a": gt, "b": b.op("compare_scalar", "vpos", {"x": v}, op="gt", value=0.0)}, op="xor")
+    y = b.op("add", "s1", {"a": b.op("mul", "m1", {"a": x, "b": gt}), "b": b.op("mul", "m2", {"a": x, "b": lt})})
+    b.op("add", "s2", {"a": y, "b": b.op("mul", "m3", {"a": x, "b": xor})})
+    g = b.build()
+    rng = np.random.default_rng(3)
+    xs = rng.choice([-1.0, 1.0], (3, 4)) * rng.uniform(0.3, 1.0, (3, 4))  # |x - 0.1| and |x - v| >> h
+    vs = xs + rng.choice([-0.2, 0.2], (3, 4))
+    assert fd_check(g, values={"x": xs, "v": vs}) == 12

@@ -11,6 +11,10 @@
 - ``convnet``: Conv with bias and padding, BatchNormalization, Relu, a ResNet-stem MaxPool (3x3,
   stride 2, padding 1), a second Conv,
   GlobalAveragePool, Flatten, Gemm.
+- ``resnet_block``: a ResNet stem (Conv, BN, Relu, MaxPool 3x3/2) and one downsampling basic
+  block: a 3x3 stride-2 Conv (``auto_pad=SAME_UPPER``, as TensorFlow exports pad), a 3x3 Conv, a
+  1x1 stride-2 projection shortcut, batch norms, the residual Add; pooled to a Gemm head
+  (output ``y``).
 """
 
 from __future__ import annotations
@@ -217,6 +221,36 @@ def convnet(c_in: int = 3, c: int = 8, size: int = 8, classes: int = 5, seed: in
     ]
     return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", c_in, size, size])],
                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])], inits)
+
+
+def resnet_block(c_in: int = 3, c: int = 4, size: int = 9, classes: int = 5, seed: int = 0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    inits, n = [], helper.make_node
+
+    def bn(x: str, y: str, ch: int, tag: str) -> onnx.NodeProto:
+        inits.extend([_init(rng, f"{tag}.scale", (ch,), 0.1, 1.0), _init(rng, f"{tag}.bias", (ch,), 0.1),
+                      _init(rng, f"{tag}.mean", (ch,), 0.1),
+                      numpy_helper.from_array(rng.uniform(0.5, 1.5, ch).astype(np.float32), f"{tag}.var")])
+        return n("BatchNormalization", [x, f"{tag}.scale", f"{tag}.bias", f"{tag}.mean", f"{tag}.var"], [y], name=tag)
+
+    inits += [_init(rng, "stem.w", (c, c_in, 3, 3)), _init(rng, "b1.w", (2 * c, c, 3, 3)),
+              _init(rng, "b2.w", (2 * c, 2 * c, 3, 3)), _init(rng, "down.w", (2 * c, c, 1, 1)),
+              _init(rng, "fc.W", (classes, 2 * c)), _init(rng, "fc.b", (classes,))]
+    nodes = [
+        n("Conv", ["x", "stem.w"], ["s"], name="stem", pads=[1, 1, 1, 1]), bn("s", "sb", c, "stem.bn"),
+        n("Relu", ["sb"], ["sr"], name="stem.relu"),
+        n("MaxPool", ["sr"], ["p"], name="pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        n("Conv", ["p", "b1.w"], ["c1"], name="b1", strides=[2, 2], auto_pad="SAME_UPPER"),
+        bn("c1", "c1b", 2 * c, "b1.bn"),
+        n("Relu", ["c1b"], ["c1r"], name="b1.relu"),
+        n("Conv", ["c1r", "b2.w"], ["c2"], name="b2", pads=[1, 1, 1, 1]), bn("c2", "c2b", 2 * c, "b2.bn"),
+        n("Conv", ["p", "down.w"], ["d"], name="down", strides=[2, 2]), bn("d", "db", 2 * c, "down.bn"),
+        n("Add", ["c2b", "db"], ["r"], name="residual"), n("Relu", ["r"], ["rr"], name="out.relu"),
+        n("GlobalAveragePool", ["rr"], ["gap"], name="gap"), n("Flatten", ["gap"], ["flat"], name="flatten", axis=1),
+        n("Gemm", ["flat", "fc.W", "fc.b"], ["y"], name="fc", transB=1),
+    ]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", c_in, size, size])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", classes])], inits)
 
 
 def bert_block(vocab: int = 40, d: int = 16, heads: int = 2, d_ff: int = 32, max_pos: int = 32,

@@ -192,3 +192,38 @@ def test_resnet_stem_from_torch():
     with torch.no_grad():
         np.testing.assert_allclose(execute(g, ins)["output"], m(x).numpy(), rtol=1e-4, atol=1e-5)
     assert verify(random_walk(g, np.random.default_rng(2), 4, 25), values=values).ok
+
+
+class DownsampleBlock(torch.nn.Module):
+    """A torchvision ``BasicBlock`` that halves the plane (3x3 stride-2 conv, 3x3 conv, 1x1
+    stride-2 shortcut), after a stem conv so that its input needs a gradient; without batch norm,
+    which the exporter folds into the conv weights in eval mode (their names would be lost)."""
+
+    def __init__(self, c: int = 4, classes: int = 3) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, c, 3, padding=1, bias=False)
+        self.conv1 = torch.nn.Conv2d(c, 2 * c, 3, stride=2, padding=1, bias=False)
+        self.conv2 = torch.nn.Conv2d(2 * c, 2 * c, 3, padding=1, bias=False)
+        self.down = torch.nn.Conv2d(c, 2 * c, 1, stride=2, bias=False)
+        self.fc = torch.nn.Linear(2 * c, classes)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        h = torch.relu(self.conv2(torch.relu(self.conv1(h))) + self.down(h))
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(h, 1), 1))
+
+
+def test_strided_block_gradients_equal_torch_autograd():
+    """The imported training step's weight gradients (through the inputs of the stride-2 3x3
+    conv and the 1x1 downsample) equal PyTorch's autograd of the same MSE loss, on an odd plane
+    (9 rows: the transposed convs write 10 and are cropped)."""
+    torch.manual_seed(0)
+    m = DownsampleBlock().eval()
+    x, target = torch.randn(2, 3, 9, 9), torch.randn(2, 3)
+    g, values = import_torch(m, {"x": x})
+    step = training_step(g, loss="mse", optimizer="sgd")
+    assert sum(o.kernel == "conv2d_input_grad" and o.params.get("stride") == 2 for o in step.ops.values()) == 2
+    env = execute(step, {**values, "x": x.numpy(), "target": target.numpy()}, precision="float64")
+    torch.nn.functional.mse_loss(m(x), target).backward()
+    for name, p in m.named_parameters():
+        np.testing.assert_allclose(env[f"{name}.grad"], p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)

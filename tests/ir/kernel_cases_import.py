@@ -10,11 +10,13 @@ import numpy as np
 import scipy.special
 
 
-def _pool(x, k, st, pad, fn, fill=0.0):
+def _pool(x, k, st, pad, fn, fill=0.0, dil=1):
+    """Windows of ``k x k`` taps ``dil`` apart, ``st`` apart, on ``x`` padded with ``fill``."""
     x = np.pad(x, [(0, 0), (0, 0), (pad, pad), (pad, pad)], constant_values=fill)
-    oh, ow = (x.shape[2] - k) // st + 1, (x.shape[3] - k) // st + 1
-    return np.stack([np.stack([fn(x[:, :, i * st:i * st + k, j * st:j * st + k], axis=(2, 3)) for j in range(ow)],
-                              -1) for i in range(oh)], -2)
+    e = dil * (k - 1) + 1
+    oh, ow = (x.shape[2] - e) // st + 1, (x.shape[3] - e) // st + 1
+    return np.stack([np.stack([fn(x[:, :, i * st:i * st + e:dil, j * st:j * st + e:dil], axis=(2, 3))
+                               for j in range(ow)], -1) for i in range(oh)], -2)
 
 
 def _maxpool_grad(x, dy, k, st, pad):
@@ -62,6 +64,14 @@ def import_cases(Case):
         Case("pow3", "pow", {"x": (3, 4)}, {"exponent": 3.0}, lambda i: i["x"] ** 3),
         Case("where", "where", {"c": (1, 4), "a": (3, 4), "b": (3, 1)}, {},
              lambda i: np.where(i["c"] != 0, i["a"], i["b"])),
+        Case("compare_lt", "compare", {"a": (3, 4), "b": (1, 4)}, {"op": "lt"},
+             lambda i: (i["a"] < i["b"]).astype(float)),
+        Case("compare_scalar_ge", "compare_scalar", {"x": (3, 5)}, {"op": "ge", "value": 0.25},
+             lambda i: (i["x"] >= 0.25).astype(float)),
+        Case("logical_xor", "logical", {"a": (2, 3, 4), "b": (3, 1)}, {"op": "xor"},
+             lambda i: ((i["a"] != 0) ^ (i["b"] != 0)).astype(float), extra={"masks": ("a", "b")}),
+        Case("masked_fill_zero", "masked_fill", {"x": (2, 3, 4), "c": (3, 1)}, {"value": -7.5, "fill_where": "zero"},
+             lambda i: np.where(i["c"] != 0, i["x"], -7.5), extra={"masks": ("c",)}),
         Case("concat", "concat", {"a": (3, 2, 4), "b": (3, 5, 4)}, {"axis": 1},
              lambda i: np.concatenate([i["a"], i["b"]], axis=1)),
         Case("slice_step", "slice", {"x": (3, 10)}, {"axis": 1, "start": 0, "stop": 10, "step": 3},
@@ -81,6 +91,12 @@ def import_cases(Case):
         Case("avgpool2d_exclude_pad", "avgpool2d", {"x": (1, 2, 5, 5)},
              {"window": [3, 3], "stride": [2, 2], "padding": 1, "count_include_pad": False},
              lambda i: _pool(i["x"], 3, 2, 1, np.nanmean, np.nan), pads=True),
+        Case("maxpool2d_dilated", "maxpool2d", {"x": (1, 2, 8, 7)},
+             {"window": [3, 3], "stride": [1, 1], "padding": 2, "dilation": 2},
+             lambda i: _pool(i["x"], 3, 1, 2, np.max, -np.inf, dil=2), pads=True),
+        Case("avgpool2d_dilated_exclude_pad", "avgpool2d", {"x": (2, 1, 9, 9)},
+             {"window": [2, 2], "stride": [2, 2], "padding": 1, "dilation": 3, "count_include_pad": False},
+             lambda i: _pool(i["x"], 2, 2, 1, np.nanmean, np.nan, dil=3), pads=True),
         Case("avgpool2d_pad", "avgpool2d", {"x": (1, 2, 5, 5)}, {"window": [3, 3], "stride": [1, 1], "padding": 1},
              lambda i: _pool(i["x"], 3, 1, 1, np.mean), pads=True),
         Case("batchnorm2d", "batchnorm2d", {"x": (2, 3, 2, 2), "scale": (3,), "bias": (3,), "mean": (3,),

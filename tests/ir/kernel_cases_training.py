@@ -70,6 +70,22 @@ def conv_input_grad_naive(dy, w, padding):
     return dxp[:, :, padding:padding + H, padding:padding + W]
 
 
+def conv_input_grad_blocks_naive(dy, w, stride, padding, dilation, size):
+    """The strided transposed convolution by scattering every ``dy`` cell through every tap:
+    ``dx[oh·sh - top + i·dh, ow·sw - left + j·dw] += dy[oh, ow] · w[i, j]``, on the kernel's output
+    plane of whole stride blocks ``[ceil(H/sh)·sh, ceil(W/sw)·sw]`` (rows past H included)."""
+    (sh, sw), (dh, dw), (t, l) = stride, dilation, padding
+    n, co, oh, ow = dy.shape
+    _, ci, kh, kw = w.shape
+    rows, cols = -(-size[0] // sh) * sh, -(-size[1] // sw) * sw
+    dx = np.zeros((n, ci, rows, cols))
+    for a, b, i, j in itertools.product(range(oh), range(ow), range(kh), range(kw)):
+        r, c = a * sh - t + i * dh, b * sw - l + j * dw
+        if 0 <= r < rows and 0 <= c < cols:
+            dx[:, :, r, c] += np.einsum("no,oc->nc", dy[:, :, a, b], w[:, :, i, j])
+    return dx
+
+
 def conv_weight_grad_naive(x, dy, padding, stride, kh, kw):
     n, ci, h, wd = x.shape
     _, co, oh, ow = dy.shape
@@ -126,6 +142,14 @@ def training_cases(Case):
              lambda i: conv_input_grad_naive(i["dy"], i["w"], 1), pads=True),
         Case("conv2d_input_grad_nopad", "conv2d_input_grad", {"dy": (1, 2, 3, 3), "w": (2, 2, 2, 2)}, {},
              lambda i: conv_input_grad_naive(i["dy"], i["w"], 0), pads=True),
+        # strided: blocks of stride rows (3x3 / 2 with padding 1 on 7x8: ResNet's stage entry)
+        Case("conv2d_input_grad_stride2", "conv2d_input_grad", {"dy": (2, 3, 4, 4), "w": (3, 2, 3, 3)},
+             {"stride": 2, "padding": 1, "size": [7, 8]},
+             lambda i: conv_input_grad_blocks_naive(i["dy"], i["w"], (2, 2), (1, 1), (1, 1), (7, 8)), pads=True),
+        # per-axis strides above the dilated extent (skipped rows get zeros), asymmetric padding
+        Case("conv2d_input_grad_strides_dilation", "conv2d_input_grad", {"dy": (1, 2, 4, 3), "w": (2, 3, 2, 2)},
+             {"stride": [3, 4], "dilation": [2, 1], "padding": [1, 1, 0, 1], "size": [11, 10]},
+             lambda i: conv_input_grad_blocks_naive(i["dy"], i["w"], (3, 4), (1, 1), (2, 1), (11, 10)), pads=True),
         Case("conv2d_weight_grad", "conv2d_weight_grad", {"x": (2, 2, 5, 4), "dy": (2, 3, 5, 4)},
              {"padding": 1, "window": [3, 3]}, lambda i: conv_weight_grad_naive(i["x"], i["dy"], 1, 1, 3, 3),
              pads=True),

@@ -119,6 +119,9 @@ CASES = [
          lambda i: conv2d_naive(i["x"], i["w"], 1, 1), pads=True),
     Case("conv2d_stride2", "conv2d", {"x": (1, 2, 9, 8), "w": (2, 2, 3, 2)}, {"stride": 2},
          lambda i: conv2d_naive(i["x"], i["w"], 2, 0)),
+    # stride past the window (ResNet's 1x1 stride-2 downsample): rows between windows are not read
+    Case("conv2d_1x1_stride2", "conv2d", {"x": (2, 3, 7, 9), "w": (4, 3, 1, 1)}, {"stride": 2},
+         lambda i: conv2d_naive(i["x"], i["w"], 2, 0)),
     Case("conv2d_wide_pad", "conv2d", {"x": (1, 2, 3, 3), "w": (2, 2, 1, 1)}, {"padding": 2},
          lambda i: conv2d_naive(i["x"], i["w"], 1, 2), pads=True),
     _fused_linear_relu(),
@@ -141,6 +144,8 @@ def data(case: Case, seed: int = 0) -> dict[str, np.ndarray]:
         out[p] = np.abs(out[p]) + 0.5
     for p, high in case.ints.items():
         out[p] = rng.integers(0, high, size=case.shapes[p]).astype(np.int32)
+    for p in case.extra.get("masks", ()):  # 0/1 masks for the boolean kernels
+        out[p] = (out[p] > 0).astype(np.float64)
     return out
 
 
@@ -260,8 +265,8 @@ def test_split_reduction_sums_back(case, red, monoid, parts):
     rng = np.random.default_rng(2)
     for _ in range(10):
         box = random_subbox(rng, sig.index)
-        np.testing.assert_allclose(run_box(case, sig, params, whole, box), slice_of(partials, box), rtol=1e-10,
-                                   atol=1e-12, err_msg=str(box))
+        np.testing.assert_allclose(run_box(case, sig, params, whole, box), slice_of(partials, sig.output.apply(box)),
+                                   rtol=1e-10, atol=1e-12, err_msg=str(box))
 
 
 # -- FLOPs and bytes by hand ---------------------------------------------------------------------
@@ -385,8 +390,10 @@ BAD = [
     ("einsum", {"a": T((2, 3), "float32"), "b": T((3, 2), "float32")}, {"equation": "ijk,jk->i"}, "needs ranks"),
     ("add", {"a": T((2, 3), "float32"), "b": T((4,), "float32")}, {}, "do not broadcast"),
     ("conv2d", {"x": T((1, 3, 8, 8), "float32"), "w": T((4, 2, 3, 3), "float32")}, {}, "conv2d needs x"),
-    ("conv2d", {"x": T((1, 3, 8, 8), "float32"), "w": T((4, 3, 3, 3), "float32")}, {"stride": 4},
-     "would skip input cells"),
+    ("conv2d_input_grad", {"dy": T((1, 4, 3, 3), "float32"), "w": T((4, 3, 3, 3), "float32")}, {"stride": 2},
+     "needs size \\[H, W\\]"),
+    ("conv2d_input_grad", {"dy": T((1, 4, 3, 3), "float32"), "w": T((4, 3, 3, 3), "float32")},
+     {"stride": 2, "size": [9, 7]}, "is not the conv2d output of an input plane \\[9, 7\\]"),
     ("conv2d", {"x": T((1, 3, 8, 8), "float32"), "w": T((4, 3, 3, 3), "float32")}, {"padding": -1},
      "padding >= 0"),
     ("conv2d", {"x": T((1, 3, 2, 2), "float32"), "w": T((4, 3, 3, 3), "float32")}, {}, "output would be empty"),

@@ -68,6 +68,29 @@ def test_merge_reduction_is_the_inverse(kit, mlp):
     kit.assert_rewrite_ok(m, mlp)
 
 
+def test_split_and_merge_with_a_blocked_output_projection(kit):
+    """A strided conv's input gradient writes a block of 2x2 cells per index point: the
+    accumulate gets the output boxes of the partial op's shards, and merging maps whole-block
+    boxes of the accumulate back to index boxes (a box that cuts a block: one whole shard)."""
+    b = GraphBuilder()
+    b.op("conv2d_input_grad", "dx", {"dy": b.input("dy", (2, 4, 4, 4)), "w": b.input("w", (4, 3, 3, 3))},
+         stride=2, padding=1, size=[8, 7])
+    g = b.build()
+    h = split_reduction(place(split(g, "dx", "hb", 2), "dx", [0, 1]), "dx", 2)
+    acc = h.ops["dx.acc"]
+    assert h.tensors["dx.out"].shape == (2, 3, 8, 8)
+    assert acc.shards.lo[:, 2].tolist() == [0, 4] and acc.shards.hi[:, 2].tolist() == [4, 8]
+    kit.assert_rewrite_ok(h, g)
+    h2 = place(split(h, "dx.acc", "d3", 2), "dx.acc", [2, 3, 0, 1])
+    m = merge_reduction(h2, "dx")
+    assert m.ops["dx"].shards.hi[:, 2:].tolist() == [[2, 2], [2, 4], [4, 2], [4, 4]]
+    assert m.ops["dx"].shards.device.tolist() == [2, 3, 0, 1]
+    kit.assert_rewrite_ok(m, g)
+    odd = place(split(h, "dx.acc", "d2", 3), "dx.acc", [0, 1, 2])  # rows 0-2, 3-5, 6-7: not whole blocks
+    assert len(merge_reduction(odd, "dx").ops["dx"].shards) == 1
+    kit.assert_rewrite_ok(merge_reduction(odd, "dx"), g)
+
+
 def test_split_again_after_merge(kit, mlp):
     h = split_reduction(merge_reduction(split_reduction(mlp, "fc1", 2), "fc1"), "fc1", 4)
     kit.assert_rewrite_ok(h, mlp)
