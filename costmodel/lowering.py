@@ -293,6 +293,10 @@ def _unsubstituted_entries(o: Op, g: Graph) -> list[tuple]:
         return [_record_entry(p["norm"]), _record_entry(p["inner"])]
     if o.kernel == "einsum" and p.get("origin"):
         return [_record_entry(p["origin"]["inner"]), _record_entry(p["origin"]["outer"])]
+    if o.kernel == "fused":  # a split reduction's combine step fused with its consumer: no logical work
+        return [(s["op"], s["kernel"], json_key(s.get("params", {}))) for s in p["stages"]
+                if not (s["kernel"] in ("accumulate", "attention_combine") and s["op"].endswith(".acc")
+                        and s["op"][:-4] in g.ops)]
     return _logical_entries(o, g)
 
 
@@ -398,6 +402,31 @@ _NO_COLL = np.zeros(4)
 _NO_PARTS = np.zeros((0, 2))
 
 
+# the rows each piece contributes to the lowering's concatenated arrays (``_Cat``)
+def _f_rows(p: OpPiece) -> np.ndarray:
+    return p.f
+
+
+def _ints_rows(p: GroupPiece) -> np.ndarray:
+    return p.ints
+
+
+def _flts_rows(p: GroupPiece) -> np.ndarray:
+    return p.flts
+
+
+def _coll_rows(p: GroupPiece) -> np.ndarray:
+    return p.coll[None, :]
+
+
+def _parts_rows(p: GroupPiece) -> np.ndarray:
+    return p.parts
+
+
+def _same_rows(a: np.ndarray) -> np.ndarray:
+    return a
+
+
 @dataclass(eq=False)
 class _Structure:
     """What a plan's lowering depends on besides shards: ops, their order and data flow."""
@@ -465,6 +494,36 @@ class _Cat:
         parts.append(self.arr[off[prev]:])
         new_off = np.zeros_like(off)
         np.cumsum(sizes, out=new_off[1:])
+        return _Cat(np.concatenate(parts), new_off)
+
+    def reuse(self, base_pieces: list, pieces: list, rows: Callable[[Any], np.ndarray], empty: np.ndarray) -> "_Cat":
+        """The concatenation of ``rows(p)`` for ``p`` in ``pieces``, where ``self`` holds that of
+        ``base_pieces``: runs of pieces that follow each other in both (the same objects) are
+        copied as one slice of ``self.arr``. A structural rewrite keeps most pieces of its parent in
+        order, so this is a few slices instead of thousands of small arrays."""
+        if len(pieces) <= 64 or not base_pieces:
+            return _Cat.of([rows(p) for p in pieces], empty)
+        pos = {id(p): j for j, p in enumerate(base_pieces)}
+        off, nb, n = self.off, len(base_pieces), len(pieces)
+        parts: list[np.ndarray] = []
+        sizes: list[np.ndarray] = []
+        i = 0
+        while i < n:
+            j = pos.get(id(pieces[i]))
+            if j is None:
+                a = rows(pieces[i])
+                parts.append(a)
+                sizes.append(np.array([a.shape[0]], np.int64))
+                i += 1
+                continue
+            k = 1
+            while i + k < n and j + k < nb and base_pieces[j + k] is pieces[i + k]:
+                k += 1
+            parts.append(self.arr[off[j]:off[j + k]])
+            sizes.append(np.diff(off[j:j + k + 1]))
+            i += k
+        new_off = np.zeros(n + 1, np.int64)
+        np.cumsum(np.concatenate(sizes), out=new_off[1:])
         return _Cat(np.concatenate(parts), new_off)
 
 
@@ -880,12 +939,20 @@ class Lowerer:
             op_sizes = np.array([p.n for p in op_pieces], np.int64)
             g_counts = (np.stack([p.counts for p in group_pieces]) if group_pieces
                         else np.zeros((0, 4), np.int64))
-            cats = (_Cat.of([p.f for p in op_pieces], np.zeros((0, 5))),
-                    _Cat.of([p.ints for p in group_pieces], np.zeros((0, 3), np.int64)),
-                    _Cat.of([p.flts for p in group_pieces], np.zeros((0, 5))),
-                    _Cat.of([p.coll[None, :] for p in group_pieces], np.zeros((0, 4))),
-                    _Cat.of([p.parts for p in group_pieces], _NO_PARTS),
-                    _Cat.of(source_pieces, np.zeros(0)))
+            # the latest plan (usually this one's parent) holds most of these pieces, in order
+            last = self._states[-1] if self._states else None
+            bases = ((last.op_pieces, last.group_pieces, last.source_pieces, last.cats) if last is not None
+                     else ([], [], [], (None,) * 6))
+            b_op, b_grp, b_src, b_cats = bases
+            cats = tuple(
+                (c.reuse(base, now, rows, empty) if c is not None else _Cat.of([rows(p) for p in now], empty))
+                for c, base, now, rows, empty in (
+                    (b_cats[0], b_op, op_pieces, _f_rows, np.zeros((0, 5))),
+                    (b_cats[1], b_grp, group_pieces, _ints_rows, np.zeros((0, 3), np.int64)),
+                    (b_cats[2], b_grp, group_pieces, _flts_rows, np.zeros((0, 5))),
+                    (b_cats[3], b_grp, group_pieces, _coll_rows, np.zeros((0, 4))),
+                    (b_cats[4], b_grp, group_pieces, _parts_rows, _NO_PARTS),
+                    (b_cats[5], b_src, source_pieces, _same_rows, np.zeros(0))))
         else:
             self.stats["incremental"] += 1
             st = base.struct

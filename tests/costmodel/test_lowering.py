@@ -294,6 +294,27 @@ def test_incremental_equals_fresh_on_random_walks(name, n_dev):
     assert inc.stats["incremental"] > 50 and inc.stats["fresh"] > 0
 
 
+def test_structural_children_of_a_training_step_equal_fresh_lowerings():
+    """A training step has hundreds of pieces: a structural child (fusion, reduction split,
+    substitution) reuses runs of its parent's concatenated arrays (``_Cat.reuse``)."""
+    hw = PRESETS["h100-sxm-8"]
+    rng = np.random.default_rng(3)
+    g0 = workloads.build("gpt", mode="train", batch=4, seq=8, layers=2, d_model=16, heads=2, vocab=32)
+    inc, g, structural = Lowerer(hw), g0, 0
+    inc.lower(g0)
+    for _ in range(80):
+        try:
+            child, m = random_rewrite(g, rng, 8, max_shards_per_op=8)
+        except RewriteError:
+            g = g0
+            continue
+        fresh_before = inc.stats["fresh"]
+        assert_same(inc.lower(child), Lowerer(hw).lower(child))
+        structural += inc.stats["fresh"] > fresh_before
+        g = child if rng.random() < 0.7 else g
+    assert structural >= 10 and len(g0.ops) > 64
+
+
 def test_sibling_and_revisit_paths():
     hw = HW4
     g = workloads.build("transformer", **SMALL["transformer"])

@@ -16,7 +16,7 @@ from costmodel.evaluate import program_facts
 from costmodel.lowering import Lowerer
 from costmodel.presets import PRESETS
 from ir import workloads
-from ir.rewrites import RewriteError, fuse_attention, random_rewrite, unshard
+from ir.rewrites import RewriteError, fuse, fuse_attention, random_rewrite, split_reduction, unshard
 from ir.rewrites.substitute_merge import merged_matmuls
 
 HW = PRESETS["h100-sxm-8"]
@@ -68,3 +68,15 @@ def test_evaluator_facts_equal_those_of_the_unsharded_program():
         ref = program_facts(unshard(x), HW, ev.lowerer.curves)
         assert e.lower_bound == ref.lower_bound and e.model_flops == ref.model_flops
         assert e.memory_floor == ref.memory_floor
+
+
+def test_a_split_reductions_combine_fused_with_its_consumer_keeps_the_key():
+    g = workloads.build("gpt", mode="train", batch=4, seq=8, layers=1, d_model=16, heads=2, vocab=32,
+                        dtype="bfloat16")
+    low = Lowerer(HW)
+    h = split_reduction(g, "l0.ln1.dbeta", 2)
+    acc = "l0.ln1.dbeta.acc"
+    (consumer, _port), = g.consumers[g.ops["l0.ln1.dbeta"].output]  # the weight's cast gradient
+    f = fuse(h, acc, consumer)
+    assert low.unsubstituted_key(f) == low.unsubstituted_key(h) == low.unsubstituted_key(g)
+    assert unshard(f).digest == unshard(g).digest
