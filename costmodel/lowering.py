@@ -496,14 +496,17 @@ class _Cat:
         np.cumsum(sizes, out=new_off[1:])
         return _Cat(np.concatenate(parts), new_off)
 
-    def reuse(self, base_pieces: list, pieces: list, rows: Callable[[Any], np.ndarray], empty: np.ndarray) -> "_Cat":
+    def reuse(self, base_pieces: list, pieces: list, rows: Callable[[Any], np.ndarray], empty: np.ndarray,
+              pos: dict[int, int] | None = None) -> "_Cat":
         """The concatenation of ``rows(p)`` for ``p`` in ``pieces``, where ``self`` holds that of
         ``base_pieces``: runs of pieces that follow each other in both (the same objects) are
         copied as one slice of ``self.arr``. A structural rewrite keeps most pieces of its parent in
-        order, so this is a few slices instead of thousands of small arrays."""
+        order, so this is a few slices instead of thousands of small arrays. ``pos``: id of each
+        base piece -> its index (``{id(p): j ...}``), when the caller has it."""
         if len(pieces) <= 64 or not base_pieces:
             return _Cat.of([rows(p) for p in pieces], empty)
-        pos = {id(p): j for j, p in enumerate(base_pieces)}
+        if pos is None:
+            pos = {id(p): j for j, p in enumerate(base_pieces)}
         off, nb, n = self.off, len(base_pieces), len(pieces)
         parts: list[np.ndarray] = []
         sizes: list[np.ndarray] = []
@@ -944,8 +947,10 @@ class Lowerer:
             bases = ((last.op_pieces, last.group_pieces, last.source_pieces, last.cats) if last is not None
                      else ([], [], [], (None,) * 6))
             b_op, b_grp, b_src, b_cats = bases
+            grp_pos = {id(p): j for j, p in enumerate(b_grp)}  # one map for the five group arrays
             cats = tuple(
-                (c.reuse(base, now, rows, empty) if c is not None else _Cat.of([rows(p) for p in now], empty))
+                (c.reuse(base, now, rows, empty, grp_pos if base is b_grp else None) if c is not None
+                 else _Cat.of([rows(p) for p in now], empty))
                 for c, base, now, rows, empty in (
                     (b_cats[0], b_op, op_pieces, _f_rows, np.zeros((0, 5))),
                     (b_cats[1], b_grp, group_pieces, _ints_rows, np.zeros((0, 3), np.int64)),
