@@ -53,6 +53,7 @@ import itertools
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -445,6 +446,17 @@ class _Structure:
     g_rptr: np.ndarray
     g_rop: np.ndarray
     program: int
+
+    @cached_property
+    def position(self) -> dict[str, int]:
+        """Op name -> its index in ``order``."""
+        return {n: i for i, n in enumerate(self.order)}
+
+
+def _same_data_flow(o: Op | None, old: Op) -> bool:
+    """Whether ``o`` may replace ``old`` in a lowering structure (only shards differ)."""
+    return o is not None and o.inputs == old.inputs and o.output == old.output and o.kernel == old.kernel and (
+        o.params is old.params or o.params_key == old.params_key)
 
 
 class _State:
@@ -897,9 +909,20 @@ class Lowerer:
         return tuple(sorted(logical)), io[1]
 
     def _find_base(self, g: Graph) -> tuple[_State | None, list[int] | None]:
-        """The recent state ``g`` differs least from (same ops and tensors), and the changed ops."""
-        best, best_changed = None, None
+        """The recent state ``g`` differs least from (same ops and tensors), and the changed ops.
+        A graph whose parent is a recent state and which replaced some of its ops in place
+        (``Graph.edit``) is lowered from that state, looking only at the replaced ops."""
         gops = g.ops
+        parent = g.edit.parent() if g.edit is not None else None
+        if parent is not None and parent.tensors is g.tensors:
+            for S in reversed(self._states):
+                if S.ops_map is parent.ops:
+                    pos = S.struct.position
+                    changed = sorted(pos[n] for n in g.edit.replaced if gops[n] is not S.ops[pos[n]])
+                    if all(_same_data_flow(gops[S.struct.order[i]], S.ops[i]) for i in changed):
+                        return S, changed
+                    break
+        best, best_changed = None, None
         for S in reversed(self._states):
             if S.ops_map is gops:
                 return S, []
@@ -907,13 +930,7 @@ class Lowerer:
             if g.tensors is not S.tensors or len(gops) != len(st.keys):
                 continue
             changed = [i for i, (o, old) in enumerate(zip(map(gops.get, st.order), S.ops)) if o is not old]
-            ok = True
-            for i in changed:
-                o, old = gops.get(st.order[i]), S.ops[i]
-                if o is None or o.inputs != old.inputs or o.output != old.output or o.kernel != old.kernel or (
-                        o.params is not old.params and o.params_key != old.params_key):
-                    ok = False
-                    break
+            ok = all(_same_data_flow(gops.get(st.order[i]), S.ops[i]) for i in changed)
             if not ok or tuple(gops) != st.keys:
                 continue
             if best_changed is None or len(changed) < len(best_changed):

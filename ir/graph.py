@@ -31,6 +31,7 @@ import functools
 import hashlib
 import heapq
 import json
+import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterable, Iterator, Mapping
@@ -179,12 +180,31 @@ class Op:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
 
+@dataclass(frozen=True)
+class Edit:
+    """How a graph was made from its parent by ``Graph.with_ops`` when the edit replaced some ops
+    by ops of the same names and changed nothing else (the shard moves of a search): ``parent``
+    (a weak reference: lineage must not keep ancestors alive) and the replaced op names. Consumers
+    such as the cost model's incremental lowering use it to find what changed without comparing
+    every op."""
+
+    parent: weakref.ref
+    replaced: tuple[str, ...]
+
+
 class Graph:
-    """An immutable block graph. Build with ``GraphBuilder``; change with ``ir.rewrites``."""
+    """An immutable block graph. Build with ``GraphBuilder``; change with ``ir.rewrites``.
+    ``edit``: an :class:`Edit` when ``with_ops`` replaced ops in place, else None."""
 
     def __init__(self, tensors: Mapping[str, Tensor], ops: Mapping[str, Op]) -> None:
         self.tensors: Mapping[str, Tensor] = tensors
         self.ops: Mapping[str, Op] = ops
+        self.edit: Edit | None = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["edit"] = None  # lineage is local to a process (a weak reference)
+        return state
 
     # -- derived views (cached per graph; cheap: O(ops), never O(shards)) ------------------
     def signature(self, op: str | Op) -> Signature:
@@ -266,7 +286,8 @@ class Graph:
                  tensors: Mapping[str, Tensor | None] | None = None) -> Graph:
         """A new graph: ops replaced (``None`` deletes), new ops inserted after named ones."""
         replace = dict(replace)
-        if not insert_after and all(v is None or v.name == k for k, v in replace.items()):
+        in_place = not insert_after and all(v is None or v.name == k for k, v in replace.items())
+        if in_place:
             # the common edit (shards of a few ops): one C-level dict copy instead of a Python loop
             ops = dict(self.ops)
             for name, new in replace.items():
@@ -285,7 +306,10 @@ class Graph:
                     t.pop(name, None)
                 else:
                     t[name] = v
-        return Graph(t, ops)
+        child = Graph(t, ops)
+        if in_place and not tensors and all(v is not None and k in self.ops for k, v in replace.items()):
+            child.edit = Edit(weakref.ref(self), tuple(replace))
+        return child
 
     def _rebuilt_ops(self, replace: dict[str, Op | None], insert_after: Mapping[str, list[Op]] | None) -> dict:
         ops: dict[str, Op] = {}

@@ -4,6 +4,7 @@ transfers, exact unions, and incremental == fresh lowering on random rewrite seq
 from __future__ import annotations
 
 import itertools
+import pickle
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from ir import workloads
 from ir.builder import GraphBuilder
 from ir.graph import SOURCE_ROLES
 from ir.kernels import ITEMSIZE
-from ir.rewrites import RewriteError, place, random_rewrite, random_walk, retile, split, split_reduction
+from ir.rewrites import RewriteError, fuse, place, random_rewrite, random_walk, retile, split, split_reduction
 from ir.zspace import ZRange
 
 SMALL = {
@@ -313,6 +314,21 @@ def test_structural_children_of_a_training_step_equal_fresh_lowerings():
         structural += inc.stats["fresh"] > fresh_before
         g = child if rng.random() < 0.7 else g
     assert structural >= 10 and len(g0.ops) > 64
+
+
+def test_a_child_is_lowered_from_its_parents_state_through_its_edit():
+    hw = HW4
+    g = workloads.build("transformer", **SMALL["transformer"])
+    inc = Lowerer(hw)
+    inc.lower(g)
+    k = split(g, "ff1", "o", 2)
+    assert k.edit is not None and k.edit.parent() is g and k.edit.replaced == ("ff1",)
+    before = inc.stats["incremental"]
+    assert_same(inc.lower(k), Lowerer(hw).lower(k))
+    assert inc.stats["incremental"] == before + 1
+    assert pickle.loads(pickle.dumps(k)).edit is None  # lineage stays in its process
+    fused = fuse(g, "ff1", "ff_act")  # a structural rewrite records no edit
+    assert fused.edit is None
 
 
 def test_sibling_and_revisit_paths():
