@@ -117,7 +117,9 @@ def test_trim_spans_bounds_the_farm_span_on_a_real_scheduler() -> None:
         dropped = client.run_on_scheduler(trim_spans)
         assert len(span.metadata["collections"]) == SPAN_KEEP
         assert dropped >= 90 - SPAN_KEEP
-        assert len(span.groups) <= SPAN_KEEP and span.done and span.stop > 0
+        # SPAN_KEEP forgotten groups, plus the last group if its last future's release has not
+        # reached the scheduler yet (a live group is never dropped)
+        assert len(span.groups) <= SPAN_KEEP + 1 and span.done and span.stop > 0
         # the span still takes new tasks after a trim
         assert client.submit(_inc, 1, key="after-1").result() == 2
         assert len(span.metadata["collections"]) == SPAN_KEEP + 1
