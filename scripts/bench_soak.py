@@ -2,7 +2,7 @@
 
     python scripts/bench_soak.py [--minutes 30] [--db URL] [--workers 2] [--sample-seconds 30]
                                  [--warmup-minutes 5] [--no-retention] [--json out.json]
-                                 [--plot docs/soak.png]
+                                 [--plot docs/soak.png] [--trace-every SECONDS --trace-out DIR [--trace-frames 0]]
 
 Runs ``tapestry run`` (a transformer block, batch 4 x seq 256, d_model 512, on ``h100-sxm-8``;
 local workers; NumPy sampling at rate 0.01: the issue-16 setting with a block small enough that
@@ -15,7 +15,10 @@ neighbours, which drops the sub-minute spikes of sampled executions but keeps la
 the archive's growth per day and the machine's load average, and writes JSON and a four-panel
 plot. ``--db`` takes a SQLite path or a
 PostgreSQL URL (``scripts/start_postgres.sh`` starts a local server); default: a temporary
-SQLite file.
+SQLite file. ``--trace-every`` runs the driver under ``tracemalloc``
+(``scripts/trace_driver.py``: a snapshot and a report of the growing allocation sites every so
+many seconds from minute 3, in ``--trace-out``; it slows the driver, so its RSS slope is not the campaign's; ``--trace-frames 0``
+logs only the driver's memory by kind, untraced).
 """
 
 from __future__ import annotations
@@ -202,6 +205,11 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--from-json", default=None, help="re-analyse and re-plot a run saved with --json")
+    ap.add_argument("--trace-every", type=float, default=None,
+                    help="seconds between tracemalloc snapshots of the driver (scripts/trace_driver.py)")
+    ap.add_argument("--trace-out", default=None, help="folder for --trace-every's snapshots and reports")
+    ap.add_argument("--trace-frames", type=int, default=20,
+                    help="frames per traceback; 0: no tracemalloc, only the driver's memory breakdown")
     args = ap.parse_args()
     if args.from_json:
         with open(args.from_json) as f:
@@ -221,8 +229,13 @@ def main() -> None:
     with open(cfg_path, "w") as f:
         yaml.safe_dump(campaign_config(name, db, args.minutes, args.workers, not args.no_retention), f)
     log_path = os.path.join(tmp, "driver.log")
+    cmd = [sys.executable, "-m", "optimizer.cli"]
+    if args.trace_every:
+        cmd = [sys.executable, os.path.join(ROOT, "scripts", "trace_driver.py"), "--every", str(args.trace_every),
+               "--start-after", "180", "--frames", str(args.trace_frames),
+               "--out", args.trace_out or os.path.join(tmp, "trace"), "--"]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "run", cfg_path, "--db", db, "--quiet"],
+        proc = subprocess.Popen([*cmd, "run", cfg_path, "--db", db, "--quiet"],
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     driver = psutil.Process(proc.pid)
     samples: list[dict[str, Any]] = []

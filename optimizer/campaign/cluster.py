@@ -48,6 +48,41 @@ async def trim_memory_async() -> bool:
     return trim_memory()
 
 
+#: what :func:`trim_spans` leaves of each span's submission metadata and of its finished groups
+SPAN_KEEP = 8
+
+
+def trim_spans(dask_scheduler: Any) -> int:
+    """Bound what Dask's spans extension keeps on the scheduler; returns the entries dropped.
+
+    Why: a span (``distributed.spans``) appends one ``{"type": "Future"}`` entry to its
+    metadata per ``client.submit`` and keeps every task group ever attached to it, forgotten or
+    not; the farm's span lives for the whole campaign (tasks are always in flight), so both grow
+    with the task count for days (issue 16). Kept: the last ``SPAN_KEEP`` metadata entries, every
+    group the scheduler still knows, and the newest ``SPAN_KEEP`` forgotten ones (a finished span's
+    ``stop`` needs at least one). Run on the scheduler's event loop (``client.run_on_scheduler``);
+    a scheduler without the extension, or a future Dask that keeps these differently, is left
+    alone."""
+    ext = getattr(dask_scheduler, "extensions", {}).get("spans")
+    live = getattr(dask_scheduler, "task_groups", None)
+    if ext is None or live is None:
+        return 0
+    live_ids = {id(tg) for tg in live.values()}
+    dropped = 0
+    for span in list(getattr(ext, "spans", {}).values()):
+        collections = (getattr(span, "_metadata", None) or {}).get("collections")
+        if isinstance(collections, list) and len(collections) > SPAN_KEEP:
+            dropped += len(collections) - SPAN_KEEP
+            del collections[:-SPAN_KEEP]
+        groups = getattr(span, "groups", None)
+        if isinstance(groups, set) and len(groups) > SPAN_KEEP:
+            gone = sorted((tg for tg in groups if id(tg) not in live_ids and tg.done), key=lambda tg: tg.stop)
+            for tg in gone[:-SPAN_KEEP]:
+                groups.discard(tg)
+                dropped += 1
+    return dropped
+
+
 def local_gpus() -> list[str]:
     """The GPUs local workers may use, as ``CUDA_VISIBLE_DEVICES`` entries: the entries of that
     variable when it is set, else ``0..n-1`` for the n GPUs CuPy sees, else none."""
@@ -94,7 +129,10 @@ CLIENT_CONFIG: dict[str, Any] = {"distributed.admin.low-level-log-length": 100}
 
 #: Dask settings for local clusters (the scheduler runs in the driver's process, the workers
 #: get them from their nannies): no statistical profiler (each worker kept a call tree per
-#: second for 1000 s, hundreds of MB for our deep stacks); and Dask's other diagnostic logs,
+#: second for 1000 s, hundreds of MB for our deep stacks); a system monitor history of one
+#: minute, not 7,200 samples (an hour at 2 a second: ~8 deques of floats in the scheduler, each
+#: worker and nanny, found growing ~3 MB/h in a soak's driver under ``tracemalloc``, issue 16);
+#: and Dask's other diagnostic logs,
 #: bounded deques sized for interactive debugging, shortened: the scheduler's transition log
 #: (``low-level-log-length`` entries), its streams to the workers (compute-task messages with
 #: their specs), its last ``computations.max-history`` submissions (with task groups and
@@ -103,6 +141,7 @@ CLIENT_CONFIG: dict[str, Any] = {"distributed.admin.low-level-log-length": 100}
 LOCAL_CLUSTER_CONFIG: dict[str, Any] = {
     **CLIENT_CONFIG,
     "distributed.worker.profile.enabled": False,
+    "distributed.admin.system-monitor.log-length": 120,
     "distributed.admin.log-length": 1000,
     "distributed.diagnostics.computations.max-history": 10,
     "distributed.diagnostics.erred-tasks.max-history": 10,

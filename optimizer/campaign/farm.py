@@ -17,8 +17,10 @@ Loop (Dask "futures" pattern: bounded in-flight, refill as results land, plain d
 6. every ``retention.every_seconds`` (when the lifecycle sets a ``compactor``): a checkpoint,
    then the retention policy (``optimizer.campaign.retention``), so the archive stays bounded;
 7. every ``TRIM_SECONDS``: free heap pages go back to the operating system in the driver and
-   the workers (``optimizer.campaign.cluster.trim_memory``), so resident memory follows live
-   data over days.
+   the workers (``optimizer.campaign.cluster.trim_memory``), and the scheduler's span records
+   are trimmed (``optimizer.campaign.cluster.trim_spans``), so resident memory follows live
+   data over days. All the run's tasks belong to one Dask span, ``tapestry-farm``, so the
+   scheduler keeps one span for the run, not a new default span whenever nothing is in flight.
 
 Budgets stop within a task's length: a task is submitted only while the evaluation budget has
 room beyond the evaluations already in flight, with its steps cut to that room, and with a time
@@ -41,7 +43,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from optimizer.campaign.cluster import trim_memory, trim_memory_async
+from optimizer.campaign.cluster import trim_memory, trim_memory_async, trim_spans
 from optimizer.campaign.progress import Progress
 from optimizer.search.pareto import EpsilonBoxArchive, hypervolume
 from optimizer.search.strategies.base import Strategy
@@ -221,6 +223,10 @@ class Farm:
             self.client.run(trim_memory_async, wait=False)
         except Exception as e:  # noqa: BLE001  (a worker leaving mid-call must not stop the campaign)
             log.debug("trim_memory on the workers failed: %s", e)
+        try:
+            self.client.run_on_scheduler(trim_spans)
+        except Exception as e:  # noqa: BLE001  (a remote scheduler without this package: its spans grow)
+            log.debug("trim_spans on the scheduler failed: %s", e)
 
     # -- budget ------------------------------------------------------------------------
     def exhausted(self) -> str | None:
@@ -291,6 +297,12 @@ class Farm:
         return old
 
     def run(self) -> str:
+        from distributed import span
+
+        with span("tapestry-farm"):
+            return self._run()
+
+    def _run(self) -> str:
         from distributed import wait
 
         old = self._install_signals()

@@ -1,5 +1,6 @@
 """Bounded memory over multi-day campaigns (issue 16): the driver and the workers give free heap
-pages back to the operating system (``trim_memory``), and the farm does so on a timer."""
+pages back to the operating system (``trim_memory``), the scheduler's span records stay bounded
+(``trim_spans``), and the farm does both on a timer."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from optimizer.campaign import farm as farm_module
-from optimizer.campaign.cluster import trim_memory_async
+from optimizer.campaign.cluster import SPAN_KEEP, trim_memory_async, trim_spans
 from optimizer.campaign.farm import Budget, Farm
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim is glibc's")
@@ -49,12 +50,18 @@ class _Client:
 
     def __init__(self, fail: bool = False) -> None:
         self.calls: list[tuple] = []
+        self.on_scheduler: list = []
         self.fail = fail
 
     def run(self, fn, *args, wait: bool = True):
         if self.fail:
             raise OSError("worker tcp://127.0.0.1:1 left")
         self.calls.append((fn, args, wait))
+
+    def run_on_scheduler(self, fn):
+        if self.fail:
+            raise OSError("scheduler unreachable")
+        self.on_scheduler.append(fn)
 
 
 def _farm(client: _Client) -> Farm:
@@ -78,12 +85,45 @@ def test_farm_trims_the_driver_and_every_worker(monkeypatch: pytest.MonkeyPatch)
     # every worker, fire and forget: Dask takes only coroutine functions with wait=False
     assert client.calls == [(trim_memory_async, (), False)]
     assert inspect.iscoroutinefunction(trim_memory_async)
+    assert client.on_scheduler == [trim_spans]
     assert farm_module.TRIM_SECONDS == 60.0
 
 
 def test_a_failed_worker_trim_does_not_stop_the_campaign() -> None:
     farm = _farm(_Client(fail=True))
     farm.trim_memory()  # no exception
+
+
+def _inc(x: int) -> int:
+    return x + 1
+
+
+@pytest.mark.filterwarnings(r"ignore:Port \d+ is already in use")
+def test_trim_spans_bounds_the_farm_span_on_a_real_scheduler() -> None:
+    """Dask's span of a long run gains a metadata entry per submit and keeps its forgotten task
+    groups; trimmed, both stay at SPAN_KEEP while the span goes on (checked on the installed
+    Dask's own objects, so a Dask that renames them fails here, not silently in a campaign)."""
+    import distributed
+
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client, distributed.span("tapestry-farm"):
+        for round_ in range(3):
+            for i in range(30):
+                # a new key prefix per round: a new task group, forgotten once released
+                assert client.submit(_inc, i, key=f"r{round_}x-{i}").result() == i + 1
+        ext = cluster.scheduler.extensions["spans"]
+        (span,) = [s for s in ext.spans.values() if s.name == ("tapestry-farm",)]
+        assert len(span.metadata["collections"]) == 90
+        dropped = client.run_on_scheduler(trim_spans)
+        assert len(span.metadata["collections"]) == SPAN_KEEP
+        assert dropped >= 90 - SPAN_KEEP
+        # SPAN_KEEP forgotten groups, plus the last group if its last future's release has not
+        # reached the scheduler yet (a live group is never dropped)
+        assert len(span.groups) <= SPAN_KEEP + 1 and span.done and span.stop > 0
+        # the span still takes new tasks after a trim
+        assert client.submit(_inc, 1, key="after-1").result() == 2
+        assert len(span.metadata["collections"]) == SPAN_KEEP + 1
+    assert trim_spans(object()) == 0  # not a scheduler (or a Dask without spans): left alone
 
 
 @pytest.mark.slow
@@ -97,6 +137,10 @@ def test_local_cluster_keeps_short_diagnostic_logs() -> None:
         assert scheduler.transition_log.maxlen == n
         assert scheduler.computations.maxlen == LOCAL_CLUSTER_CONFIG["distributed.diagnostics.computations.max-history"]
         assert client.scheduler_comm.recent_message_log.maxlen == n  # the driver's update-graph messages
+        monitor_length = LOCAL_CLUSTER_CONFIG["distributed.admin.system-monitor.log-length"]
+        assert {q.maxlen for q in scheduler.monitor.quantities.values()} == {monitor_length}
+        worker_lengths = client.run(lambda dask_worker: sorted({q.maxlen for q in dask_worker.monitor.quantities.values()}))
+        assert list(worker_lengths.values()) == [[monitor_length]]
         (logs,) = client.run(lambda dask_worker: (dask_worker.state.log.maxlen, dask_worker.state.stimulus_log.maxlen,
                                                   dask_worker.profile_history.maxlen)).values()
         assert list(logs) == [n, n, n]
