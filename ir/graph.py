@@ -22,7 +22,9 @@ Node kinds and fields (the one place they are defined):
   op's shards and a dict of references).
 
 There are no slice or concat nodes: a shard reads and writes boxes of whole logical tensors.
-Graphs are immutable; ``Graph.with_ops`` returns a new graph sharing everything unchanged.
+Graphs are immutable; ``Graph.with_ops`` returns a new graph sharing everything unchanged. A graph
+made by replacing ops in place keeps ``edit`` (``Edit``: a weak reference to its parent and the
+replaced names), so a consumer that processed the parent can process only what changed.
 """
 
 from __future__ import annotations
