@@ -54,6 +54,7 @@ import itertools
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from functools import cached_property
+from operator import attrgetter
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -403,29 +404,22 @@ _NO_COLL = np.zeros(4)
 _NO_PARTS = np.zeros((0, 2))
 
 
-# the rows each piece contributes to the lowering's concatenated arrays (``_Cat``)
-def _f_rows(p: OpPiece) -> np.ndarray:
-    return p.f
-
-
-def _ints_rows(p: GroupPiece) -> np.ndarray:
-    return p.ints
-
-
-def _flts_rows(p: GroupPiece) -> np.ndarray:
-    return p.flts
-
-
 def _coll_rows(p: GroupPiece) -> np.ndarray:
     return p.coll[None, :]
 
 
-def _parts_rows(p: GroupPiece) -> np.ndarray:
-    return p.parts
-
-
 def _same_rows(a: np.ndarray) -> np.ndarray:
     return a
+
+
+#: the lowering's six concatenated arrays (``_Cat``): which pieces (op, group or source), the rows
+#: each piece contributes, and the empty array
+_CATS = (("op", attrgetter("f"), np.zeros((0, 5))),
+         ("group", attrgetter("ints"), np.zeros((0, 3), np.int64)),
+         ("group", attrgetter("flts"), np.zeros((0, 5))),
+         ("group", _coll_rows, np.zeros((0, 4))),
+         ("group", attrgetter("parts"), _NO_PARTS),
+         ("source", _same_rows, np.zeros(0)))
 
 
 @dataclass(eq=False)
@@ -959,22 +953,15 @@ class Lowerer:
             op_sizes = np.array([p.n for p in op_pieces], np.int64)
             g_counts = (np.stack([p.counts for p in group_pieces]) if group_pieces
                         else np.zeros((0, 4), np.int64))
-            # the latest plan (usually this one's parent) holds most of these pieces, in order
+            now = {"op": op_pieces, "group": group_pieces, "source": source_pieces}
             last = self._states[-1] if self._states else None
-            bases = ((last.op_pieces, last.group_pieces, last.source_pieces, last.cats) if last is not None
-                     else ([], [], [], (None,) * 6))
-            b_op, b_grp, b_src, b_cats = bases
-            grp_pos = {id(p): j for j, p in enumerate(b_grp)}  # one map for the five group arrays
-            cats = tuple(
-                (c.reuse(base, now, rows, empty, grp_pos if base is b_grp else None) if c is not None
-                 else _Cat.of([rows(p) for p in now], empty))
-                for c, base, now, rows, empty in (
-                    (b_cats[0], b_op, op_pieces, _f_rows, np.zeros((0, 5))),
-                    (b_cats[1], b_grp, group_pieces, _ints_rows, np.zeros((0, 3), np.int64)),
-                    (b_cats[2], b_grp, group_pieces, _flts_rows, np.zeros((0, 5))),
-                    (b_cats[3], b_grp, group_pieces, _coll_rows, np.zeros((0, 4))),
-                    (b_cats[4], b_grp, group_pieces, _parts_rows, _NO_PARTS),
-                    (b_cats[5], b_src, source_pieces, _same_rows, np.zeros(0))))
+            if last is None:
+                cats = tuple(_Cat.of([rows(p) for p in now[k]], empty) for k, rows, empty in _CATS)
+            else:  # the latest plan (usually this one's parent) holds most of these pieces, in order
+                base = {"op": last.op_pieces, "group": last.group_pieces, "source": last.source_pieces}
+                pos = {"group": {id(p): j for j, p in enumerate(last.group_pieces)}}  # shared by four arrays
+                cats = tuple(c.reuse(base[k], now[k], rows, empty, pos.get(k))
+                             for c, (k, rows, empty) in zip(last.cats, _CATS))
         else:
             self.stats["incremental"] += 1
             st = base.struct
