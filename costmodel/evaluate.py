@@ -48,10 +48,12 @@ from costmodel.energy import energy_breakdown
 from costmodel.gc_pacing import GcPacer
 from costmodel.hardware import Hardware
 from costmodel.hardware_io import load_hardware
-from costmodel.lowering import Lowered, Lowerer, kernel_class_of, program_key
+from costmodel.lowering import Lowered, Lowerer, same_data_flow, kernel_class_of, program_key
 from costmodel.lookahead import DEFAULT_WINDOW, lookahead_edges
+from costmodel.repetition import Repetition, repetition
 from costmodel.simulate import Schedule
 from ir.graph import SOURCE_ROLES, Graph
+from ir.layers import GraphMemo, truncate
 from ir.kernels import ELEMENTWISE, ITEMSIZE, get_kernel
 
 OBJECTIVES = ("makespan", "energy", "peak_memory", "devices")
@@ -77,6 +79,7 @@ class Evaluation:
     model_flops: float = 0.0  # FLOPs of the logical program per step
     mfu: float = 0.0  # model FLOPs / (makespan x peak of the devices used)
     memory_floor: float = 0.0  # bytes: total loop-carried state / n_devices
+    repetition: Repetition | None = field(default=None, repr=False)  # extended from two truncations
 
     @property
     def gap(self) -> float:
@@ -94,7 +97,9 @@ class Evaluation:
     def to_json(self) -> dict[str, Any]:
         return {**self.objectives(), "feasible": self.feasible, "lower_bound": self.lower_bound, "gap": self.gap,
                 "model_flops": self.model_flops, "mfu": self.mfu, "memory_floor": self.memory_floor,
-                "peak_memory_per_device": self.peak_memory_per_device.tolist()}
+                "peak_memory_per_device": self.peak_memory_per_device.tolist(),
+                **({"simulated_layers": [len(self.repetition.small), len(self.repetition.big)],
+                    "layers": self.repetition.layers} if self.repetition is not None else {})}
 
     def breakdown(self) -> "Breakdown":
         """Per-device and per-operation split of the schedule (needs ``keep=True``)."""
@@ -177,7 +182,7 @@ class Evaluator:
     """Evaluates plans on one hardware; reuse it (its caches make re-evaluation incremental)."""
 
     def __init__(self, hw: Hardware | str, collectives: bool = True, curves: Any = "default",
-                 lookahead: int = DEFAULT_WINDOW, gc_every: int = 2000) -> None:
+                 lookahead: int = DEFAULT_WINDOW, gc_every: int = 2000, layers: str = "whole") -> None:
         """``collectives``: time the transfer groups that are NCCL collectives as such
         (``costmodel.collectives``); False: every transfer point to point. ``curves``: a
         ``costmodel.efficiency.Curves``, ``"default"`` (the default: the device's published
@@ -185,7 +190,13 @@ class Evaluator:
         (the hardware's constant factors only: the flat roofline). ``lookahead``: how many compute
         nodes a device may run ahead of program order (``costmodel.lookahead``; 0: unbounded).
         ``gc_every``: pace the garbage collector (``costmodel.gc_pacing``: freeze the caches, one
-        full collection every ``gc_every`` evaluations; 0: leave the collector alone)."""
+        full collection every ``gc_every`` evaluations; 0: leave the collector alone).
+        ``layers``: ``whole`` simulates every layer; ``repeat`` evaluates a model of repeated
+        layers from two truncations (``costmodel.repetition``: a few layers simulated, the
+        objectives extended along the layers; plans it cannot cut, and ``keep=True``, whole)."""
+        if layers not in ("whole", "repeat"):
+            raise ValueError(f"layers: expected 'whole' or 'repeat', got {layers!r}")
+        self.layers = layers
         self._gc = GcPacer(gc_every)
         self.lookahead = lookahead
         self.hw = load_hardware(hw) if not isinstance(hw, Hardware) else hw
@@ -196,10 +207,53 @@ class Evaluator:
         self.lowerer = Lowerer(self.hw, collectives=collectives, curves=curves)
         self._bounds: dict[int, ProgramFacts] = {}
         self._logical_facts: dict[tuple, ProgramFacts] = {}
+        self._programs = GraphMemo()  # recent whole models' program numbers (layers="repeat")
         self._capacity = self.hw.device.mem_capacity
 
     def __call__(self, g: Graph, keep: bool = False) -> Evaluation:
         self._gc.tick()
+        if self.layers == "repeat" and not keep:
+            e = self._repeated(g)
+            if e is not None:
+                return e
+        return self._whole(g, keep)
+
+    def _repeated(self, g: Graph) -> Evaluation | None:
+        """``g``'s evaluation extended from two truncations (``costmodel.repetition``), or None."""
+        rep = repetition(g)
+        if rep is None:
+            return None
+        small, big = truncate(g, rep.small), truncate(g, rep.big)
+        if small is None or big is None:
+            return None
+        es, eb = self._whole(small, False), self._whole(big, False)
+        facts = self._facts(self._program_of(g), g)
+        peak = np.maximum(eb.peak_memory_per_device + rep.x * (eb.peak_memory_per_device - es.peak_memory_per_device),
+                          eb.peak_memory_per_device)
+        makespan = max(rep.extend(es.makespan, eb.makespan), eb.makespan)
+        used = max(es.devices, eb.devices)
+        return Evaluation(
+            makespan=makespan, energy=max(rep.extend(es.energy, eb.energy), eb.energy),
+            peak_memory=float(peak.max()) if peak.size else 0.0, devices=used,
+            bytes_moved=max(rep.extend(es.bytes_moved, eb.bytes_moved), eb.bytes_moved),
+            feasible=bool((peak <= self._capacity).all()) and facts.memory_floor <= self._capacity,
+            lower_bound=facts.lower_bound, peak_memory_per_device=peak, hardware=self.hw,
+            model_flops=facts.model_flops, mfu=facts.ideal_seconds / (makespan * used) if makespan > 0 and used else 0.0,
+            memory_floor=facts.memory_floor, repetition=rep)
+
+    def _program_of(self, g: Graph) -> int:
+        """``Lowerer.program_of(g)``, inherited from the parent through an in-place edit that
+        changed only shards (``Graph.edit``), so a whole model is not keyed at every step."""
+        number = self._programs.get(g)
+        if number is None:
+            parent = g.edit.parent() if g.edit is not None else None
+            number = self._programs.get(parent) if parent is not None else None
+            if number is None or not all(same_data_flow(g.ops[n], parent.ops[n]) for n in g.edit.replaced):
+                number = self.lowerer.program_of(g)
+            self._programs.put(g, number)
+        return number
+
+    def _whole(self, g: Graph, keep: bool) -> Evaluation:
         low = self.lowerer.lower(g)
         s = low.simulate(lookahead_edges(low, g, self.lookahead))
         nc = low.n_compute

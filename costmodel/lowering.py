@@ -447,7 +447,7 @@ class _Structure:
         return {n: i for i, n in enumerate(self.order)}
 
 
-def _same_data_flow(o: Op | None, old: Op) -> bool:
+def same_data_flow(o: Op | None, old: Op) -> bool:
     """Whether ``o`` may replace ``old`` in a lowering structure (only shards differ)."""
     return o is not None and o.inputs == old.inputs and o.output == old.output and o.kernel == old.kernel and (
         o.params is old.params or o.params_key == old.params_key)
@@ -773,7 +773,7 @@ class Lowerer:
         """The structure of ``g``, shared by plans with the same ops, kernels and data flow and the
         same program (cached: structural rewrites and their inverses revisit a few structures)."""
         key = tuple([(o.name, o.kernel, o.inputs, o.output) for o in g.ops.values()])
-        program = self._program_number(self._program_key(g))
+        program = self.program_of(g)
         st = self._structures.get((key, program))
         if st is None:
             st = self._structures[(key, program)] = self._new_structure(g, program)
@@ -783,6 +783,10 @@ class Lowerer:
             if len(self._structures) > 512:
                 self._structures.pop(next(iter(self._structures)))
         return st
+
+    def program_of(self, g: Graph) -> int:
+        """The number of ``g``'s program (equal numbers: equal programs; ``Lowered.program``)."""
+        return self._program_number(self._program_key(g))
 
     def _program_number(self, key: tuple) -> int:
         number = self._programs.get(key)
@@ -913,7 +917,7 @@ class Lowerer:
                 if S.ops_map is parent.ops:
                     pos = S.struct.position
                     changed = sorted(pos[n] for n in g.edit.replaced if gops[n] is not S.ops[pos[n]])
-                    if all(_same_data_flow(gops[S.struct.order[i]], S.ops[i]) for i in changed):
+                    if all(same_data_flow(gops[S.struct.order[i]], S.ops[i]) for i in changed):
                         return S, changed
                     break
         best, best_changed = None, None
@@ -924,7 +928,7 @@ class Lowerer:
             if g.tensors is not S.tensors or len(gops) != len(st.keys):
                 continue
             changed = [i for i, (o, old) in enumerate(zip(map(gops.get, st.order), S.ops)) if o is not old]
-            ok = all(_same_data_flow(gops.get(st.order[i]), S.ops[i]) for i in changed)
+            ok = all(same_data_flow(gops.get(st.order[i]), S.ops[i]) for i in changed)
             if not ok or tuple(gops) != st.keys:
                 continue
             if best_changed is None or len(changed) < len(best_changed):

@@ -35,13 +35,13 @@ import re
 import numpy as np
 
 from ir.graph import STATE_ROLES, Graph, Shards
+from ir.layers import LAYER_RE
 from ir.rewrites.errors import RewriteError
 from ir.rewrites.hierarchical import two_level
 from ir.rewrites.reduction import merge_reduction, split_reduction
 from ir.rewrites.shard import split
 from ir.zspace import split_points
 
-LAYER_RE = re.compile(r"^l(\d+)[._]")
 
 
 def _unit_col(row) -> int | None:

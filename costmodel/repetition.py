@@ -1,0 +1,85 @@
+"""Layer repetition: a whole model's objectives from two truncations of it.
+
+A model of ``L`` identical layers (``ir.workloads``' ``gpt`` and ``llama``: ops and tensors of
+layer ``i`` are named ``l<i>.…`` or ``l<i>_…``) laid out alike in every layer has a schedule that
+repeats: after a layer or two the list scheduler reaches a steady state in which each further
+layer adds the same time to the step, the same bytes to every device's peak (weights, optimizer
+states, activations saved for the backward) and the same energy. So a plan is evaluated on two
+*truncations*, the plan with only ``k`` and ``k + 1`` members of each repeated layer class, and
+each objective is extended along the line through them:
+
+    f(L) = f(big) + x · (f(big) − f(small)),   x = members dropped from each class in ``big``.
+
+This is how the issue's scale goal is met (a 32-layer llama2-7b step on 64 GPUs, an 80-layer
+llama2-70b step on 512): the simulation holds a few layers, not all of them.
+
+**Layer classes.** Each layer gets a signature: its ops with layer numbers written relative to
+the layer itself (``l7.q_proj`` reading ``l6.resid2.out`` in layer 7 is ``@0.q_proj`` reading
+``@-1.resid2.out``), their kernels, params, input and output specs and their shards (boxes and
+devices). Layers with equal signatures form a class. The first and last layers differ from the
+middle ones (they read the embedding and the head's gradient), so they are always kept; a
+pipeline stage's layers form one class per stage (their devices differ), and every class of at
+least ``MIN_CLASS`` layers is shortened by the same number of layers, which keeps the stages'
+balance and so the line. Layers the search made different stay whole in both truncations.
+
+**Truncation.** Kept layers keep their numbers and are chained in order: a name inside layer
+``o`` that refers to layer ``o ± d`` is re-pointed to the kept layer ``d`` places away (the next
+kept layer stands for the next layer); names outside the layers must refer to kept layers
+(``final_norm`` reads the last layer's output). Only ops at the cuts are renamed, memoised by
+identity; every other op is the plan's own object, so truncations share lowering pieces with
+each other and with related plans, and the lowering stays incremental. A truncation whose names do not close up (a read of a tensor no kept
+op produces) is refused and the caller evaluates the whole plan.
+
+**What is exact and what is not.** The program facts (lower bound, model FLOPs, memory floor) are
+those of the whole program, never extrapolated. Makespan, energy, bytes moved and per-device peak
+memory are extrapolated; ``tests/costmodel/test_repetition.py`` measures the error against whole
+evaluations (layouts, fused ops, recomputation, pipelines). Plans whose layers all differ, and
+programs without numbered layers (imported models), are evaluated whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ir.graph import Graph
+from ir.layers import layer_classes
+
+__all__ = ["MIN_CLASS", "Repetition", "repetition"]
+
+MIN_CLASS = 4  # a class of fewer layers is kept whole (shortening it saves little)
+KEEP = 2  # members of each shortened class in the larger truncation (the smaller keeps one less)
+
+@dataclass(frozen=True)
+class Repetition:
+    """How a plan is evaluated from two truncations: ``small`` and ``big`` are the kept layers
+    (original numbers, ascending), ``x`` the layers each shortened class lost in ``big``, so an
+    objective of the whole plan is ``f(big) + x · (f(big) − f(small))``."""
+
+    layers: int
+    small: tuple[int, ...]
+    big: tuple[int, ...]
+    x: int
+
+    def extend(self, small: float, big: float) -> float:
+        return big + self.x * (big - small)
+
+
+def repetition(g: Graph, min_class: int = MIN_CLASS, keep: int = KEEP) -> Repetition | None:
+    """The truncations to evaluate ``g`` by (see the module doc), or None: evaluate it whole."""
+    classes = layer_classes(g)
+    if classes is None:
+        return None
+    members: dict[int, list[int]] = {}
+    for i, c in enumerate(classes):
+        members.setdefault(c, []).append(i)
+    long = [m for m in members.values() if len(m) >= max(min_class, keep + 1)]
+    if not long:
+        return None
+    x = min(len(m) for m in long) - keep
+    if x < 1:
+        return None
+    drop_big = {i for m in long for i in m[keep:keep + x]}  # each long class loses x members
+    drop_small = drop_big | {m[keep - 1] for m in long}
+    big = tuple(i for i in range(len(classes)) if i not in drop_big)
+    small = tuple(i for i in range(len(classes)) if i not in drop_small)
+    return Repetition(len(classes), small, big, x)

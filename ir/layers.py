@@ -1,0 +1,344 @@
+"""Numbered layers of a model: which layer owns a name, layer signatures and classes, names
+re-pointed between layers, and truncations of a plan to some of its layers.
+
+``ir.workloads``' language models name the ops and tensors of layer ``i`` ``l<i>.…`` or
+``l<i>_…`` (``l7.q_proj``, ``l7_Wq``, ``l7.q_proj.da``). Names may mention other layers (layer 7
+reads ``l6.resid2.out``; a fused op ``l2.a+l3.b``), so names are compared *relative* to their
+own layer (``@0.q_proj`` reading ``@-1.resid2.out``).
+
+- ``layer_classes(g)``: layers with equal signatures (ops with relative names, kernels, params,
+  tensor specs and shards) form a class; the first and last layers differ from the middle ones
+  (they read the embedding and the head's gradient), a pipeline stage's layers form one class.
+- ``LayerMap``: re-points the layer numbers inside names and params: ``Shift(d)`` moves an op of
+  layer ``i`` to layer ``i + d`` (``ir.rewrites.tie``); ``Chain(kept)`` chains the kept layers
+  in order (``truncate``).
+- ``truncate(g, kept)``: the plan with only some of its layers (``costmodel.repetition``
+  evaluates a model of repeated layers from two truncations).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import weakref
+from collections import OrderedDict
+from functools import lru_cache
+from typing import Any
+
+from ir.graph import Graph, Op, Tensor
+
+__all__ = ["LAYER_RE", "Chain", "GraphMemo", "LayerMap", "Shift", "layer_classes", "layer_of", "truncate"]
+
+LAYER_RE = re.compile(r"^l(\d+)[._]")  # the layer a name belongs to
+# a layer number inside a name: ``l<i>`` at the start or after a non-word character, followed by
+# ``.`` or ``_`` (``l3.q_proj``, ``l3_Wq``, ``l2.a+l3.b``); not ``final_norm`` or ``labels``
+_NUM = re.compile(r"(?<![A-Za-z0-9_])l(\d+)(?=[._])")
+
+
+@lru_cache(maxsize=1 << 17)
+def _parts(name: str) -> tuple[int | None, tuple[str, ...], tuple[int, ...]]:
+    """(owning layer or None, literal pieces, layer numbers between them) of a name."""
+    m = LAYER_RE.match(name)
+    pieces = _NUM.split(name)
+    return (int(m.group(1)) if m else None), tuple(pieces[0::2]), tuple(int(x) for x in pieces[1::2])
+
+
+def _join(lits: tuple[str, ...], nums: tuple) -> str:
+    out = [lits[0]]
+    for n, lit in zip(nums, lits[1:]):
+        out.append(f"l{n}{lit}")
+    return "".join(out)
+
+
+def _relative(name: str, owner: int | None) -> str:
+    """``name`` with its layer numbers relative to ``owner`` (``@-1``); absolute outside layers."""
+    _o, lits, nums = _parts(name)
+    if not nums or owner is None:
+        return name
+    return _join(lits, [f"@{n - owner}" for n in nums]).replace("l@", "@")
+
+
+def _relative_text(text: str, owner: int | None) -> str:
+    if owner is None or "l" not in text:
+        return text
+    return _NUM.sub(lambda m: f"@{int(m.group(1)) - owner}", text)
+
+
+def layer_of(name: str) -> int | None:
+    """The layer owning ``name`` (``l<i>.…`` or ``l<i>_…``), or None."""
+    return _parts(name)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# layer signatures and classes
+# ---------------------------------------------------------------------------------------------
+
+_ENTRY: "OrderedDict[int, tuple[Op, int | None, int]]" = OrderedDict()
+_ENTRY_CAP = 200_000
+_INTERN: dict[tuple, int] = {}  # an entry -> a number (equal entries, equal numbers; never reused)
+_NEXT = itertools.count()
+
+
+def _shards_key(sh) -> tuple:
+    if sh is None:
+        return ()
+    return (len(sh), hash(sh.lo.tobytes()), hash(sh.hi.tobytes()), hash(sh.device.tobytes()))
+
+
+def _entry(o: Op, g: Graph) -> tuple[int | None, int]:
+    """(owning layer, the number of the op's entry in its layer's signature), memoised on the op.
+    Entries are interned, so a layer's signature is a tuple of ints (cheap to hash)."""
+    hit = _ENTRY.get(id(o))
+    if hit is not None and hit[0] is o:
+        return hit[1], hit[2]
+    owner = _parts(o.name)[0]
+    ts = g.tensors
+    spec = lambda t: (ts[t].shape, ts[t].dtype, ts[t].role) if t in ts else None  # noqa: E731
+    entry = (_relative(o.name, owner), o.kernel, _relative_text(o.params_key, owner),
+             tuple((p, _relative(t, owner), spec(t)) for p, t in o.inputs),
+             _relative(o.output, owner), spec(o.output), _shards_key(o.shards))
+    number = _INTERN.get(entry)
+    if number is None:
+        if len(_INTERN) > 4 * _ENTRY_CAP:  # equal entries made later get new numbers: never a false match
+            _INTERN.clear()
+        number = _INTERN[entry] = next(_NEXT)
+    _ENTRY[id(o)] = (o, owner, number)  # holds ``o``: its id is not reused while cached
+    if len(_ENTRY) > _ENTRY_CAP:
+        for _ in range(_ENTRY_CAP // 4):
+            _ENTRY.popitem(last=False)
+    return owner, number
+
+
+class GraphMemo:
+    """A few recent graphs' derived values, by identity (weak: never keeps a graph alive)."""
+
+    def __init__(self, cap: int = 16) -> None:
+        self.cap = cap
+        self.d: OrderedDict = OrderedDict()
+
+    def get(self, g: Graph, key: Any = None) -> Any:
+        hit = self.d.get((id(g), key))
+        return hit[1] if hit is not None and hit[0]() is g else None
+
+    def put(self, g: Graph, value: Any, key: Any = None) -> Any:
+        self.d[(id(g), key)] = (weakref.ref(g), value)
+        if len(self.d) > self.cap:
+            self.d.popitem(last=False)
+        return value
+
+
+_SIGS = GraphMemo()
+
+
+def _signatures(g: Graph) -> tuple[dict[int, list[str]], dict[int, tuple]] | None:
+    """(op names of each layer, in op order; each layer's signature), derived from the parent's
+    for an in-place edit (``Graph.edit``: only the layers of the replaced ops change)."""
+    hit = _SIGS.get(g)
+    if hit is not None:
+        return hit
+    parent = g.edit.parent() if g.edit is not None else None
+    base = _SIGS.get(parent) if parent is not None else None
+    if base is not None:
+        names, sigs = base
+        sigs = dict(sigs)
+        for i in {_parts(n)[0] for n in g.edit.replaced} - {None}:
+            sigs[i] = tuple([_entry(g.ops[n], g)[1] for n in names[i]])
+        return _SIGS.put(g, (names, sigs))
+    per: dict[int, list[int]] = {}
+    names: dict[int, list[str]] = {}
+    for n, o in g.ops.items():
+        owner, number = _entry(o, g)
+        if owner is not None:
+            lst = per.get(owner)
+            if lst is None:
+                per[owner], names[owner] = [number], [n]
+            else:
+                lst.append(number)
+                names[owner].append(n)
+    return _SIGS.put(g, (names, {i: tuple(v) for i, v in per.items()}))
+
+
+def layer_classes(g: Graph) -> list[int] | None:
+    """Class of each layer ``0 .. L-1`` (layers of one class have equal signatures; classes
+    numbered in order of first appearance), or None when ``g`` has no numbered layers or they are
+    not ``0 .. L-1``."""
+    _names, sigs = _signatures(g)
+    if not sigs or max(sigs) != len(sigs) - 1 or min(sigs) != 0:
+        return None
+    ids: dict[tuple, int] = {}
+    return [ids.setdefault(sigs[i], len(ids)) for i in range(len(sigs))]
+
+
+# ---------------------------------------------------------------------------------------------
+# truncation
+# ---------------------------------------------------------------------------------------------
+
+_RENAMED: "OrderedDict[tuple, tuple[Any, Any]]" = OrderedDict()
+_RENAMED_CAP = 100_000
+
+
+def _memo(key: tuple, keep_alive: tuple, make):
+    """``make()`` memoised under ``key``, which names the ids of the objects ``keep_alive``
+    (held by the entry, so the ids are not reused while it lives)."""
+    hit = _RENAMED.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], keep_alive)):
+        _RENAMED.move_to_end(key)
+        return hit[1]
+    out = make()
+    _RENAMED[key] = (keep_alive, out)
+    if len(_RENAMED) > _RENAMED_CAP:
+        for _ in range(_RENAMED_CAP // 4):
+            _RENAMED.popitem(last=False)
+    return out
+
+
+class LayerMap:
+    """Re-points the layer numbers inside names and params. ``_num(n, owner)``: the new number
+    of layer ``n`` named inside layer ``owner`` (None: outside the layers), or None when it has
+    none (the name does not survive)."""
+
+    key: tuple = ()  # identifies the map (memo keys)
+
+    def _num(self, n: int, owner: int | None) -> int | None:
+        raise NotImplementedError
+
+    def name(self, name: str, owner: int | None | str = "own") -> str | None:
+        """The re-pointed name, or None when it does not survive. Numbers are taken relative to
+        ``owner`` (the layer of the op that names it; by default the name's own layer)."""
+        own, lits, nums = _parts(name)
+        owner = own if owner == "own" else owner
+        if not nums:
+            return name
+        out = [self._num(n, owner) for n in nums]
+        if any(v is None for v in out):
+            return None
+        return name if tuple(out) == nums else _join(lits, out)
+
+    def value(self, v: Any, owner: int | None) -> Any:
+        """A param value with the layer numbers inside its strings re-pointed like names (a
+        number without a new one is left as it is)."""
+        if isinstance(v, str):
+            if "l" not in v or not _NUM.search(v):
+                return v
+
+            def sub(m: re.Match) -> str:
+                new = self._num(int(m.group(1)), owner)
+                return m.group(0) if new is None else f"l{new}"
+            return _NUM.sub(sub, v)
+        if isinstance(v, dict):
+            return {k: self.value(x, owner) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(self.value(x, owner) for x in v)
+        return v
+
+    def op(self, o: Op, shards: Any = "same") -> Op | None:
+        """``o`` re-pointed (memoised by identity, so equal calls give the same object; ``o``
+        itself where nothing changes), with ``shards`` if given; None when it does not survive."""
+        def make() -> Op | None:
+            owner = _parts(o.name)[0]
+            name = self.name(o.name, owner)
+            out = self.name(o.output, owner)
+            inputs = tuple((p, self.name(t, owner)) for p, t in o.inputs)
+            if name is None or out is None or any(t is None for _, t in inputs):
+                return None
+            params = self.value(o.params, owner)
+            sh = o.shards if shards == "same" else shards
+            if name == o.name and out == o.output and inputs == o.inputs and params == o.params and sh is o.shards:
+                return o  # nothing to re-point: the same op (its lowering pieces are shared)
+            if params == o.params:
+                params = o.params
+            return o.replace(name=name, inputs=inputs, output=out, params=params, shards=sh)
+        return _memo(("op", id(o), self.key, None if shards == "same" else id(shards)), (o, shards), make)
+
+
+class Chain(LayerMap):
+    """A truncation's map: the layers ``kept`` (ascending) keep their numbers and are chained in
+    order, a number ``n`` named inside layer ``o`` going to the kept layer as many kept places
+    away as ``n`` is from ``o`` (the next kept layer stands for ``o + 1``); outside the layers a
+    number must itself be kept. Most ops stay the very same objects, so their lowering pieces are
+    shared with the whole plan and with other truncations."""
+
+    def __init__(self, kept: tuple[int, ...]) -> None:
+        self.kept = self.key = tuple(kept)
+        self.idx = {old: i for i, old in enumerate(self.kept)}
+
+    def _num(self, n: int, owner: int | None) -> int | None:
+        if owner is None:
+            return n if n in self.idx else None
+        i = self.idx.get(owner)
+        if i is None:
+            return None
+        j = i + (n - owner)
+        return self.kept[j] if 0 <= j < len(self.kept) else None
+
+
+class Shift(LayerMap):
+    """Moves the names of layer ``owner`` to layer ``owner + d`` (every number inside them by
+    ``d``); names outside the layers stay."""
+
+    def __init__(self, d: int) -> None:
+        self.d = d
+        self.key = ("shift", d)
+
+    def _num(self, n: int, owner: int | None) -> int | None:
+        return n if owner is None else (n + self.d if n + self.d >= 0 else None)
+
+
+def _renamed_tensors(g: Graph, r: Chain) -> dict[str, Tensor]:
+    def make() -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        idx = r.idx
+        for name, t in g.tensors.items():
+            owner = _parts(name)[0]
+            if owner is not None and owner not in idx:
+                continue  # a dropped layer's
+            new = r.name(name)
+            if new is not None:
+                out[new] = t if new == name else Tensor(new, t.shape, t.dtype, t.role)
+        return out
+    return _memo(("tensors", id(g.tensors), r.kept), (g.tensors,), make)
+
+
+def truncate(g: Graph, kept: tuple[int, ...]) -> Graph | None:
+    """``g`` with only the layers ``kept`` (ascending), chained in that order (see
+    ``Chain``); ops outside the layers kept. None when the result does not close up (an op
+    reads a tensor that is neither a source nor produced by a kept op)."""
+    kept = tuple(kept)
+    hit = _TRUNCS.get(g, kept)
+    if hit is not None:
+        return hit
+    r = Chain(kept)
+    parent = g.edit.parent() if g.edit is not None else None
+    base = _TRUNCS.get(parent, kept) if parent is not None else None
+    if base is not None and parent.tensors is g.tensors:  # in place: re-point the replaced ops
+        replace = {}
+        for n in g.edit.replaced:
+            owner = _parts(n)[0]
+            if owner is None or owner in r.idx:
+                new = r.op(g.ops[n])
+                if new is None or new.name not in base.ops:
+                    break
+                replace[new.name] = new
+        else:
+            return _TRUNCS.put(g, base.with_ops(replace), kept)
+    tensors = _renamed_tensors(g, r)
+    ops: dict[str, Op] = {}
+    for o in g.ops.values():
+        owner = _parts(o.name)[0]
+        if owner is not None and owner not in r.idx:
+            continue
+        new = r.op(o)
+        if new is None:
+            return None
+        ops[new.name] = new
+    produced = {o.output for o in ops.values()}
+    for o in ops.values():
+        for _, t in o.inputs:
+            if t not in tensors or (t not in produced and tensors[t].role == "intermediate"):
+                return None
+    if any(o.output not in tensors for o in ops.values()):
+        return None
+    return _TRUNCS.put(g, Graph(tensors, ops), kept)
+
+
+_TRUNCS = GraphMemo(32)

@@ -1,0 +1,166 @@
+"""Layer repetition: truncations are the programs of smaller models, tied moves keep layers alike
+and preserve meaning, and ``Evaluator(layers="repeat")`` matches the whole evaluation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from costmodel import Evaluator
+from costmodel.repetition import repetition
+from executor.verify import verify
+from ir import workloads
+from ir.layers import Chain, Shift, layer_classes, truncate
+from ir.rewrites import RewriteError, parse_move, random_rewrite, unshard
+from ir.rewrites.tie import tie
+from optimizer.search.baselines import megatron, megatron_3d, zero3
+
+TINY = dict(d_model=32, heads=4, kv_heads=2, d_ff=64, vocab=64, seq=8, batch=4, mode="train")
+SMALL = dict(d_model=256, heads=8, kv_heads=4, d_ff=512, vocab=1000, seq=256, batch=16, mode="train",
+             dtype="bfloat16")
+
+
+def _texts(g, rename: dict[str, str]) -> tuple[list[str], list[str]]:
+    text = g.canonical_json
+    for a, b in rename.items():
+        text = text.replace(a, b)
+    d = json.loads(text)
+    return (sorted(json.dumps(x, sort_keys=True) for x in d["ops"]),
+            sorted(json.dumps(x, sort_keys=True) for x in d["tensors"]))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt"])
+def test_truncation_is_the_smaller_models_program(family):
+    g6 = workloads.build(family, layers=6, **TINY)
+    g4 = workloads.build(family, layers=4, **TINY)
+    t = truncate(g6, (0, 1, 2, 5))
+    assert t is not None
+    assert _texts(t, {"l5": "l3"}) == _texts(g4, {})
+    # and a cut that leaves a layer reading a dropped one is refused, not half-made
+    assert truncate(g6, (1, 2, 5)) is None  # layer 0 feeds every other layer's chain; outside ops read l0
+
+
+def test_layer_maps_repoint_names():
+    c = Chain((0, 1, 2, 7))
+    assert c.name("l7.attn_norm") == "l7.attn_norm"
+    assert c.name("l6.resid2.out", 7) == "l2.resid2.out"  # the previous kept layer stands for l6
+    assert c.name("l3.attn_norm.dx.out", 2) == "l7.attn_norm.dx.out"
+    assert c.name("l4.q_proj") is None  # a dropped layer's
+    assert c.name("final_norm") == "final_norm" and c.name("labels") == "labels"
+    s = Shift(3)
+    assert s.name("l1.ff_down+l2.resid2") == "l4.ff_down+l5.resid2"
+    assert s.value({"stages": [{"op": "l1.a", "via": "l0.b.out"}], "n": 2}, 1) == \
+        {"stages": [{"op": "l4.a", "via": "l3.b.out"}], "n": 2}
+
+
+def _close(a: float, b: float, rel: float) -> bool:
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-30)
+
+
+def _plans():
+    g = workloads.build("llama", layers=7, **SMALL)
+    g10 = workloads.build("llama", layers=10, **SMALL)  # two stages of five layers: a class each
+    plans = {"zero3": zero3(g, 8), "megatron": megatron(g, 8), "3d": megatron_3d(g10, 8, pp=2, m=4)}
+    p = plans["zero3"]
+    for i in range(7):
+        p = parse_move(f"recompute{{prefix=l{i}.}}").apply(p)
+    plans["zero3+recompute"] = p
+    p = plans["zero3"]
+    for i in range(7):
+        p = parse_move(f"fuse_attention{{op=l{i}.attn_qk}}").apply(p)
+    plans["zero3+fused-attention"] = p
+    return plans
+
+
+@pytest.fixture(scope="module")
+def plans():
+    return _plans()
+
+
+@pytest.mark.parametrize("name", ["zero3", "megatron", "3d", "zero3+recompute", "zero3+fused-attention"])
+def test_repeat_matches_whole_evaluation(plans, name):
+    p = plans[name]
+    whole = Evaluator("h100-sxm-8")(p)
+    rep = Evaluator("h100-sxm-8", layers="repeat")(p)
+    assert rep.repetition is not None and len(rep.repetition.big) < rep.repetition.layers - 2
+    assert whole.repetition is None
+    # exact: the whole program's facts
+    assert rep.lower_bound == whole.lower_bound and rep.model_flops == whole.model_flops
+    assert rep.memory_floor == whole.memory_floor and rep.devices == whole.devices
+    assert rep.feasible == whole.feasible
+    # extended: within 1% (measured: below 0.01% on these plans at 8 GPUs)
+    for f in ("makespan", "energy", "bytes_moved", "peak_memory"):
+        assert _close(getattr(rep, f), getattr(whole, f), 0.01), (f, getattr(rep, f), getattr(whole, f))
+    np.testing.assert_allclose(rep.peak_memory_per_device, whole.peak_memory_per_device, rtol=0.01)
+    assert _close(rep.mfu, whole.mfu, 0.01)
+
+
+def test_repeat_falls_back_to_whole():
+    g = workloads.build("mlp", batch=64, widths=[64, 128, 64])
+    e = Evaluator("h100-sxm-8", layers="repeat")(g)
+    assert e.repetition is None and e.makespan == Evaluator("h100-sxm-8")(g).makespan
+    few = workloads.build("llama", layers=3, **SMALL)  # too few layers to shorten
+    assert repetition(few) is None
+    with pytest.raises(ValueError, match="layers"):
+        Evaluator("h100-sxm-8", layers="some")
+
+
+def test_layers_made_different_are_kept_whole(plans):
+    p = plans["zero3"]
+    rng = np.random.default_rng(3)
+    child = p
+    while True:  # a shard move in layer 3 only
+        try:
+            c, _m = random_rewrite(child, rng, 8)
+        except RewriteError:
+            continue
+        if c.edit is not None and {n.split(".")[0].split("_")[0] for n in c.edit.replaced} == {"l3"}:
+            break
+    classes = layer_classes(c)
+    assert classes[3] not in [classes[i] for i in (1, 2, 4, 5)]
+    rep = repetition(c)
+    assert rep is not None and 3 in rep.small and 3 in rep.big
+    whole, fast = Evaluator("h100-sxm-8")(c), Evaluator("h100-sxm-8", layers="repeat")(c)
+    assert _close(fast.makespan, whole.makespan, 0.01) and _close(fast.peak_memory, whole.peak_memory, 0.01)
+
+
+def _middle_layer_move(g, rng, n, want_structural: bool):
+    for _ in range(2000):
+        try:
+            c, m = random_rewrite(g, rng, n)
+        except RewriteError:
+            continue
+        structural = c.edit is None
+        names = list(c.edit.replaced) if c.edit is not None else [k for k in c.ops if k not in g.ops]
+        if structural == want_structural and names and all(k.startswith(("l2.", "l2_")) for k in names):
+            return c, m
+    raise AssertionError("no such move found")
+
+
+@pytest.mark.parametrize("structural", [False, True])
+def test_tie_makes_the_move_in_every_layer_of_the_class(structural):
+    g = zero3(workloads.build("llama", layers=5, **TINY), 4)
+    rng = np.random.default_rng(7 + structural)
+    child, move = _middle_layer_move(g, rng, 4, structural)
+    tied = tie(g, child)
+    assert tied is not child
+    classes = layer_classes(tied)
+    assert classes[1] == classes[2] == classes[3]  # the middle layers stay one class
+    moved = list(child.edit.replaced) if child.edit is not None else [k for k in child.ops if k not in g.ops]
+    for n in moved:  # ... with the move in it
+        for j in (1, 3):
+            m = Shift(j - 2).name(n)
+            assert m in tied.ops and m not in g.ops or tied.ops[m] is not g.ops[m]
+            assert tied.ops[m].shards == child.ops[n].shards and tied.ops[m].kernel == child.ops[n].kernel
+    assert unshard(tied).digest == unshard(g).digest  # the same program
+    rep = verify(tied, reference=unshard(g))
+    assert rep.ok, rep
+
+
+def test_tie_leaves_moves_it_cannot_copy():
+    g = zero3(workloads.build("llama", layers=5, **TINY), 4)
+    c = parse_move("recompute{prefix=l0.}").apply(g)  # layer 0 is a class of its own
+    assert tie(g, c) is c
+    assert tie(g, g) is g
