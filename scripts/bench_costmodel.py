@@ -15,7 +15,16 @@ child with a long-lived ``costmodel.Evaluator`` (lowering, simulation, energy, l
 - ``llama2-7b-train@64``: one training step of Llama-2 7B (32 layers, batch 8, seq 4096, bfloat16,
   AdamW; about 3,300 ops) on ``h100-sxm-64``, started from Megatron TP8 inside nodes x DP8 across
   (233,000 shards; its first, fresh lowering takes about a minute), at most 64 shards per op.
-  Not in the default ``--cases``.
+  Not in the default ``--cases``;
+- ``llama2-70b-train@512``: Llama-2 70B (80 layers, batch 512, seq 4096) on ``h100-sxm-512``,
+  TP8 inside the 64 nodes x DP64 across them. Only with ``:repeat``.
+
+A case with the suffix ``:repeat`` (``llama2-7b-train@64:repeat``) evaluates with
+``Evaluator(layers="repeat")`` (``costmodel.repetition``: two truncations of the model, the
+objectives extended along the layers) and ties each move to its layer's class
+(``ir.rewrites.tie``: a move in one layer is made in every layer like it, as a whole-model search
+that keeps one layout per repeated layer does); the rewrite time includes the tie. Its ``nodes``
+are the larger truncation's; it skips the split and cache runs.
 
 Each start plan is pre-sharded with 20-25 random rewrites (tens of shards at 8 devices, hundreds
 at 64). The walk then accepts a child as the next parent with probability 1/2 and restarts from
@@ -59,32 +68,39 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH
 import ir.rewrites.random as rewrite_random  # noqa: E402
 from ir import workloads  # noqa: E402
 from ir.kernels import cached_signature  # noqa: E402
+from ir.layers import truncate  # noqa: E402
 from ir.rewrites import RewriteError, random_rewrite, retile  # noqa: E402
+from ir.rewrites.tie import tie  # noqa: E402
 
 # CPU time of this process: the machine may be shared, and "per core" means per CPU-second.
 CLOCK = time.process_time
 TRANSFORMER = dict(batch=8, seq=512, d_model=1024, heads=16, d_ff=4096)
 CAP = {"mlp@8": 32, "transformer@8": 32, "transformer@64": 64,  # max shards per op in random rewrites
-       "gpt2-small-train@8": 32, "llama2-7b-train@64": 64}
+       "gpt2-small-train@8": 32, "llama2-7b-train@64": 64, "llama2-70b-train@512": 64}
+REPEAT = ":repeat"  # case suffix: Evaluator(layers="repeat") and tied moves (see the module doc)
 
 
 def start_plan(case: str, seed: int):
     """(graph, hardware preset, n_devices) of a case, pre-sharded deterministically."""
     rng = np.random.default_rng(seed)
+    case = case.removesuffix(REPEAT)
     if case == "mlp@8":
         g, hw, n, warm = workloads.build("mlp", batch=1024, widths=[1024, 4096, 4096, 1024]), "h100-sxm-8", 8, 20
     elif case == "transformer@8":
         g, hw, n, warm = workloads.build("transformer", **TRANSFORMER), "h100-sxm-8", 8, 25
-    elif case in ("gpt2-small-train@8", "llama2-7b-train@64"):
+    elif case in ("gpt2-small-train@8", "llama2-7b-train@64", "llama2-70b-train@512"):
         from ir.mesh import Mesh
         from ir.rewrites.layout import layout
 
         if case == "gpt2-small-train@8":
             g = workloads.build("gpt", preset="gpt2-small", batch=8, mode="train", dtype="bfloat16")
             g, hw, n, warm = layout(g, "all", Mesh((8,), 8), ("b",)), "h100-sxm-8", 8, 0
-        else:
+        elif case == "llama2-7b-train@64":
             g = workloads.build("llama", preset="llama2-7b", batch=8, mode="train", dtype="bfloat16")
             g, hw, n, warm = layout(g, "all", Mesh((8, 8), 8), ("b", "t")), "h100-sxm-64", 64, 0
+        else:  # TP8 inside the 64 nodes x DP64 across them
+            g = workloads.build("llama", preset="llama2-70b", batch=512, mode="train", dtype="bfloat16")
+            g, hw, n, warm = layout(g, "all", Mesh((64, 8), 8), ("b", "t")), "h100-sxm-512", 512, 0
     elif case == "transformer@64":
         g, hw, n, warm = workloads.build("transformer", **TRANSFORMER), "h100-sxm-64", 64, 20
         for name in list(g.topo_order):  # every op 8-64 ways over the 64 devices
@@ -112,7 +128,9 @@ def run_case(case: str, seconds: float, repeats: int, restart: int, seed: int) -
 
     warmup()
     g0, hw, n = start_plan(case, seed)
-    ev = Evaluator(hw)
+    repeat = case.endswith(REPEAT)
+    cap = CAP[case.removesuffix(REPEAT)]
+    ev = Evaluator(hw, layers="repeat" if repeat else "whole")
     ev(g0)
     rng = np.random.default_rng(seed + 1)
     rates, step_rates, wall_rates, shards = [], [], [], []
@@ -122,10 +140,12 @@ def run_case(case: str, seconds: float, repeats: int, restart: int, seed: int) -
         while t_all < budget:
             t0 = CLOCK()
             try:
-                child, _m = random_rewrite(g, rng, n, max_shards_per_op=CAP[case])
+                child, _m = random_rewrite(g, rng, n, max_shards_per_op=cap)
             except RewriteError:
                 g = g0
                 continue
+            if repeat:
+                child = tie(g, child)
             t1 = CLOCK()
             w1 = time.perf_counter()
             ev(child)
@@ -144,11 +164,16 @@ def run_case(case: str, seconds: float, repeats: int, restart: int, seed: int) -
             rates.append(steps / t_eval)
             step_rates.append(steps / t_all)
             wall_rates.append(steps / w_eval)
-    low = ev(g0, keep=True).lowered
+    if repeat:  # the whole model is never lowered: the larger truncation's nodes
+        rep = ev(g0).repetition
+        low = ev.lowerer.lower(truncate(g0, rep.big)) if rep is not None else ev(g0, keep=True).lowered
+        split, caches = {}, {}
+    else:
+        low = ev(g0, keep=True).lowered
+        extra = 20 if case == "llama2-7b-train@64" else 300  # steps of the split and cache runs (~1 s each there)
+        split = profile_split(ev, g0, rng, n, cap, restart, extra)
+        caches = cache_hit_rates(ev, g0, rng, n, cap, restart, extra)
     nodes = len(low.kind)
-    extra = 20 if case == "llama2-7b-train@64" else 300  # steps of the split and cache runs (~1 s each there)
-    split = profile_split(ev, g0, rng, n, CAP[case], restart, extra)
-    caches = cache_hit_rates(ev, g0, rng, n, CAP[case], restart, extra)
     return {"caches": caches, "case": case, "hardware": hw, "ops": len(g0.ops), "start_shards": g0.n_shards,
             "mean_shards": float(np.mean(shards)) if shards else float(g0.n_shards), "start_nodes": nodes,
             "start_transfers": int((low.kind == 1).sum()),
@@ -253,12 +278,13 @@ def main(argv: list[str] | None = None) -> dict:
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {a.cpu if a.cpu is not None else cpus[0]})
     results = [run_case(c, a.seconds, a.repeats, a.restart, a.seed) for c in a.cases]
-    goals = {"transformer@8": 5000.0, "transformer@64": 500.0, "gpt2-small-train@8": 200.0}
-    print(f"{'case':<16}{'ops':>5}{'shards':>8}{'nodes':>7}{'eval/s':>10}{'step/s':>10}{'goal':>8}   "
+    goals = {"transformer@8": 5000.0, "transformer@64": 500.0, "gpt2-small-train@8": 200.0,
+             "llama2-7b-train@64" + REPEAT: 50.0, "llama2-70b-train@512" + REPEAT: 5.0}
+    print(f"{'case':<28}{'ops':>5}{'shards':>8}{'nodes':>7}{'eval/s':>10}{'step/s':>10}{'goal':>8}   "
           "us per step: rewrite / lower / simulate")
     for r in results:
-        s = r["split_us"]
-        print(f"{r['case']:<16}{r['ops']:>5}{r['mean_shards']:>8.0f}{r['start_nodes']:>7}{r['eval_per_s']:>10.0f}"
+        s = r["split_us"] or {"rewrite": float("nan"), "lower": float("nan"), "simulate": float("nan")}
+        print(f"{r['case']:<28}{r['ops']:>5}{r['mean_shards']:>8.0f}{r['start_nodes']:>7}{r['eval_per_s']:>10.0f}"
               f"{r['step_per_s']:>10.0f}{goals.get(r['case'], float('nan')):>8.0f}   "
               f"{s['rewrite']:.0f} / {s['lower']:.0f} / {s['simulate']:.0f}")
     print("cache hit rates (entries/cap): " + "; ".join(
