@@ -38,7 +38,7 @@ compare, PaLM appendix B). A recomputation rewrite adds hardware FLOPs, not mode
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -182,7 +182,8 @@ class Evaluator:
     """Evaluates plans on one hardware; reuse it (its caches make re-evaluation incremental)."""
 
     def __init__(self, hw: Hardware | str, collectives: bool = True, curves: Any = "default",
-                 lookahead: int = DEFAULT_WINDOW, gc_every: int = 2000, layers: str = "whole") -> None:
+                 lookahead: int = DEFAULT_WINDOW, gc_every: int = 2000, layers: str = "whole",
+                 model_layers: int | None = None) -> None:
         """``collectives``: time the transfer groups that are NCCL collectives as such
         (``costmodel.collectives``); False: every transfer point to point. ``curves``: a
         ``costmodel.efficiency.Curves``, ``"default"`` (the default: the device's published
@@ -193,10 +194,13 @@ class Evaluator:
         full collection every ``gc_every`` evaluations; 0: leave the collector alone).
         ``layers``: ``whole`` simulates every layer; ``repeat`` evaluates a model of repeated
         layers from two truncations (``costmodel.repetition``: a few layers simulated, the
-        objectives extended along the layers; plans it cannot cut, and ``keep=True``, whole)."""
+        objectives extended along the layers; plans it cannot cut, and ``keep=True``, whole).
+        ``model_layers`` (with ``repeat``): plans are proxies of a model with this many layers,
+        evaluated as that model (their middle layers copied up to it)."""
         if layers not in ("whole", "repeat"):
             raise ValueError(f"layers: expected 'whole' or 'repeat', got {layers!r}")
         self.layers = layers
+        self.model_layers = model_layers
         self._gc = GcPacer(gc_every)
         self.lookahead = lookahead
         self.hw = load_hardware(hw) if not isinstance(hw, Hardware) else hw
@@ -220,14 +224,20 @@ class Evaluator:
 
     def _repeated(self, g: Graph) -> Evaluation | None:
         """``g``'s evaluation extended from two truncations (``costmodel.repetition``), or None."""
-        rep = repetition(g)
+        rep = repetition(g, model_layers=self.model_layers)
         if rep is None:
             return None
         small, big = truncate(g, rep.small), truncate(g, rep.big)
         if small is None or big is None:
             return None
         es, eb = self._whole(small, False), self._whole(big, False)
-        facts = self._facts(self._program_of(g), g)
+        if rep.proxy:  # no whole program to take facts from: the truncations' programs, extended
+            # (linear in the layers, except the lower bound: a max of two linear terms is convex, so
+            # the line through two of its points stays below it beyond them: still a bound)
+            fs, fb = self._facts(self._program_of(small), small), self._facts(self._program_of(big), big)
+            facts = ProgramFacts(*(rep.extend(a, b) for a, b in zip(astuple(fs), astuple(fb))))
+        else:
+            facts = self._facts(self._program_of(g), g)
         peak = np.maximum(eb.peak_memory_per_device + rep.x * (eb.peak_memory_per_device - es.peak_memory_per_device),
                           eb.peak_memory_per_device)
         makespan = max(rep.extend(es.makespan, eb.makespan), eb.makespan)

@@ -60,15 +60,41 @@ class Repetition:
     big: tuple[int, ...]
     x: int
 
+    @property
+    def proxy(self) -> bool:
+        """The plan is a proxy with fewer layers than the model (``model_layers``)."""
+        return max(self.big) + 1 < self.layers
+
     def extend(self, small: float, big: float) -> float:
         return big + self.x * (big - small)
 
 
-def repetition(g: Graph, min_class: int = MIN_CLASS, keep: int = KEEP) -> Repetition | None:
-    """The truncations to evaluate ``g`` by (see the module doc), or None: evaluate it whole."""
+def repetition(g: Graph, min_class: int = MIN_CLASS, keep: int = KEEP,
+               model_layers: int | None = None) -> Repetition | None:
+    """The truncations to evaluate ``g`` by (see the module doc), or None: evaluate it whole.
+    ``model_layers``: ``g`` is a proxy of a model with that many layers (more than its own): the
+    missing ones are copies of its largest class of middle layers (a search on a few layers whose
+    middle layers are tied, ``ir.rewrites.tie``, for a model of many)."""
     classes = layer_classes(g)
     if classes is None:
         return None
+    n = len(classes)
+    if model_layers is not None and model_layers > n:
+        middle: dict[int, list[int]] = {}
+        for i in range(1, n - 1):
+            middle.setdefault(classes[i], []).append(i)
+        if not middle:
+            return None
+        groups = list(middle.values())
+        c = len(groups)
+        if len({len(m) for m in groups}) != 1 or (model_layers - n) % c:
+            groups = [max(groups, key=len)]  # unequal classes: the missing layers copy the largest
+            c = 1
+        # equal classes (a pipeline's stages): each grows alike, which keeps the stages' balance
+        k = min(keep, len(groups[0]))
+        big = tuple(i for i in range(n) if not any(i in m[k:] for m in groups))
+        small = tuple(i for i in big if not any(i == m[k - 1] for m in groups))
+        return Repetition(model_layers, small, big, len(groups[0]) - k + (model_layers - n) // c)
     members: dict[int, list[int]] = {}
     for i, c in enumerate(classes):
         members.setdefault(c, []).append(i)

@@ -27,7 +27,8 @@ from typing import Any
 
 from ir.graph import Graph, Op, Tensor
 
-__all__ = ["LAYER_RE", "Chain", "GraphMemo", "LayerMap", "Shift", "layer_classes", "layer_of", "truncate"]
+__all__ = ["LAYER_RE", "Chain", "GraphMemo", "LayerMap", "Shift", "layer_classes", "layer_of", "same_entry",
+           "truncate"]
 
 LAYER_RE = re.compile(r"^l(\d+)[._]")  # the layer a name belongs to
 # a layer number inside a name: ``l<i>`` at the start or after a non-word character, followed by
@@ -107,6 +108,15 @@ def _entry(o: Op, g: Graph) -> tuple[int | None, int]:
         for _ in range(_ENTRY_CAP // 4):
             _ENTRY.popitem(last=False)
     return owner, number
+
+
+def same_entry(src: Op, dst: Op, g: Graph) -> None:
+    """Record that ``dst`` is ``src`` (an op of ``g``) moved to another layer of its class
+    (``Shift``), so its signature entry is ``src``'s and is not recomputed (``ir.rewrites.tie``
+    copies one move into tens of layers)."""
+    hit = _ENTRY.get(id(dst))
+    if hit is None or hit[0] is not dst:
+        _ENTRY[id(dst)] = (dst, _parts(dst.name)[0], _entry(src, g)[1])
 
 
 class GraphMemo:

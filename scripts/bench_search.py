@@ -6,9 +6,13 @@ program only) and *seeded* (plus the expert baselines). Reported per case and ru
 (makespan, peak memory) over the feasible plans evaluated (reference: the worst expert's makespan
 and the device memory, x1.1), evaluations. A table on stdout, JSON to ``--json``.
 
-Training cases of language models search on a *proxy*: the same model with 2 layers (layouts
-name regions, not layer counts); the best proxy plans are replayed on the full model and
-evaluated there, as are the experts (``optimizer.search.local``). Programs use fused attention
+Training cases of language models search on a *proxy*: the same model with 4 layers (the first,
+two tied middle layers, the last: ``local_search(..., tie_layers=True)`` makes a move in one
+middle layer in the other too), each proxy plan evaluated *as the full model*
+(``Evaluator(layers="repeat", model_layers=L)``, ``costmodel.repetition``: its middle layers
+copied up to ``L``); the best proxy plans are replayed on the full model (``replay(...,
+tie_from=4)``: every middle layer alike) and evaluated there with ``layers="repeat"``, as are the
+experts. llama2-70b on 512 GPUs is reported on the full model too. Programs use fused attention
 (FlashAttention, as the experts do): the forward's attention sites are substituted before the
 training step is built.
 
@@ -39,6 +43,7 @@ from ir.autodiff import training_step  # noqa: E402
 from ir.graph import Graph  # noqa: E402
 from ir.layout_describe import describe, guess_mesh  # noqa: E402
 from ir.rewrites import RewriteError  # noqa: E402
+from ir.rewrites.pipeline import op_layers  # noqa: E402
 from ir.rewrites.substitute_attention import attention_sites, fuse_attention  # noqa: E402
 from optimizer.search.baselines import baselines  # noqa: E402
 from optimizer.search.local import local_search, replay, time_to_within  # noqa: E402
@@ -46,6 +51,7 @@ from optimizer.search.pareto import hypervolume  # noqa: E402
 
 MLP = dict(batch=8192, widths=[8192, 32768, 8192], dtype="bfloat16")
 BLOCK = dict(batch=8, seq=2048, d_model=4096, heads=32, d_ff=16384, dtype="bfloat16")
+PROXY = 4  # layers of a training case's search program: the first, two tied middle ones, the last
 
 
 @dataclass(frozen=True)
@@ -65,15 +71,15 @@ CASES = [
     Case("mlp-8", "mlp", MLP, "h100-sxm-8"),
     Case("transformer-8", "transformer", BLOCK, "h100-sxm-8"),
     Case("gpt2xl-train-8", "gpt", dict(preset="gpt2-xl", batch=8, seq=1024, dtype="bfloat16"), "h100-sxm-8",
-         True, 2),
+         True, PROXY),
     Case("gpt2xl-train-64", "gpt", dict(preset="gpt2-xl", batch=64, seq=1024, dtype="bfloat16"), "h100-sxm-64",
-         True, 2),
+         True, PROXY),
     Case("llama7b-train-8", "llama", dict(preset="llama2-7b", batch=8, seq=4096, dtype="bfloat16"),
-         "h100-sxm-8", True, 2),
+         "h100-sxm-8", True, PROXY),
     Case("llama7b-train-64", "llama", dict(preset="llama2-7b", batch=64, seq=4096, dtype="bfloat16"),
-         "h100-sxm-64", True, 2),
+         "h100-sxm-64", True, PROXY),
     Case("llama70b-train-512", "llama", dict(preset="llama2-70b", batch=512, seq=4096, dtype="bfloat16"),
-         "h100-sxm-512", True, 2, full=False),
+         "h100-sxm-512", True, PROXY),
 ]
 
 
@@ -99,7 +105,6 @@ class RunResult:
     lineage: list[str]
     structure: str = ""
     wins: dict = field(default_factory=dict)
-    broadcast: bool = False  # replayed with the proxy's layer-1 moves on every layer
 
 
 def _hv(archive: list[tuple[float, float]], ref: np.ndarray) -> float:
@@ -109,11 +114,15 @@ def _hv(archive: list[tuple[float, float]], ref: np.ndarray) -> float:
 
 def run_case(case: Case, budget: float, seed: int, log) -> dict:
     hw = preset(case.hardware)
-    ev = Evaluator(hw)
     n, per = hw.n_devices, hw.devices_per_node
     t0 = time.perf_counter()
     search_prog = build(case, case.proxy_layers)
     full_prog = build(case) if case.full and case.proxy_layers else search_prog
+    # whole models are evaluated from two truncations (costmodel.repetition); the proxy's plans as
+    # the whole model (its tied middle layers copied up to the model's layer count)
+    ev = Evaluator(hw, layers="repeat")
+    model_layers = op_layers(full_prog)[1] if case.proxy_layers else None
+    search_ev = Evaluator(hw, layers="repeat", model_layers=model_layers) if model_layers else ev
     log(f"[{case.name}] built in {time.perf_counter() - t0:.0f} s: search program {len(search_prog.ops)} ops"
         + (f", full {len(full_prog.ops)} ops" if full_prog is not search_prog else ""))
     # experts on the program that is reported (full model where affordable, else the proxy)
@@ -143,34 +152,33 @@ def run_case(case: Case, budget: float, seed: int, log) -> dict:
         return full_seeds[name]
 
     for mode in ("unseeded", "seeded"):
-        run = local_search(search_prog, ev, budget, seeds if mode == "seeded" else None, seed=seed,
-                           replayable=report_prog is not search_prog)
+        run = local_search(search_prog, search_ev, budget, seeds if mode == "seeded" else None, seed=seed,
+                           replayable=report_prog is not search_prog, tie_layers=bool(case.proxy_layers))
         final, lineage, feasible = run.best.makespan, run.best.lineage, run.best.feasible
-        broadcast_used = False
         plan = run.best.graph
         if report_prog is not search_prog:  # replay the best few on the full model
             final, feasible = float("inf"), False
-            # the best three as they are, and the best with its layer-1 moves on every layer
-            tries = [(p, False) for p in run.population[:3]] + [(p, True) for p in run.population[:1]]
+            # the best three, their middle-layer moves made in every middle layer (as in the search)
+            tries = list(run.population[:3])
             if mode == "seeded" and feas:  # the seeds themselves are candidates: refinements found on
                 # the proxy may not pay on the full model
                 best_name = min((k for k, v in experts.items() if v["feasible"]), key=lambda k: experts[k]["makespan"])
-                tries.append((SimpleNamespace(lineage=(f"seed:{best_name}",)), False))
-            for p, bcast in tries:
+                tries.append(SimpleNamespace(lineage=(f"seed:{best_name}",)))
+            for p in tries:
                 try:
-                    g = replay(report_prog, p.lineage, seed_on_full, broadcast=bcast)
+                    skipped: list[str] = []
+                    g = replay(report_prog, p.lineage, seed_on_full, tie_from=case.proxy_layers, strict=False,
+                               skipped=skipped)
                 except (RewriteError, KeyError) as e:
                     log(f"  {mode}: replay failed ({e})")
                     continue
                 e = ev(g)
-                log(f"  {mode}: replayed{' (layer 1 moves on every layer)' if bcast else ''}: "
+                log(f"  {mode}: replayed ({len(skipped)} of {len(p.lineage)} moves did not apply): "
                     f"{e.makespan * 1e3:.3f} ms{'' if e.feasible else ' INFEASIBLE'}")
                 if (not feasible and e.feasible) or (e.feasible == feasible and e.makespan < final):
                     final, feasible, lineage, plan = e.makespan, bool(e.feasible), p.lineage, g
-                    broadcast_used = bcast
         res = RunResult(final, feasible, time_to_within(run.trace, run.best.makespan), _hv(run.archive, ref),
                         run.evaluations, list(lineage), wins={k: [run.wins.get(k, 0), v] for k, v in run.tries.items()})
-        res.broadcast = broadcast_used
         lines = describe(plan, guess_mesh(plan, per)).split("\n")
         # the mesh line, then the compute ops (the bf16 casts of the weights come first and say little)
         res.structure = "\n".join(lines[:1] + [x for x in lines[1:] if "= cast[" not in x][:40])

@@ -17,7 +17,7 @@ returned as it is: that layer then differs from its class.
 from __future__ import annotations
 
 from ir.graph import Graph, Op, Tensor
-from ir.layers import Shift, layer_classes, layer_of
+from ir.layers import Shift, layer_classes, layer_of, same_entry
 
 __all__ = ["tie"]
 
@@ -76,12 +76,16 @@ def tie(parent: Graph, child: Graph) -> Graph:
             new = shift.op(o) if o is not None else None
             if m is None or m not in parent.ops or (o is not None and new is None):
                 return child  # the class's layers do not line up: leave the others alone
+            if new is not None:
+                same_entry(o, new, child)
             all_replace[m] = new
         for a, extra in insert.items():
             b = shift.name(a)
             moved = [shift.op(o) for o in extra]
             if b is None or b not in parent.ops or any(o is None for o in moved):
                 return child
+            for o, new in zip(extra, moved):
+                same_entry(o, new, child)
             all_insert[b] = moved
         for t, v in tensors.items():
             u = shift.name(t)

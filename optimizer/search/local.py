@@ -26,6 +26,7 @@ import numpy as np
 from costmodel.evaluate import Evaluator
 from ir.graph import Graph
 from ir.rewrites import RewriteError, parse_move
+from ir.rewrites.tie import tie
 from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, OPERATORS, AdaptiveWeights, MutationContext
 
 SEED_PREFIX = "seed:"
@@ -63,10 +64,12 @@ def _evaluate(ev: Evaluator, g: Graph, lineage: tuple[str, ...]) -> Plan:
 
 def local_search(program: Graph, ev: Evaluator, budget_s: float, seeds: Mapping[str, Graph] | None = None,
                  seed: int = 0, mu: int = 12, weights: Mapping[str, float] | None = None,
-                 replayable: bool = False) -> SearchRun:
+                 replayable: bool = False, tie_layers: bool = False) -> SearchRun:
     """Search from ``program`` (and the ``seeds`` plans, by name) for ``budget_s`` seconds.
 
-    ``replayable`` leaves out crossover (its children cannot be replayed from text alone)."""
+    ``replayable`` leaves out crossover (its children cannot be replayed from text alone).
+    ``tie_layers``: a move in one layer is made in every layer of its class (``ir.rewrites.tie``),
+    so repeated layers keep one layout (``replay(..., tie_from=...)`` rebuilds such a lineage)."""
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     hw = ev.hw
@@ -95,6 +98,8 @@ def local_search(program: Graph, ev: Evaluator, budget_s: float, seeds: Mapping[
         except RewriteError:
             aw.record(op, False)
             continue
+        if tie_layers:
+            child = tie(parent.graph, child)
         if child.digest in seen:
             aw.record(op, False)
             continue
@@ -119,7 +124,8 @@ _LAYER1 = re.compile(r"\bl1(?=[._])")
 
 
 def replay(program: Graph, lineage: tuple[str, ...], seeds: Callable[[str], Graph] | None = None,
-           broadcast: bool = False) -> Graph:
+           broadcast: bool = False, tie_from: int | None = None, strict: bool = True,
+           skipped: list[str] | None = None) -> Graph:
     """Rebuild a plan from its lineage on ``program`` (e.g. the full model of a proxy's plan);
     ``seeds(name)`` builds a named seed plan on it. Raises ``RewriteError`` if a move does not
     apply there.
@@ -127,9 +133,22 @@ def replay(program: Graph, lineage: tuple[str, ...], seeds: Callable[[str], Grap
     ``broadcast``: a 2-layer proxy's moves on layer 1 (ops ``l1.…``, parameters ``l1_…``) are
     applied to every layer ``1 .. L-1`` of ``program`` (layer 0 keeps its own): the proxy's layer 1
     stands for the repeated middle of the model. A copy that does not apply to some layer is
-    skipped there; the move on layer 1 itself must apply."""
+    skipped there; the move on layer 1 itself must apply.
+
+    ``tie_from``: the lineage was made by ``local_search(..., tie_layers=True)`` on a proxy of
+    ``P = tie_from`` layers: a move naming the proxy's last layer is made on ``program``'s last
+    layer ``L - 1`` (and the layer before it, ``P - 2``, on ``L - 2``), and every move is tied to
+    its layer's class (``ir.rewrites.tie``), as in the search. ``strict=False`` skips a move
+    that does not apply on ``program`` (the proxy's classes may have split where the model's did
+    not) instead of raising; ``skipped`` (a list) collects their texts."""
     g = program
     n_layers = 0
+    if tie_from is not None:
+        from ir.rewrites.pipeline import op_layers
+
+        last = re.compile(rf"\bl{tie_from - 1}(?=[._])")
+        before = re.compile(rf"\bl{tie_from - 2}(?=[._])")
+        n_model = op_layers(program)[1]
     if broadcast:
         from ir.rewrites.pipeline import op_layers
 
@@ -139,6 +158,17 @@ def replay(program: Graph, lineage: tuple[str, ...], seeds: Callable[[str], Grap
             if seeds is None:
                 raise RewriteError(f"lineage starts from seed {text[len(SEED_PREFIX):]!r}, and no seeds were given")
             g = seeds(text[len(SEED_PREFIX):])
+            continue
+        if tie_from is not None:
+            if last.search(text):
+                text = before.sub(f"l{n_model - 2}", last.sub(f"l{n_model - 1}", text))
+            try:
+                g = tie(g, parse_move(text).apply(g))
+            except RewriteError:
+                if strict:
+                    raise
+                if skipped is not None:
+                    skipped.append(text)
             continue
         g = parse_move(text).apply(g)
         if n_layers > 2 and _LAYER1.search(text):

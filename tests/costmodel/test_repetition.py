@@ -164,3 +164,43 @@ def test_tie_leaves_moves_it_cannot_copy():
     c = parse_move("recompute{prefix=l0.}").apply(g)  # layer 0 is a class of its own
     assert tie(g, c) is c
     assert tie(g, g) is g
+
+
+@pytest.mark.parametrize("builder", [zero3, megatron])
+def test_a_proxy_is_evaluated_as_the_model(builder):
+    """A 4-layer proxy with ``model_layers=12`` gives the 12-layer model's figures (its middle
+    layers copied up), the program facts included (extended: linear in the layers)."""
+    g12 = workloads.build("llama", layers=12, **SMALL)
+    g4 = workloads.build("llama", layers=4, **SMALL)
+    whole = Evaluator("h100-sxm-8")(builder(g12, 8))
+    proxy = Evaluator("h100-sxm-8", layers="repeat", model_layers=12)(builder(g4, 8))
+    assert proxy.repetition is not None and proxy.repetition.proxy and proxy.repetition.layers == 12
+    for f in ("makespan", "energy", "peak_memory", "lower_bound", "model_flops", "memory_floor"):
+        assert _close(getattr(proxy, f), getattr(whole, f), 0.01), (f, getattr(proxy, f), getattr(whole, f))
+
+
+def test_a_pipelined_proxy_grows_every_stage_alike():
+    g10 = workloads.build("llama", layers=10, **SMALL)
+    g6 = workloads.build("llama", layers=6, **SMALL)
+    whole = Evaluator("h100-sxm-8")(megatron_3d(g10, 8, pp=2, m=4))
+    plan = megatron_3d(g6, 8, pp=2, m=4)  # stages of layers 0-2 and 3-5: middle classes {1, 2}, {3, 4}
+    proxy = Evaluator("h100-sxm-8", layers="repeat", model_layers=10)(plan)
+    assert proxy.repetition.x == 2 and len(proxy.repetition.big) == 6  # (10 - 6) / 2 more per stage
+    assert _close(proxy.makespan, whole.makespan, 0.01) and _close(proxy.peak_memory, whole.peak_memory, 0.01)
+
+
+def test_a_tied_proxy_lineage_replays_on_the_model():
+    from optimizer.search.local import local_search, replay
+
+    g4 = workloads.build("llama", layers=4, **TINY)
+    g8 = workloads.build("llama", layers=8, **TINY)
+    ev = Evaluator("h100-sxm-8", layers="repeat", model_layers=8)
+    run = local_search(g4, ev, 3.0, {"zero3": zero3(g4, 8)}, seed=1, replayable=True, tie_layers=True)
+    best = run.best
+    assert len(best.lineage) > 2
+    full = replay(g8, best.lineage, lambda name: zero3(g8, 8), tie_from=4)
+    c = layer_classes(full)
+    assert len(set(c[1:7])) <= 2  # the middle stays (almost) one class: the moves were tied
+    e = Evaluator("h100-sxm-8")(full)
+    assert _close(e.makespan, best.makespan, 0.05), (e.makespan, best.makespan)
+    assert verify(full, reference=unshard(g8)).ok
