@@ -109,6 +109,11 @@ class SearchConfig(Strict):
     seed_baselines: bool = Field(default=True, description="start from the hand-built baselines, not only "
                                                          "the single-device program")
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="a non-negative integer")
+    layers: Literal["auto", "whole", "repeat"] = Field(
+        default="auto", description="how plans of models with repeated layers are evaluated: 'whole' simulates "
+        "every layer; 'repeat' simulates two truncations and extends the objectives along the layers, and "
+        "makes each move in one layer in every layer like it (costmodel.repetition, ir.rewrites.tie); 'auto': "
+        "repeat for programs of 16 layers or more")
 
     @field_validator("mutation_weights")
     @classmethod

@@ -134,6 +134,7 @@ def plan_in_words(g: Any) -> str:
 
 def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any]:
     from costmodel.evaluate import Evaluator
+    from costmodel.repetition import layers_mode
     from costmodel.hardware import Hardware
     from ir.dot import RenderError, render_svg, to_dot
     from ir.rewrites.substitute_attention import substitution_summary
@@ -182,9 +183,10 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
         except RenderError:
             stem.with_suffix(".dot").write_text(dot)
     hw = Hardware.from_dict(row["config"]["hardware"])
-    ev = Evaluator(hw)
     if program is None and front:
         program = loads(graphs[front[0]["digest"]])  # the baselines unshard it first
+    setting = (row["config"].get("search") or {}).get("layers", "auto")
+    ev = Evaluator(hw, layers=layers_mode(program, setting) if program is not None else "whole")
     base_evals: dict[str, dict] = {}
     if program is not None:
         for bname, bg in baselines(program, hw.n_devices).items():

@@ -98,6 +98,7 @@ def make_strategy(cfg: CampaignConfig, ctx: Any) -> Any:
 
 
 def _context(cfg: CampaignConfig, hw: Any, base: Any, url: str) -> Any:
+    from costmodel.repetition import layers_mode
     from ir.serialize import dumps
     from optimizer.search.strategies.base import SearchContext
     from optimizer.search.worker import TaskConstraints
@@ -105,16 +106,17 @@ def _context(cfg: CampaignConfig, hw: Any, base: Any, url: str) -> Any:
     return SearchContext(campaign=cfg.name, hardware=hw.to_dict(), objectives=tuple(cfg.objectives),
                          constraints=TaskConstraints(**cfg.constraints.model_dump()), search=cfg.search,
                          seed=cfg.search.seed, base_json=dumps(base, indent=None), base_digest=base.digest,
-                         n_devices=hw.n_devices, storage_url=url)
+                         n_devices=hw.n_devices, storage_url=url, layers=layers_mode(base, cfg.search.layers))
 
 
 def initial_records(cfg: CampaignConfig, hw: Any, base: Any, plan: Any) -> list[dict]:
     """Evaluated baselines (and the user's plan): the first population."""
     from costmodel.evaluate import Evaluator
+    from costmodel.repetition import layers_mode
     from optimizer.search.baselines import baselines
     from optimizer.search.worker import record
 
-    ev = Evaluator(hw)
+    ev = Evaluator(hw, layers=layers_mode(base, cfg.search.layers))
     graphs = dict(baselines(base, hw.n_devices)) if cfg.search.seed_baselines else {"single-device": base}
     if plan is not None:
         graphs["user-plan"] = plan

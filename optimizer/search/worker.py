@@ -22,6 +22,7 @@ import numpy as np
 
 from ir.graph import Graph
 from ir.rewrites import RewriteError
+from ir.rewrites.tie import tie
 from ir.serialize import dumps, loads
 from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, OPERATORS, AdaptiveWeights, MutationContext
 from optimizer.search.pareto import crowding_distance
@@ -70,6 +71,7 @@ class SearchTaskSpec:
     returns: int
     mode: Literal["evolve", "random"]
     time_limit: float | None
+    layers: str = "whole"  # "repeat": Evaluator(layers="repeat") and tied moves (search.layers)
 
     def max_evaluations(self) -> int:
         """The most evaluations this task can count (its parents and every step)."""
@@ -80,7 +82,7 @@ class SearchTaskSpec:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SearchTaskSpec:
-        d = {"time_limit": None, **d}  # checkpoints written before time limits existed
+        d = {"time_limit": None, "layers": "whole", **d}  # checkpoints written before these existed
         kw = {f.name: d[f.name] for f in fields(cls)}
         kw.update(parents=tuple((str(a), str(b)) for a, b in d["parents"]), objectives=tuple(d["objectives"]),
                   constraints=TaskConstraints.from_json(d["constraints"]), seed=tuple(d["seed"]))
@@ -101,6 +103,7 @@ class EvaluateTaskSpec:
     seed: tuple[int, ...]
     refine_steps: int
     time_limit: float | None
+    layers: str = "whole"
 
     def max_evaluations(self) -> int:
         return len(self.plans) * (1 + self.refine_steps)
@@ -110,26 +113,27 @@ class EvaluateTaskSpec:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> EvaluateTaskSpec:
-        d = {"time_limit": None, **d}  # checkpoints written before time limits existed
+        d = {"time_limit": None, "layers": "whole", **d}  # checkpoints written before these existed
         kw = {f.name: d[f.name] for f in fields(cls)}
         kw.update(plans=tuple((int(a), str(b)) for a, b in d["plans"]), objectives=tuple(d["objectives"]),
                   constraints=TaskConstraints.from_json(d["constraints"]), seed=tuple(d["seed"]))
         return cls(**kw)
 
 
-def evaluator_for(hw_dict: dict) -> Any:
-    """The process's evaluator for this hardware (created, and numba warmed up, once)."""
+def evaluator_for(hw_dict: dict, layers: str = "whole") -> Any:
+    """The process's evaluator for this hardware and ``layers`` mode (created, and numba warmed
+    up, once)."""
     from costmodel.evaluate import Evaluator
     from costmodel.hardware import Hardware
     from costmodel.lowering import warmup as warm_lowering
     from costmodel.simulate import warmup
 
-    key = hashlib.sha256(json.dumps(hw_dict, sort_keys=True).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([hw_dict, layers], sort_keys=True).encode()).hexdigest()
     ev = _EVALUATORS.get(key)
     if ev is None:
         warmup()  # numba compiles per process: once per worker, not per task
         warm_lowering()
-        ev = _EVALUATORS[key] = Evaluator(Hardware.from_dict(hw_dict))
+        ev = _EVALUATORS[key] = Evaluator(Hardware.from_dict(hw_dict), layers=layers)
     return ev
 
 
@@ -198,7 +202,8 @@ def search_task(spec: SearchTaskSpec) -> dict:
     if not spec.parents:
         raise ValueError("a search task needs at least one parent plan; the strategy sent none")
     loaded = [(plan_from_archive(text, digest), digest) for digest, text in spec.parents]  # validated first
-    ev_fn = evaluator_for(spec.hardware)
+    ev_fn = evaluator_for(spec.hardware, spec.layers)
+    tied = spec.layers == "repeat"  # repeated layers keep one layout: a move is made in all alike
     names = list(spec.objectives)
     constraints = spec.constraints
     rng = np.random.default_rng(np.random.SeedSequence(list(spec.seed)))
@@ -241,6 +246,8 @@ def search_task(spec: SearchTaskSpec) -> dict:
         except RewriteError:
             weights.record(op_name, False)
             continue
+        if tied:
+            child = tie(parent, child)
         ts = time.perf_counter()
         e = ev_fn(child)
         dt = time.perf_counter() - ts
@@ -268,7 +275,7 @@ def evaluate_task(spec: EvaluateTaskSpec) -> dict:
     """Evaluate given plans (the Optuna strategy's trials), each refined by ``spec.refine_steps``
     local mutations; returns one best record per plan."""
     t0 = time.perf_counter()
-    ev_fn = evaluator_for(spec.hardware)
+    ev_fn = evaluator_for(spec.hardware, spec.layers)
     names = list(spec.objectives)
     constraints = spec.constraints
     rng = np.random.default_rng(np.random.SeedSequence(list(spec.seed)))
@@ -292,6 +299,8 @@ def evaluate_task(spec: EvaluateTaskSpec) -> dict:
                 child, move = OPERATORS[op](best_g, rng, ctx)
             except RewriteError:
                 continue
+            if spec.layers == "repeat":
+                child = tie(best_g, child)
             e = ev_fn(child)
             evaluations += 1
             if acceptable(e, constraints) and (not acceptable(best_e, constraints) or scalar(e) < scalar(best_e)):

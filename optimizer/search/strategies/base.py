@@ -33,6 +33,7 @@ class SearchContext:
     base_digest: str
     n_devices: int
     storage_url: str
+    layers: str = "whole"   # how plans are evaluated: whole or repeat (search.layers, resolved)
 
 
 class Strategy(ABC):
@@ -45,7 +46,8 @@ class Strategy(ABC):
     def common_spec(self) -> dict[str, Any]:
         """The task spec fields every strategy sets the same way (keyword arguments)."""
         return {"hardware": self.ctx.hardware, "objectives": tuple(self.ctx.objectives),
-                "constraints": self.ctx.constraints, "max_shards_per_op": self.ctx.search.max_shards_per_op}
+                "constraints": self.ctx.constraints, "max_shards_per_op": self.ctx.search.max_shards_per_op,
+                "layers": self.ctx.layers}
 
     @abstractmethod
     def seed_population(self, records: list[dict]) -> None:
