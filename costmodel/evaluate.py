@@ -223,14 +223,16 @@ class Evaluator:
         return self._whole(g, keep)
 
     def _repeated(self, g: Graph) -> Evaluation | None:
-        """``g``'s evaluation extended from two truncations (``costmodel.repetition``), or None."""
+        """``g``'s evaluation extended from two truncations (``costmodel.repetition``), or None
+        (evaluate it whole). A proxy (``model_layers``) that cannot be cut is refused: its own
+        figures would stand for a model ten times its size, and a search would seek them out."""
         rep = repetition(g, model_layers=self.model_layers)
-        if rep is None:
-            return None
-        small, big = truncate(g, rep.small), truncate(g, rep.big)
+        small = big = None
+        if rep is not None:
+            small, big = truncate(g, rep.small), truncate(g, rep.big)
         if small is None or big is None:
-            return None
-        es, eb = self._whole(small, False), self._whole(big, False)
+            return self._refused(g) if self.model_layers is not None else None
+        es, eb = self._whole(small, True), self._whole(big, True)
         if rep.proxy:  # no whole program to take facts from: the truncations' programs, extended
             # (linear in the layers, except the lower bound: a max of two linear terms is convex, so
             # the line through two of its points stays below it beyond them: still a bound)
@@ -238,18 +240,33 @@ class Evaluator:
             facts = ProgramFacts(*(rep.extend(a, b) for a, b in zip(astuple(fs), astuple(fb))))
         else:
             facts = self._facts(self._program_of(g), g)
-        peak = np.maximum(eb.peak_memory_per_device + rep.x * (eb.peak_memory_per_device - es.peak_memory_per_device),
-                          eb.peak_memory_per_device)
-        makespan = max(rep.extend(es.makespan, eb.makespan), eb.makespan)
+
+        def extend(a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray | float:
+            return np.maximum(rep.extend(a, b), b)  # never below the larger truncation's
+
+        peak = extend(es.peak_memory_per_device, eb.peak_memory_per_device)
+        # every added layer's compute runs somewhere: no device can finish before its own busy time
+        # grows by the layers (the line alone can be fooled by a middle layer that hides behind
+        # the first or last one, which then dominates the makespan for a few layers only)
+        busy = extend(es.schedule.busy_compute, eb.schedule.busy_compute)
+        line = float(extend(es.makespan, eb.makespan))
+        makespan = max(line, float(busy.max()) if busy.size else 0.0)
         used = max(es.devices, eb.devices)
+        energy = float(extend(es.energy, eb.energy)) + self.hw.device.idle_power * used * (makespan - line)
         return Evaluation(
-            makespan=makespan, energy=max(rep.extend(es.energy, eb.energy), eb.energy),
-            peak_memory=float(peak.max()) if peak.size else 0.0, devices=used,
-            bytes_moved=max(rep.extend(es.bytes_moved, eb.bytes_moved), eb.bytes_moved),
+            makespan=makespan, energy=energy, peak_memory=float(peak.max()) if peak.size else 0.0, devices=used,
+            bytes_moved=float(extend(es.bytes_moved, eb.bytes_moved)),
             feasible=bool((peak <= self._capacity).all()) and facts.memory_floor <= self._capacity,
             lower_bound=facts.lower_bound, peak_memory_per_device=peak, hardware=self.hw,
             model_flops=facts.model_flops, mfu=facts.ideal_seconds / (makespan * used) if makespan > 0 and used else 0.0,
             memory_floor=facts.memory_floor, repetition=rep)
+
+    def _refused(self, g: Graph) -> Evaluation:
+        """A proxy that cannot stand for its model: infeasible, with infinite objectives."""
+        n = self.hw.n_devices
+        return Evaluation(makespan=float("inf"), energy=float("inf"), peak_memory=float("inf"), devices=n,
+                          bytes_moved=float("inf"), feasible=False, lower_bound=0.0,
+                          peak_memory_per_device=np.full(n, np.inf), hardware=self.hw)
 
     def _program_of(self, g: Graph) -> int:
         """``Lowerer.program_of(g)``, inherited from the parent through an in-place edit that
