@@ -214,28 +214,16 @@ def fit_dispatch(hw: Any, backend: str = "numpy", repeats: int = 3, quick: bool 
     return cal, d, len(points)
 
 
-def calibrate_on_plans(result: CalibrationResult, workloads: dict[str, dict[str, Any]], plans_each: int = 3,
-                       backend: str = "numpy", repeats: int = 3, seed: int = 1000,
-                       statistic: str = "median") -> tuple[Any, float, int]:
-    """Refit ``result`` (a one-op spread calibration) with the shards of real plans, then fit the
-    executor's time between shards on those plans (``optimizer.realrun.online._fit_dispatch``).
-
-    For each workload (``ir.workloads.build(name, **params)``), the unsharded program and
-    ``plans_each - 1`` random rewrites of it over 4 devices (``ir.rewrites.random_walk``, seeded
-    with ``seed``: use a seed the plans under test do not use) run device-aware
-    (``measure_plan``); their unfused shards join the spread's points and every class is fitted
-    again from ``result.base``. Why: one-op points are square GEMMs and fresh graphs, while plans
-    run ``linear`` with bias, attention, layernorm-matmul and slices of them; on this VM the
-    spread alone over-predicted the plans' ``linear`` shards by ~1.6x and their gelu by ~2x.
-    Returns ``(calibrated hardware with the dispatch in its launch overheads, dispatch seconds per
-    shard, plans timed)``."""
-    from costmodel.calibrate import calibrate
+def calibration_plans(workloads: dict[str, dict[str, Any]], plans_each: int = 3,
+                      seed: int = 1000) -> list[tuple[str, Any]]:
+    """``(workload name, Graph)`` of the plans ``calibrate_on_plans`` times: per workload
+    (``ir.workloads.build(name, **params)``) the unsharded program and ``plans_each - 1`` random
+    rewrites of it over 4 devices (``ir.rewrites.random_walk``, seeded with ``seed``: use a seed the
+    plans under test do not use)."""
     from ir import workloads as W
     from ir.rewrites import random_walk
-    from optimizer.realrun.measurement import executed_hardware, measure_plan
-    from optimizer.realrun.online import _fit_dispatch, calibration_records, plan_points
 
-    records = []
+    out = []
     for j, (name, params) in enumerate(workloads.items()):
         base = W.build(name, **params)
         rng = np.random.default_rng([seed, j])
@@ -247,13 +235,44 @@ def calibrate_on_plans(result: CalibrationResult, workloads: dict[str, dict[str,
             if g.digest not in seen:
                 seen.add(g.digest)
                 plans.append(g)
-        for g in plans:
-            records += measure_plan(g, executed_hardware(result.hardware), backend, repeats=repeats,
-                                    statistic=statistic)
+        out += [(name, g) for g in plans]
+    return out
+
+
+def calibrate_with_plans(result: CalibrationResult, records: list[dict[str, Any]]) -> tuple[Any, float, int]:
+    """Refit ``result`` (a one-op spread calibration) with the shards of measured plans
+    (``measure_plan`` records of several plans), then fit the executor's time between shards on
+    those plans (``optimizer.realrun.online._fit_dispatch``); see :func:`calibrate_on_plans`."""
+    from costmodel.calibrate import calibrate
+    from optimizer.realrun.measurement import executed_hardware
+    from optimizer.realrun.online import _fit_dispatch, calibration_records, plan_points
+
     points = plan_points(records)
     cal = executed_hardware(calibrate(list(result.records) + calibration_records(points), result.base))
     cal, d = _fit_dispatch(points, cal, np.array([p["measured"] for p in points]))
     return cal, d, len(points)
+
+
+def calibrate_on_plans(result: CalibrationResult, workloads: dict[str, dict[str, Any]], plans_each: int = 3,
+                       backend: str = "numpy", repeats: int = 3, seed: int = 1000,
+                       statistic: str = "median") -> tuple[Any, float, int]:
+    """Refit ``result`` (a one-op spread calibration) with the shards of real plans, then fit the
+    executor's time between shards on those plans (``optimizer.realrun.online._fit_dispatch``).
+
+    The plans (:func:`calibration_plans`) run device-aware (``measure_plan``); their unfused
+    shards join the spread's points and every class is fitted again from ``result.base``
+    (:func:`calibrate_with_plans`). Why: one-op points are square GEMMs and fresh graphs, while
+    plans run ``linear`` with bias, attention, layernorm-matmul and slices of them; on this VM the
+    spread alone over-predicted the plans' ``linear`` shards by ~1.6x and their gelu by ~2x.
+    Returns ``(calibrated hardware with the dispatch in its launch overheads, dispatch seconds per
+    shard, plans timed)``."""
+    from optimizer.realrun.measurement import executed_hardware, measure_plan
+
+    records = []
+    for _, g in calibration_plans(workloads, plans_each, seed):
+        records += measure_plan(g, executed_hardware(result.hardware), backend, repeats=repeats,
+                                statistic=statistic)
+    return calibrate_with_plans(result, records)
 
 
 def run_calibration(backend: str, hardware: Any, quick: bool = False, repeats: int = 3, warmup: int = 1,
