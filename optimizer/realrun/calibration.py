@@ -173,6 +173,7 @@ class CalibrationResult:
         for k, f in self.fits.items():
             out[k] = {"compute": f.compute_eff, "memory": f.memory_eff, "launch": f.launch, "n": f.n,
                       "compute_identified": f.compute_identified, "memory_identified": f.memory_identified,
+                      "launch_identified": f.launch_identified,
                       "rms_rel_error": None if math.isnan(f.rms_rel_error) else f.rms_rel_error}
         return out
 
