@@ -1,9 +1,11 @@
 """Calibration runs: time a spread of kernels and shard sizes, fit the cost model to them.
 
 The spread (``kernel_spread``) covers every efficiency class the cost model distinguishes:
-``matmul`` (matmul and linear, square and skinny), ``elementwise`` (add, relu, gelu),
-``rowwise`` (softmax, layernorm), ``conv`` (conv2d 3x3) and ``reduction`` (reduce_sum), each at
-several sizes from launch-bound to bandwidth- or compute-bound. Sizes depend on the backend (a
+``matmul`` (matmul and linear, square and skinny), its subclasses ``matmul.attention``
+(attention of a transformer's heads) and ``matmul.norm`` (a layernorm fused into the linear or
+per-head projection that reads it), ``elementwise`` (add, relu, gelu), ``rowwise`` (softmax,
+layernorm), ``conv`` (conv2d 3x3) and ``reduction`` (reduce_sum), each at several sizes from
+launch-bound to bandwidth- or compute-bound. Sizes depend on the backend (a
 GPU needs far bigger shards to leave the launch-bound regime); ``quick`` keeps a few small ones
 per class (tests, smoke runs).
 
@@ -46,6 +48,27 @@ def _one_op(kernel: str, dtype: str, inputs: dict[str, tuple[int, ...]], roles: 
     return build
 
 
+def _norm_matmul(dtype: str, rows: int, d: int, out: int, heads: int = 0) -> Callable[[], Any]:
+    """A layernorm over ``d`` read by a linear ``d -> out`` (``heads == 0``) or by a per-head
+    projection ``bsd,dhe->bhse`` (``heads`` heads of ``out // heads``), fused into one
+    ``norm_matmul`` op (``ir.rewrites.fuse_norm``), as the transformer's plans run it."""
+    def build() -> Any:
+        from ir.builder import GraphBuilder
+        from ir.rewrites import fuse_norm
+
+        b = GraphBuilder(dtype)
+        x = b.input("x", (1, rows, d))
+        n = b.op("layernorm", "ln", {"x": x, "gamma": b.parameter("gamma", (d,)), "beta": b.parameter("beta", (d,))},
+                 eps=1e-5)
+        if heads:
+            b.op("einsum", "k", {"a": n, "b": b.parameter("W", (d, heads, out // heads))}, equation="bsd,dhe->bhse")
+        else:
+            b.op("linear", "k", {"x": n, "W": b.parameter("W", (d, out)), "b": b.parameter("bias", (out,))})
+        return fuse_norm(b.build(), "ln")
+
+    return build
+
+
 def kernel_spread(backend: str = "numpy", quick: bool = False, dtypes: tuple[str, ...] = ("float32",)) -> list[Case]:
     """The calibration points (see the module docstring)."""
     gpu = backend == "cupy"
@@ -73,6 +96,18 @@ def kernel_spread(backend: str = "numpy", quick: bool = False, dtypes: tuple[str
         for nb, f, o in lin:
             add(f"linear {nb}x{f}->{o}{tag}", "linear",
                 _one_op("linear", dt, {"x": (nb, f), "W": (f, o), "b": (o,)}, {"W": "parameter", "b": "parameter"}))
+        # the GEMM subclasses: attention (batch x heads, seq, head dim 64) and norm_matmul
+        att = [(2, 16, 16), (4, 32, 16), (2, 64, 32)] if quick else ([(8, 2048, 128), (32, 1024, 128), (4, 4096, 128)] if gpu else
+                                           [(4, 64, 64), (16, 128, 64), (8, 256, 64), (4, 512, 64)])
+        for bh, sq, e in att:
+            add(f"attention {bh}x{sq}x{e}{tag}", "attention",
+                _one_op("attention", dt, {"q": (bh, sq, e), "k": (bh, sq, e), "v": (bh, sq, e)}, scale=e ** -0.5))
+        nm = [(32, 64, 64, 0), (32, 64, 64, 2), (64, 128, 64, 0)] if quick else (
+            [(8192, 4096, 4096, 0), (8192, 4096, 4096, 32), (2048, 1024, 4096, 0)] if gpu else
+            [(128, 256, 1024, 0), (512, 256, 256, 4), (256, 256, 1024, 0), (128, 1024, 256, 0), (64, 256, 256, 4)])
+        for r, d_in, o, h in nm:
+            add(f"norm_matmul {r}x{d_in}->{o}{' heads ' + str(h) if h else ''}{tag}", "norm_matmul",
+                _norm_matmul(dt, r, d_in, o, h))
         # elementwise: one size ladder for add, a shorter one for relu and gelu
         ladder = [1 << 12, 1 << 15, 1 << 17] if quick else (
             [1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26] if gpu else [1 << 12, 1 << 16, 1 << 19, 1 << 21, 1 << 22])
@@ -129,7 +164,8 @@ def measure_spread(cases: list[Case], backend: str = "numpy", repeats: int = 3, 
     out = []
     for c in cases:
         g = c.build()
-        seconds = time_ops(g, backend, repeats=repeats, warmup=warmup, statistic=statistic)["k"]
+        (name,) = g.topo_order
+        seconds = time_ops(g, backend, repeats=repeats, warmup=warmup, statistic=statistic)[name]
         rec = record_of(g, seconds)
         rec["case"] = c.name
         out.append(rec)

@@ -54,8 +54,9 @@ def measure_rounds(cases: Sequence[Case], plans: Sequence[tuple[Hashable, Any]],
         for j in rng.permutation(n):
             j = int(j)
             if j < len(cases):
+                (name,) = graphs[j].topo_order
                 kernel_s[j].append(time_ops(graphs[j], backend, repeats=repeats, warmup=warmup,
-                                            statistic=statistic)["k"])
+                                            statistic=statistic)[name])
             else:
                 p = j - len(cases)
                 plan_r[p].append(measure_plan(plans[p][1], hw, backend, repeats=repeats, warmup=warmup,

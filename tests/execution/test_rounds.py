@@ -59,7 +59,8 @@ def test_rounds_visit_every_item_once_per_round_in_a_fresh_order(monkeypatch, pl
         return seen[key]
 
     def fake_time_ops(g, backend, repeats, warmup, statistic):
-        return {"k": [3.0, 1.0, 2.0][visit(str(id(g))) - 1]}
+        (name,) = g.topo_order
+        return {name: [3.0, 1.0, 2.0][visit(str(id(g))) - 1]}
 
     def fake_measure_plan(g, hw, backend, repeats, warmup, statistic):
         return _round(g.digest, [[9.0, 8.0, 7.0][visit(g.digest) - 1]], [], gap=0.0)
