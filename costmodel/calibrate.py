@@ -30,8 +30,10 @@ can stall; the NNLS steps are exact and cheap, and the final least-squares pass 
 A factor is *identified* only if its term binds at ``min_binding`` points or more; otherwise the
 hardware's current factor is kept (e.g. elementwise kernels are always memory-bound: their
 compute efficiency cannot be measured). The launch overhead is identified only if the class's
-points span at least ``min_spread`` times in work (their binding term, ``max(a·x_f, b·x_b)``);
-otherwise it is kept and only the efficiencies are fitted. Shards that are all alike (a campaign
+points span at least ``min_spread`` times in work (their binding term, ``max(a·x_f, b·x_b)``) and
+the fitted value differs from the hardware's current one by at least two standard errors (least
+squares on the relative residuals, linearised at the binding assignment); otherwise it is kept
+and only the efficiencies are fitted. Shards that are all alike (a campaign
 sampling plans of one small program: its GEMM shards of 0.27 and 0.54 GFLOP only) cannot tell
 a fixed cost per shard from a rate, and a free fit traded one for the other at random (a launch
 overhead of 4.9 ms and a compute efficiency 4x too high on one quickstart run). Classes with fewer
@@ -218,9 +220,13 @@ def _fit_one(kclass: str, xf, xb, y, hw: Hardware, min_points: int, min_binding:
         comp = best[0] * xf >= best[1] * xb
         work = np.maximum(best[0] * xf, best[1] * xb)
         spread = float(work.max() / work.min()) if work.min() > 0 else float("inf")
-        ident = (fixed[0] is not None or int(comp.sum()) >= min_binding,
-                 fixed[1] is not None or int((~comp).sum()) >= min_binding,
-                 fixed[2] is not None or spread >= min_spread)
+        ident = [fixed[0] is not None or int(comp.sum()) >= min_binding,
+                 fixed[1] is not None or int((~comp).sum()) >= min_binding, True]
+        se = 0.0
+        if fixed[2] is None and ident[0] and ident[1]:
+            # the efficiency terms are settled: is the launch overhead told apart from them?
+            se = _launch_se(best, xf, xb, y, comp, fixed)
+            ident[2] = spread >= min_spread and abs(best[2] - L0) >= 2.0 * se
         new_fixed = tuple(default[j] if not ident[j] else fixed[j] for j in range(3))
         if new_fixed == fixed:
             break
@@ -229,7 +235,9 @@ def _fit_one(kclass: str, xf, xb, y, hw: Hardware, min_points: int, min_binding:
                 notes.append(f"{what} term binds at fewer than {min_binding} points: default {what} efficiency kept")
         if new_fixed[2] is not None and fixed[2] is None:
             notes.append(f"the points span {spread:.3g}x in work, less than {min_spread:g}x: too alike to tell a "
-                         f"launch overhead from a rate, default launch overhead kept")
+                         f"launch overhead from a rate, default launch overhead kept" if spread < min_spread else
+                         f"the fitted launch overhead {best[2]:.3g} s is within 2 standard errors ({se:.2g} s) of the "
+                         f"default {L0:.3g} s: default launch overhead kept")
         fixed = new_fixed  # type: ignore[assignment]
     a, b, L = best
     ce = min(MAX_EFFICIENCY, 1.0 / a) if a > 0 else MAX_EFFICIENCY
@@ -238,6 +246,19 @@ def _fit_one(kclass: str, xf, xb, y, hw: Hardware, min_points: int, min_binding:
     rms = float(np.sqrt(np.mean(((_model(final, xf, xb) - y) / y) ** 2)))
     return ClassFit(kclass, n, float(ce), float(me), float(max(L, 0.0)), fixed[0] is None, fixed[1] is None, rms,
                     method, notes, launch_identified=fixed[2] is None)
+
+
+def _launch_se(p: np.ndarray, xf, xb, y, comp: np.ndarray, fixed: Fixed) -> float:
+    """Standard error of the launch overhead of fit ``p`` (least squares on relative residuals,
+    linearised at the binding assignment ``comp``); ``inf`` without a spare degree of freedom."""
+    cols = [x / y for j, x in ((0, xf * comp), (1, xb * ~comp)) if fixed[j] is None] + [1.0 / y]
+    J = np.stack(cols, axis=1)
+    dof = len(y) - J.shape[1]
+    if dof <= 0:
+        return float("inf")
+    r = (_model(p, xf, xb) - y) / y
+    cov = float(r @ r) / dof * np.linalg.pinv(J.T @ J)
+    return float(math.sqrt(max(cov[-1, -1], 0.0)))
 
 
 def _polish(p0, xf, xb, y, fixed, scale):

@@ -141,9 +141,25 @@ def test_launch_overhead_kept_when_the_shards_are_too_alike():
     assert cal.launch_overhead_for("matmul") == BASE.launch_overhead_for("matmul")  # the prior, not a fit
     assert any("too alike" in n for n in f.notes)
     assert cal.efficiency["matmul"][0] == pytest.approx(0.07, rel=0.15)  # the rate alone is well determined
-    # with the rule off the launch overhead is a free parameter again
-    free = fit_classes(data, BASE, min_spread=1.0)["matmul"]
-    assert free.launch_identified
+
+
+def test_launch_overhead_kept_when_the_noise_hides_it():
+    """Sizes spread 16x, but a launch overhead of 7 us under shards of 5-80 ms with 30 % noise:
+    the fitted overhead is within two standard errors of the prior, which stays."""
+    slow = BASE.with_efficiency({"matmul": (0.07, 0.85)}, launch_overhead_by_class={"matmul": 7e-6})
+    rng = np.random.default_rng(7)
+    data = []
+    for i in range(40):
+        flops = 3.4e11 * 2 ** (i % 5)
+        t = float(slow.shard_time(flops, 3.7e6, "bfloat16", "matmul")) * float(np.exp(rng.normal(0, 0.3)))
+        data.append({"kernel_class": "matmul", "flops": flops, "bytes": 3.7e6, "dtype": "bfloat16", "seconds": t})
+    f = fit_classes(data, BASE)["matmul"]
+    assert not f.launch_identified and f.launch == BASE.launch_overhead_for("matmul")
+    assert any("within 2 standard errors" in n for n in f.notes)
+    # the same sizes timed exactly: the 7 us stands out
+    exact = [dict(r, seconds=float(slow.shard_time(r["flops"], r["bytes"], "bfloat16", "matmul"))) for r in data]
+    f = fit_classes(exact, BASE)["matmul"]
+    assert f.launch_identified and f.launch == pytest.approx(7e-6, rel=1e-3)
 
 
 def test_launch_overhead_fitted_when_the_shards_span_sizes():
