@@ -30,10 +30,12 @@ can stall; the NNLS steps are exact and cheap, and the final least-squares pass 
 A factor is *identified* only if its term binds at ``min_binding`` points or more; otherwise the
 hardware's current factor is kept (e.g. elementwise kernels are always memory-bound: their
 compute efficiency cannot be measured). The launch overhead is identified only if the class's
-points span at least ``min_spread`` times in work (their binding term, ``max(a·x_f, b·x_b)``) and
-the fitted value differs from the hardware's current one by at least two standard errors (least
-squares on the relative residuals, linearised at the binding assignment); otherwise it is kept
-and only the efficiencies are fitted. Shards that are all alike (a campaign
+points span at least ``min_spread`` times in work (their binding term, ``max(a·x_f, b·x_b)``);
+otherwise it is kept and only the efficiencies are fitted. And a term moves from the hardware's
+current value only if the fitted value differs from it by at least two standard errors (least
+squares on the relative residuals, linearised at the binding assignment): calibration starting
+from an already calibrated hardware (a campaign's refit of offline-calibrated factors) changes
+only what its data shows to be different. Shards that are all alike (a campaign
 sampling plans of one small program: its GEMM shards of 0.27 and 0.54 GFLOP only) cannot tell
 a fixed cost per shard from a rate, and a free fit traded one for the other at random (a launch
 overhead of 4.9 ms and a compute efficiency 4x too high on one quickstart run). Classes with fewer
@@ -198,7 +200,7 @@ def _fit_one(kclass: str, xf, xb, y, hw: Hardware, min_points: int, min_binding:
     default = np.array([1.0 / ce0, 1.0 / me0, L0])
     fixed: Fixed = (None, None, None)
     notes: list[str] = []
-    for _round in range(4):  # refit with unidentified terms pinned to their defaults
+    for _round in range(6):  # refit with unidentified terms pinned to their defaults
         from scipy.optimize import nnls
 
         relax, _ = nnls(np.stack([xf / y, xb / y, 1.0 / y], axis=1), np.ones(n))  # a·x_f + b·x_b + L
@@ -222,22 +224,27 @@ def _fit_one(kclass: str, xf, xb, y, hw: Hardware, min_points: int, min_binding:
         spread = float(work.max() / work.min()) if work.min() > 0 else float("inf")
         ident = [fixed[0] is not None or int(comp.sum()) >= min_binding,
                  fixed[1] is not None or int((~comp).sum()) >= min_binding, True]
-        se = 0.0
-        if fixed[2] is None and ident[0] and ident[1]:
-            # the efficiency terms are settled: is the launch overhead told apart from them?
-            se = _launch_se(best, xf, xb, y, comp, fixed)
-            ident[2] = spread >= min_spread and abs(best[2] - L0) >= 2.0 * se
+        se = np.zeros(3)
+        near = [False, False, False]  # a free term within two standard errors of its default
+        if ident[0] and ident[1]:
+            # which terms bind is settled: does the data tell each free term from its default?
+            se = _standard_errors(best, xf, xb, y, comp, fixed)
+            near = [fixed[j] is None and abs(best[j] - default[j]) < 2.0 * se[j] for j in range(3)]
+            ident = [ident[0] and not near[0], ident[1] and not near[1],
+                     fixed[2] is not None or (spread >= min_spread and not near[2])]
         new_fixed = tuple(default[j] if not ident[j] else fixed[j] for j in range(3))
         if new_fixed == fixed:
             break
         for j, what in ((0, "compute"), (1, "memory")):
             if new_fixed[j] is not None and fixed[j] is None:
-                notes.append(f"{what} term binds at fewer than {min_binding} points: default {what} efficiency kept")
+                notes.append(f"the fitted {what} efficiency {1.0 / best[j]:.3g} is within 2 standard errors of the "
+                             f"default {1.0 / default[j]:.3g}: default kept" if near[j] else
+                             f"{what} term binds at fewer than {min_binding} points: default {what} efficiency kept")
         if new_fixed[2] is not None and fixed[2] is None:
             notes.append(f"the points span {spread:.3g}x in work, less than {min_spread:g}x: too alike to tell a "
                          f"launch overhead from a rate, default launch overhead kept" if spread < min_spread else
-                         f"the fitted launch overhead {best[2]:.3g} s is within 2 standard errors ({se:.2g} s) of the "
-                         f"default {L0:.3g} s: default launch overhead kept")
+                         f"the fitted launch overhead {best[2]:.3g} s is within 2 standard errors ({se[2]:.2g} s) of "
+                         f"the default {L0:.3g} s: default launch overhead kept")
         fixed = new_fixed  # type: ignore[assignment]
     a, b, L = best
     ce = min(MAX_EFFICIENCY, 1.0 / a) if a > 0 else MAX_EFFICIENCY
@@ -248,17 +255,24 @@ def _fit_one(kclass: str, xf, xb, y, hw: Hardware, min_points: int, min_binding:
                     method, notes, launch_identified=fixed[2] is None)
 
 
-def _launch_se(p: np.ndarray, xf, xb, y, comp: np.ndarray, fixed: Fixed) -> float:
-    """Standard error of the launch overhead of fit ``p`` (least squares on relative residuals,
-    linearised at the binding assignment ``comp``); ``inf`` without a spare degree of freedom."""
-    cols = [x / y for j, x in ((0, xf * comp), (1, xb * ~comp)) if fixed[j] is None] + [1.0 / y]
-    J = np.stack(cols, axis=1)
+def _standard_errors(p: np.ndarray, xf, xb, y, comp: np.ndarray, fixed: Fixed) -> np.ndarray:
+    """Standard errors of the free terms ``(a, b, launch)`` of fit ``p`` (0 for a pinned term):
+    least squares on relative residuals, linearised at the binding assignment ``comp``; ``inf``
+    without a spare degree of freedom."""
+    free = [j for j in range(3) if fixed[j] is None]
+    out = np.zeros(3)
+    if not free:
+        return out
+    cols = {0: xf * comp / y, 1: xb * ~comp / y, 2: 1.0 / y}
+    J = np.stack([cols[j] for j in free], axis=1)
     dof = len(y) - J.shape[1]
     if dof <= 0:
-        return float("inf")
+        out[free] = np.inf
+        return out
     r = (_model(p, xf, xb) - y) / y
     cov = float(r @ r) / dof * np.linalg.pinv(J.T @ J)
-    return float(math.sqrt(max(cov[-1, -1], 0.0)))
+    out[free] = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    return out
 
 
 def _polish(p0, xf, xb, y, fixed, scale):

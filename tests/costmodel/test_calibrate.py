@@ -194,3 +194,25 @@ def test_subclass_without_points_uses_its_parents_fit():
     assert "matmul.norm" not in cal.efficiency and "matmul.norm" not in cal.launch_overhead_by_class
     assert cal.efficiency_for("matmul.norm") == pytest.approx((0.7, 0.85), rel=1e-3)
     assert cal.launch_overhead_for("matmul.norm") == pytest.approx(7e-6, rel=1e-3)
+
+
+def test_refit_from_a_calibrated_hardware_moves_only_what_the_data_shows():
+    """Starting from calibrated factors, noisy timings of the same machine leave a factor where it
+    is (within two standard errors), while a real change moves it."""
+    prior = BASE.with_efficiency({"matmul": (0.07, 0.85)}, launch_overhead_by_class={"matmul": 7e-6})
+    rng = np.random.default_rng(8)
+
+    def timed(hw):
+        out = []
+        for i in range(30):
+            flops = 3.4e9 * 4 ** (i % 5)  # 0.2 ms .. 50 ms at 7 % of the bf16 peak: launch and rate
+            t = float(hw.shard_time(flops, 3.7e6, "bfloat16", "matmul")) * float(np.exp(rng.normal(0, 0.2)))
+            out.append({"kernel_class": "matmul", "flops": flops, "bytes": 3.7e6, "dtype": "bfloat16", "seconds": t})
+        return out
+
+    f = fit_classes(timed(prior), prior)["matmul"]
+    assert not f.compute_identified and f.compute_eff == 0.07
+    assert any("within 2 standard errors of the default 0.07" in n for n in f.notes)
+    slower = prior.with_efficiency({"matmul": (0.035, 0.85)})
+    g = fit_classes(timed(slower), prior)["matmul"]
+    assert g.compute_identified and g.compute_eff == pytest.approx(0.035, rel=0.15)
