@@ -97,8 +97,9 @@ def kept_sentence(factors: dict[str, dict[str, Any]], hw: str) -> str:
     if not kept:
         return ""
     return (f"The refit changed only what these samples can tell apart: it kept {'; '.join(kept)} at `{hw}`'s "
-            f"values (a term that never binds, or a fixed cost per shard where the class's shards are too alike in "
-            f"size, under 4x apart, to separate it from a rate).")
+            f"values (a term that never binds, one whose fit is within two standard errors of that value, or a fixed "
+            f"cost per shard where the class's shards are too alike in size, under 4x apart, to separate it from a "
+            f"rate).")
 
 
 def status_lines(rep: dict[str, Any] | None, mfu: list[dict[str, Any]], campaign_hw: str) -> list[str]:

@@ -237,8 +237,9 @@ def test_refit_of_alike_shards_keeps_the_launch_and_summary_says_so():
     assert f["compute"] == pytest.approx(0.12, rel=0.25)
     sentence = kept_sentence(res["factors"], "cpu")
     assert sentence == ("The refit changed only what these samples can tell apart: it kept matmul's memory efficiency "
-                        "and launch overhead at `cpu`'s values (a term that never binds, or a fixed cost per shard "
-                        "where the class's shards are too alike in size, under 4x apart, to separate it from a rate).")
+                        "and launch overhead at `cpu`'s values (a term that never binds, one whose fit is within two "
+                        "standard errors of that value, or a fixed cost per shard where the class's shards are too "
+                        "alike in size, under 4x apart, to separate it from a rate).")
     rep = {"sampling": {**{k: v for k, v in res.items() if k != "hardware"}, "sampling_hardware": "cpu"},
            "target": None, "refits": 1}
     md = "\n".join(markdown(rep, [], "h100-sxm-8"))
