@@ -17,12 +17,16 @@ plans and per workload:
 1. ``preset``: the ``cpu`` preset as shipped;
 2. ``calibrated``: the ``cpu`` preset calibrated offline on the kernel spread of ``tapestry
    calibrate`` (``optimizer.realrun.calibration``) together with the shards of ``--cal-plans``
-   held-out plans per workload (random walks from seed + 1000, ``calibrate_on_plans``), plus the
-   executor's measured time between shards, *without* the campaign's online refit;
+   held-out plans per workload (random walks from seed + 1000, ``calibration_plans``,
+   ``calibrate_with_plans``), plus the executor's measured time between shards, *without* the
+   campaign's online refit;
 3. ``online``: the campaign's online refit (``optimizer.realrun.online.refit``, as a sampler runs
-   it every ``--every`` plans), starting from the offline-calibrated hardware: each plan is
-   predicted with the refit made *before* it was measured (held out; the first ``--every``
-   plans use the offline calibration), so the figure is out of sample.
+   it every ``--every`` plans), starting from the offline-calibrated factors
+   (``calibrate_shards``; the refit adds the time between shards itself): each plan is
+   predicted with the refit made *before* it in the plan order (held out: no plan's own timings
+   ever predict it; the first ``--every`` plans use the offline calibration). With interleaved
+   passes the earlier plans' timings were taken in the same passes as the plan's own, i.e. under
+   the same load, which a campaign's refit of earlier samples does not enjoy.
 
 Goal (issue 13): Spearman >= 0.9 and mean |log| <= 0.2, with and without the online refit.
 
@@ -198,7 +202,8 @@ def main() -> int:
 
     from costmodel.evaluate import serial_prediction
     from costmodel.hardware_io import load_hardware
-    from optimizer.realrun.calibration import calibrate_records, calibrate_with_plans, calibration_plans, kernel_spread
+    from optimizer.realrun.calibration import (calibrate_records, calibrate_shards, calibrate_with_plans,
+                                               calibration_plans, kernel_spread)
     from optimizer.realrun.measurement import executed_hardware, plan_predictions
     from optimizer.realrun.online import plan_points, predict_plans, refit
     from optimizer.realrun.rounds import measure_rounds
@@ -224,8 +229,10 @@ def main() -> int:
         load1 = os.getloadavg()[0]
         # offline calibration: the kernel spread, then the shards of the held-out calibration plans
         cal_res = calibrate_records(kernel_recs, preset)
-        cal, dispatch, n_disp = calibrate_with_plans(
-            cal_res, [r for i in range(len(cal_jobs)) for r in merged[("cal", i)]])
+        cal_records = [r for i in range(len(cal_jobs)) for r in merged[("cal", i)]]
+        cal, dispatch, n_disp = calibrate_with_plans(cal_res, cal_records)
+        # the refit's base: the offline factors without the time between shards, which refit adds itself
+        refit_base = calibrate_shards(cal_res, cal_records)
         print(f"offline calibration on {cal_res.before['n']} kernel points: mean |log(model/measured)| "
               f"{cal_res.before['mean_abs_log']:.3f} -> {cal_res.after['mean_abs_log']:.3f}; dispatch between shards "
               f"{dispatch * 1e6:.0f} us per shard; classes refitted with the shards of {n_disp} held-out plans\n",
@@ -248,8 +255,8 @@ def main() -> int:
                   f"{plan['measured_seconds'] * 1e3:8.2f} ms, calibrated {serial * 1e3:8.2f} ms, "
                   f"online {online * 1e3:8.2f} ms", file=sys.stderr, flush=True)
             if (i + 1) % a.every == 0:  # the campaign's refit, from the offline-calibrated hardware
-                online_hw = refit(records, cal)["hardware"]
-        final = refit(records, cal)
+                online_hw = refit(records, refit_base)["hardware"]
+        final = refit(records, refit_base)
 
         meas = [r["measured_s"] for r in rows]
         models = {"preset": "preset_s", "calibrated": "calibrated_s", "calibrated + transfers": "calibrated_transfers_s",

@@ -96,15 +96,17 @@ def kernel_spread(backend: str = "numpy", quick: bool = False, dtypes: tuple[str
         for nb, f, o in lin:
             add(f"linear {nb}x{f}->{o}{tag}", "linear",
                 _one_op("linear", dt, {"x": (nb, f), "W": (f, o), "b": (o,)}, {"W": "parameter", "b": "parameter"}))
-        # the GEMM subclasses: attention (batch x heads, seq, head dim 64) and norm_matmul
+        # the GEMM subclasses: attention (batch x heads, seq, head dim 64) and norm_matmul (narrow outputs
+        # too: a plan's column shards each normalise their rows whole, so the norm weighs more)
         att = [(2, 16, 16), (4, 32, 16), (2, 64, 32)] if quick else ([(8, 2048, 128), (32, 1024, 128), (4, 4096, 128)] if gpu else
-                                           [(4, 64, 64), (16, 128, 64), (8, 256, 64), (4, 512, 64)])
+                                           [(4, 64, 64), (16, 128, 64), (8, 256, 64), (4, 512, 64), (4, 128, 64), (2, 128, 64)])
         for bh, sq, e in att:
             add(f"attention {bh}x{sq}x{e}{tag}", "attention",
                 _one_op("attention", dt, {"q": (bh, sq, e), "k": (bh, sq, e), "v": (bh, sq, e)}, scale=e ** -0.5))
         nm = [(32, 64, 64, 0), (32, 64, 64, 2), (64, 128, 64, 0)] if quick else (
             [(8192, 4096, 4096, 0), (8192, 4096, 4096, 32), (2048, 1024, 4096, 0)] if gpu else
-            [(128, 256, 1024, 0), (512, 256, 256, 4), (256, 256, 1024, 0), (128, 1024, 256, 0), (64, 256, 256, 4)])
+            [(128, 256, 1024, 0), (512, 256, 256, 4), (256, 256, 1024, 0), (128, 1024, 256, 0), (64, 256, 256, 4),
+             (512, 256, 64, 0), (512, 256, 64, 1), (128, 256, 128, 0), (512, 256, 1024, 0)])
         for r, d_in, o, h in nm:
             add(f"norm_matmul {r}x{d_in}->{o}{' heads ' + str(h) if h else ''}{tag}", "norm_matmul",
                 _norm_matmul(dt, r, d_in, o, h))
@@ -276,17 +278,25 @@ def calibration_plans(workloads: dict[str, dict[str, Any]], plans_each: int = 3,
     return out
 
 
-def calibrate_with_plans(result: CalibrationResult, records: list[dict[str, Any]]) -> tuple[Any, float, int]:
-    """Refit ``result`` (a one-op spread calibration) with the shards of measured plans
-    (``measure_plan`` records of several plans), then fit the executor's time between shards on
-    those plans (``optimizer.realrun.online._fit_dispatch``); see :func:`calibrate_on_plans`."""
+def calibrate_shards(result: CalibrationResult, records: list[dict[str, Any]]) -> Any:
+    """``result`` (a one-op spread calibration) refitted with the unfused shards of measured plans
+    (``measure_plan`` records of several plans), from ``result.base``; as the executor runs plans
+    (``executed_hardware``), without the executor's time between shards. This is the hardware to
+    hand to ``optimizer.realrun.online.refit`` as its base, which adds that time itself."""
     from costmodel.calibrate import calibrate
     from optimizer.realrun.measurement import executed_hardware
-    from optimizer.realrun.online import _fit_dispatch, calibration_records, plan_points
+    from optimizer.realrun.online import calibration_records, plan_points
+
+    return executed_hardware(calibrate(list(result.records) + calibration_records(plan_points(records)), result.base))
+
+
+def calibrate_with_plans(result: CalibrationResult, records: list[dict[str, Any]]) -> tuple[Any, float, int]:
+    """:func:`calibrate_shards`, then the executor's time between shards on those plans
+    (``optimizer.realrun.online._fit_dispatch``) added; see :func:`calibrate_on_plans`."""
+    from optimizer.realrun.online import _fit_dispatch, plan_points
 
     points = plan_points(records)
-    cal = executed_hardware(calibrate(list(result.records) + calibration_records(points), result.base))
-    cal, d = _fit_dispatch(points, cal, np.array([p["measured"] for p in points]))
+    cal, d = _fit_dispatch(points, calibrate_shards(result, records), np.array([p["measured"] for p in points]))
     return cal, d, len(points)
 
 
