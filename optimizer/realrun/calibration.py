@@ -48,13 +48,17 @@ def _one_op(kernel: str, dtype: str, inputs: dict[str, tuple[int, ...]], roles: 
     return build
 
 
-def _norm_matmul(dtype: str, rows: int, d: int, out: int, heads: int = 0) -> Callable[[], Any]:
+def _norm_matmul(dtype: str, rows: int, d: int, out: int, heads: int = 0, shards: int = 1) -> Callable[[], Any]:
     """A layernorm over ``d`` read by a linear ``d -> out`` (``heads == 0``) or by a per-head
     projection ``bsd,dhe->bhse`` (``heads`` heads of ``out // heads``), fused into one
-    ``norm_matmul`` op (``ir.rewrites.fuse_norm``), as the transformer's plans run it."""
+    ``norm_matmul`` op (``ir.rewrites.fuse_norm``), as the transformer's plans run it; split into
+    ``shards`` equal shards along the output columns (or heads). Each such shard normalises its
+    rows whole while its FLOPs count only its share of the norm (``ir.kernels.prenorm``), which
+    is how a plan's column shards of a norm_matmul run: one-op points without the split ran like
+    plain GEMMs, while the plans' shards ran ~0.5 log units slower."""
     def build() -> Any:
         from ir.builder import GraphBuilder
-        from ir.rewrites import fuse_norm
+        from ir.rewrites import fuse_norm, split
 
         b = GraphBuilder(dtype)
         x = b.input("x", (1, rows, d))
@@ -64,7 +68,9 @@ def _norm_matmul(dtype: str, rows: int, d: int, out: int, heads: int = 0) -> Cal
             b.op("einsum", "k", {"a": n, "b": b.parameter("W", (d, heads, out // heads))}, equation="bsd,dhe->bhse")
         else:
             b.op("linear", "k", {"x": n, "W": b.parameter("W", (d, out)), "b": b.parameter("bias", (out,))})
-        return fuse_norm(b.build(), "ln")
+        g = fuse_norm(b.build(), "ln")
+        (name,) = g.topo_order
+        return split(g, name, 1 if heads else 2, shards) if shards > 1 else g
 
     return build
 
@@ -105,11 +111,13 @@ def kernel_spread(backend: str = "numpy", quick: bool = False, dtypes: tuple[str
                 _one_op("attention", dt, {"q": (bh, sq, e), "k": (bh, sq, e), "v": (bh, sq, e)}, scale=e ** -0.5))
         nm = [(32, 64, 64, 0), (32, 64, 64, 2), (64, 128, 64, 0)] if quick else (
             [(8192, 4096, 4096, 0), (8192, 4096, 4096, 32), (2048, 1024, 4096, 0)] if gpu else
-            [(128, 256, 1024, 0), (512, 256, 256, 4), (256, 256, 1024, 0), (128, 1024, 256, 0), (64, 256, 256, 4),
-             (512, 256, 64, 0), (512, 256, 64, 1), (128, 256, 128, 0), (512, 256, 1024, 0)])
-        for r, d_in, o, h in nm:
-            add(f"norm_matmul {r}x{d_in}->{o}{' heads ' + str(h) if h else ''}{tag}", "norm_matmul",
-                _norm_matmul(dt, r, d_in, o, h))
+            [(128, 256, 1024, 0), (512, 256, 256, 4), (256, 256, 1024, 0), (128, 1024, 256, 0), (512, 256, 1024, 0)])
+        nm = [(*c, 1) for c in nm] + ([(64, 64, 64, 0, 2)] if quick else [] if gpu else
+                                      [(512, 256, 1024, 0, 4), (512, 256, 1024, 0, 8), (128, 256, 1024, 0, 4),
+                                       (512, 256, 256, 4, 4), (256, 256, 256, 4, 2)])
+        for r, d_in, o, h, k in nm:
+            add(f"norm_matmul {r}x{d_in}->{o}{' heads ' + str(h) if h else ''}{f' in {k} shards' if k > 1 else ''}{tag}",
+                "norm_matmul", _norm_matmul(dt, r, d_in, o, h, k))
         # elementwise: one size ladder for add, a shorter one for relu and gelu
         ladder = [1 << 12, 1 << 15, 1 << 17] if quick else (
             [1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26] if gpu else [1 << 12, 1 << 16, 1 << 19, 1 << 21, 1 << 22])
@@ -144,18 +152,21 @@ def kernel_spread(backend: str = "numpy", quick: bool = False, dtypes: tuple[str
 
 
 def record_of(g: Any, seconds: float) -> dict[str, Any]:
-    """``{kernel_class, flops, bytes, dtype, seconds}`` of a one-op, one-shard graph."""
+    """``{kernel_class, flops, bytes, dtype, seconds}`` of one shard of a one-op graph timed as a
+    whole (``seconds``: all its shards, one after another): with ``k`` equal shards, one shard's
+    work and ``seconds / k`` (``shards``: ``k``)."""
     from ir.kernels import get_kernel
 
     (name,) = g.topo_order
     o = g.ops[name]
     sig = g.signature(o)
     sh = o.shards
-    flops = float(sig.flops(sh.lo, sh.hi).sum())
+    k = len(sh)
+    flops = float(sig.flops(sh.lo, sh.hi).sum()) / k
     read, written = sig.io_bytes(sh.lo, sh.hi)
-    return {"kernel_class": get_kernel(o.kernel).kernel_class, "flops": flops, "bytes": float((read + written).sum()),
-            "dtype": g.tensors[o.output].dtype, "seconds": float(seconds), "kernel": o.kernel,
-            "shape": list(g.tensors[o.output].shape)}
+    return {"kernel_class": get_kernel(o.kernel).kernel_class, "flops": flops, "bytes": float((read + written).sum()) / k,
+            "dtype": g.tensors[o.output].dtype, "seconds": float(seconds) / k, "kernel": o.kernel,
+            "shape": list(g.tensors[o.output].shape), "shards": k}
 
 
 def measure_spread(cases: list[Case], backend: str = "numpy", repeats: int = 3, warmup: int = 1,
