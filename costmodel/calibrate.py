@@ -33,7 +33,8 @@ compute efficiency cannot be measured). The launch overhead is identified only i
 points span at least ``min_spread`` times in work (their binding term, ``max(a·x_f, b·x_b)``);
 otherwise it is kept and only the efficiencies are fitted. And a term moves from the hardware's
 current value only if the fitted value differs from it by at least two standard errors (least
-squares on the relative residuals, linearised at the binding assignment): calibration starting
+squares on the relative residuals, linearised at the binding assignment; an efficiency, a factor,
+compared in logs): calibration starting
 from an already calibrated hardware (a campaign's refit of offline-calibrated factors) changes
 only what its data shows to be different. Shards that are all alike (a campaign
 sampling plans of one small program: its GEMM shards of 0.27 and 0.54 GFLOP only) cannot tell
@@ -229,7 +230,11 @@ def _fit_one(kclass: str, xf, xb, y, hw: Hardware, min_points: int, min_binding:
         if ident[0] and ident[1]:
             # which terms bind is settled: does the data tell each free term from its default?
             se = _standard_errors(best, xf, xb, y, comp, fixed)
-            near = [fixed[j] is None and abs(best[j] - default[j]) < 2.0 * se[j] for j in range(3)]
+            # an efficiency is a factor: compare logs (se of log a = se of a / a); a launch overhead
+            # may be 0: compare seconds
+            near = [fixed[j] is None and (abs(math.log(best[j] / default[j])) < 2.0 * se[j] / best[j] if best[j] > 0
+                                          else True) for j in (0, 1)]
+            near.append(fixed[2] is None and abs(best[2] - default[2]) < 2.0 * se[2])
             ident = [ident[0] and not near[0], ident[1] and not near[1],
                      fixed[2] is not None or (spread >= min_spread and not near[2])]
         new_fixed = tuple(default[j] if not ident[j] else fixed[j] for j in range(3))

@@ -216,3 +216,20 @@ def test_refit_from_a_calibrated_hardware_moves_only_what_the_data_shows():
     slower = prior.with_efficiency({"matmul": (0.035, 0.85)})
     g = fit_classes(timed(slower), prior)["matmul"]
     assert g.compute_identified and g.compute_eff == pytest.approx(0.035, rel=0.15)
+
+
+def test_a_prior_far_off_moves_even_when_the_class_fits_poorly():
+    """Two kernels of one class at 3x different speeds (add and gelu are both elementwise): the fit
+    is poor (relative error ~0.5), but the preset is 50x off, which two standard errors of the log
+    efficiency do not cover (a comparison in seconds of 1/efficiency once kept the preset here)."""
+    cpu = load_hardware("cpu")
+    data = []
+    for i in range(24):
+        flops = 2e5 * 2 ** (i % 3)
+        slow = 3.0 if i % 2 else 1.0
+        t = float(cpu.with_efficiency({"elementwise": (0.02, 1.0)}).shard_time(flops, 1e3, "float32", "elementwise"))
+        data.append({"kernel_class": "elementwise", "flops": flops, "bytes": 1e3, "dtype": "float32",
+                     "seconds": t * slow})
+    f = fit_classes(data, cpu)["elementwise"]
+    assert f.rms_rel_error > 0.3
+    assert f.compute_identified and 0.005 < f.compute_eff < 0.02
