@@ -219,17 +219,15 @@ def test_refit_from_a_calibrated_hardware_moves_only_what_the_data_shows():
 
 
 def test_a_prior_far_off_moves_even_when_the_class_fits_poorly():
-    """Two kernels of one class at 3x different speeds (add and gelu are both elementwise): the fit
-    is poor (relative error ~0.5), but the preset is 50x off, which two standard errors of the log
-    efficiency do not cover (a comparison in seconds of 1/efficiency once kept the preset here)."""
-    cpu = load_hardware("cpu")
-    data = []
-    for i in range(24):
-        flops = 2e5 * 2 ** (i % 3)
-        slow = 3.0 if i % 2 else 1.0
-        t = float(cpu.with_efficiency({"elementwise": (0.02, 1.0)}).shard_time(flops, 1e3, "float32", "elementwise"))
-        data.append({"kernel_class": "elementwise", "flops": flops, "bytes": 1e3, "dtype": "float32",
-                     "seconds": t * slow})
-    f = fit_classes(data, cpu)["elementwise"]
+    """The elementwise shards of one quickstart run (gelu, its fused stage and an accumulate: one
+    class, very different speeds per FLOP; microseconds): the fit is poor, but the cpu preset's
+    compute efficiency 1.0 is ~80x off, which two standard errors of the log efficiency do not
+    cover. (Compared in seconds of 1/efficiency, the rule kept the preset here.)"""
+    times = {(1048576.0, 1048576.0): [2699, 1711, 1545, 1612, 1505, 1587, 1612, 1652],
+             (229376.0, 1179648.0): [221, 102, 99, 95, 98, 97, 98, 97, 268, 169, 178, 171, 167, 170, 169, 166],
+             (196608.0, 1310720.0): [417, 327, 332, 345]}
+    data = [{"kernel_class": "elementwise", "flops": f, "bytes": b, "dtype": "float32", "seconds": us * 1e-6}
+            for (f, b), ts in times.items() for us in ts]
+    f = fit_classes(data, load_hardware("cpu"))["elementwise"]
     assert f.rms_rel_error > 0.3
-    assert f.compute_identified and 0.005 < f.compute_eff < 0.02
+    assert f.compute_identified and 0.005 < f.compute_eff < 0.03
