@@ -67,7 +67,8 @@ def class_chain(kernel_class: str) -> tuple[str, ...]:
     """Where a class's factors are looked up, most specific first, ending with ``"default"``:
     ``class_chain("matmul.attention") == ("matmul.attention", "matmul", "default")``."""
     parts = kernel_class.split(".")
-    return tuple(".".join(parts[:i]) for i in range(len(parts), 0, -1)) + (("default",) if kernel_class != "default" else ())
+    chain = tuple(".".join(parts[:i]) for i in range(len(parts), 0, -1))
+    return chain if kernel_class == "default" else chain + ("default",)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -186,7 +186,8 @@ def retest(a, sizes: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plans", type=int, default=50, help="plans in all, spread over the three workloads")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved passes over all items (optimizer.realrun.rounds)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved passes over all items (optimizer.realrun.rounds)")
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per item and pass")
     ap.add_argument("--every", type=int, default=5, help="online refit every N plans (the campaign's calibrate_every)")
     ap.add_argument("--seed", type=int, default=0)
@@ -220,7 +221,8 @@ def main() -> int:
         cases = kernel_spread("numpy", a.quick)
         cal_jobs = calibration_plans(sizes, a.cal_plans, seed=a.seed + 1000)
         jobs = test_jobs(sizes, a.plans, a.seed)
-        items = [(("cal", i), g) for i, (_, g) in enumerate(cal_jobs)] + [(("test", i), g) for i, (_, g) in enumerate(jobs)]
+        items = ([(("cal", i), g) for i, (_, g) in enumerate(cal_jobs)]
+                 + [(("test", i), g) for i, (_, g) in enumerate(jobs)])
         load0 = os.getloadavg()[0]
         kernel_recs, merged = measure_rounds(
             cases, items, preset, "numpy", rounds=a.rounds, repeats=a.repeats, statistic=a.statistic, seed=a.seed,

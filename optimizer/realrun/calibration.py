@@ -104,8 +104,9 @@ def kernel_spread(backend: str = "numpy", quick: bool = False, dtypes: tuple[str
                 _one_op("linear", dt, {"x": (nb, f), "W": (f, o), "b": (o,)}, {"W": "parameter", "b": "parameter"}))
         # the GEMM subclasses: attention (batch x heads, seq, head dim 64) and norm_matmul (narrow outputs
         # too: a plan's column shards each normalise their rows whole, so the norm weighs more)
-        att = [(2, 16, 16), (4, 32, 16), (2, 64, 32)] if quick else ([(8, 2048, 128), (32, 1024, 128), (4, 4096, 128)] if gpu else
-                                           [(4, 64, 64), (16, 128, 64), (8, 256, 64), (4, 512, 64), (4, 128, 64), (2, 128, 64)])
+        att = [(2, 16, 16), (4, 32, 16), (2, 64, 32)] if quick else (
+            [(8, 2048, 128), (32, 1024, 128), (4, 4096, 128)] if gpu else
+            [(4, 64, 64), (16, 128, 64), (8, 256, 64), (4, 512, 64), (4, 128, 64), (2, 128, 64)])
         for bh, sq, e in att:
             add(f"attention {bh}x{sq}x{e}{tag}", "attention",
                 _one_op("attention", dt, {"q": (bh, sq, e), "k": (bh, sq, e), "v": (bh, sq, e)}, scale=e ** -0.5))
@@ -116,8 +117,8 @@ def kernel_spread(backend: str = "numpy", quick: bool = False, dtypes: tuple[str
                                       [(512, 256, 1024, 0, 4), (512, 256, 1024, 0, 8), (128, 256, 1024, 0, 4),
                                        (512, 256, 256, 4, 4), (256, 256, 256, 4, 2)])
         for r, d_in, o, h, k in nm:
-            add(f"norm_matmul {r}x{d_in}->{o}{' heads ' + str(h) if h else ''}{f' in {k} shards' if k > 1 else ''}{tag}",
-                "norm_matmul", _norm_matmul(dt, r, d_in, o, h, k))
+            what = f"{' heads ' + str(h) if h else ''}{f' in {k} shards' if k > 1 else ''}"
+            add(f"norm_matmul {r}x{d_in}->{o}{what}{tag}", "norm_matmul", _norm_matmul(dt, r, d_in, o, h, k))
         # elementwise: one size ladder for add, a shorter one for relu and gelu
         ladder = [1 << 12, 1 << 15, 1 << 17] if quick else (
             [1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26] if gpu else [1 << 12, 1 << 16, 1 << 19, 1 << 21, 1 << 22])
@@ -164,8 +165,9 @@ def record_of(g: Any, seconds: float) -> dict[str, Any]:
     k = len(sh)
     flops = float(sig.flops(sh.lo, sh.hi).sum()) / k
     read, written = sig.io_bytes(sh.lo, sh.hi)
-    return {"kernel_class": get_kernel(o.kernel).kernel_class, "flops": flops, "bytes": float((read + written).sum()) / k,
-            "dtype": g.tensors[o.output].dtype, "seconds": float(seconds) / k, "kernel": o.kernel,
+    return {"kernel_class": get_kernel(o.kernel).kernel_class, "flops": flops,
+            "bytes": float((read + written).sum()) / k, "dtype": g.tensors[o.output].dtype,
+            "seconds": float(seconds) / k, "kernel": o.kernel,
             "shape": list(g.tensors[o.output].shape), "shards": k}
 
 

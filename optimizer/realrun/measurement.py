@@ -241,7 +241,8 @@ def merge_rounds(rounds: list[list[dict[str, Any]]], statistic: str = "median") 
     d["wall_median_seconds"] = float(np.median(walls)) if walls else None
     d["rounds"] = len(rounds)
     d["statistic"] = statistic
-    plan["measured_seconds"] = d["measured_shards_sum"] + d["measured_transfers_sum"] + max(d["gap_seconds"] or 0.0, 0.0)
+    plan["measured_seconds"] = (d["measured_shards_sum"] + d["measured_transfers_sum"]
+                                + max(d["gap_seconds"] or 0.0, 0.0))
     plan["verified"] = all(bool(p["verified"]) for p in plans)
     plan["max_rel_error"] = float(max(p["max_rel_error"] for p in plans))
     return out
