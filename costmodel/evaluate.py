@@ -46,7 +46,7 @@ import numpy as np
 from costmodel.efficiency import Curves, curves_for
 from costmodel.energy import energy_breakdown
 from costmodel.gc_pacing import GcPacer
-from costmodel.hardware import Hardware
+from costmodel.hardware import Hardware, class_family
 from costmodel.hardware_io import load_hardware
 from costmodel.lowering import Lowered, Lowerer, same_data_flow, kernel_class_of, program_key
 from costmodel.lookahead import DEFAULT_WINDOW, lookahead_edges
@@ -371,7 +371,7 @@ def lower_bound(program: Graph, hw: Hardware, curves: Curves | None = None) -> f
         sig = program.signature(o)
         flops = float(np.prod(sig.extents, dtype=np.float64)) * sig.flops_per_point
         eff = ce
-        if curves is not None and kernel_class_of(o) == "matmul" and flops > 0:
+        if curves is not None and class_family(kernel_class_of(o)) == "matmul" and flops > 0:
             k = max(sig.flops_per_point / 2.0, 1.0)
             eff = curves.gemm_peak * k / (k + curves.k_half)
         work += flops / (hw.peak_flops(program.tensors[o.output].dtype) * eff)

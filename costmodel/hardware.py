@@ -12,7 +12,13 @@ one transfer alone takes ``latency + b / bandwidth`` (:meth:`Hardware.transfer_t
 
 Per-kernel-class efficiency factors scale the datasheet peaks: a shard of kernel class ``c`` runs
 at ``peak_flops[dtype] * compute_eff[c]`` and ``mem_bandwidth * memory_eff[c]``. Class
-``"default"`` is always present and is used for classes without an entry. Calibration (from
+``"default"`` is always present and is used for classes without an entry. A class may be a
+*subclass* of another, written ``parent.child`` (``matmul.attention``, ``matmul.norm``: ops of the
+GEMM family whose measured efficiency differs from a plain GEMM's where the executor runs them as
+several kernels); a subclass without an entry of its own takes its parent's factors and launch
+overhead, then ``"default"``'s (:func:`class_chain`), so a hardware description that never names a
+subclass behaves as if the subclass were its parent. Code that asks what *kind* of kernel a class
+is (e.g. whether the GEMM efficiency curve applies) asks :func:`class_family`. Calibration (from
 measured shard times) produces new factors; :meth:`Hardware.with_efficiency` returns the
 calibrated copy and ``costmodel.hardware_io.save_hardware`` writes it as ``base: <preset>`` plus overrides.
 
@@ -40,6 +46,8 @@ __all__ = [
     "LinkSpec",
     "Hardware",
     "REQUIRED_DTYPES",
+    "class_chain",
+    "class_family",
 ]
 
 #: dtypes every device must give a peak for (the IR's dtypes). Others (float64, tf32) may be added.
@@ -48,6 +56,19 @@ REQUIRED_DTYPES = ("float32", "float16", "bfloat16")
 
 class HardwareError(ValueError):
     """Invalid hardware description: unknown preset, bad or missing field, bad value."""
+
+
+def class_family(kernel_class: str) -> str:
+    """The top of a kernel class's hierarchy: ``class_family("matmul.attention") == "matmul"``."""
+    return kernel_class.split(".", 1)[0]
+
+
+def class_chain(kernel_class: str) -> tuple[str, ...]:
+    """Where a class's factors are looked up, most specific first, ending with ``"default"``:
+    ``class_chain("matmul.attention") == ("matmul.attention", "matmul", "default")``."""
+    parts = kernel_class.split(".")
+    chain = tuple(".".join(parts[:i]) for i in range(len(parts), 0, -1))
+    return chain if kernel_class == "default" else chain + ("default",)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,11 +396,20 @@ class Hardware:
             ) from None
 
     def efficiency_for(self, kernel_class: str) -> tuple[float, float]:
-        """(compute_eff, memory_eff) of a kernel class, falling back to ``"default"``."""
-        return self.efficiency.get(kernel_class, self.efficiency["default"])
+        """(compute_eff, memory_eff) of a kernel class, falling back to its parent classes, then
+        ``"default"`` (:func:`class_chain`)."""
+        for k in class_chain(kernel_class):
+            if k in self.efficiency:
+                return self.efficiency[k]
+        return self.efficiency["default"]
 
     def launch_overhead_for(self, kernel_class: str) -> float:
-        return self.launch_overhead_by_class.get(kernel_class, self.device.launch_overhead)
+        """Launch overhead of a kernel class, falling back to its parent classes, then the
+        device's (a ``"default"`` entry counts only for the class ``"default"`` itself)."""
+        for k in class_chain(kernel_class)[:-1] or ("default",):
+            if k in self.launch_overhead_by_class:
+                return self.launch_overhead_by_class[k]
+        return self.device.launch_overhead
 
     def efficiency_arrays(self, kernel_classes: Iterable[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For a list of kernel classes: float64 arrays (compute_eff, memory_eff, launch_overhead)."""

@@ -62,7 +62,7 @@ import numpy as np
 from costmodel import _kernels as K
 from costmodel import collectives as C
 from costmodel import efficiency as E
-from costmodel.hardware import Hardware, HardwareError
+from costmodel.hardware import Hardware, HardwareError, class_family
 from ir.graph import SOURCE_ROLES, Graph, Op
 from ir.kernels import ITEMSIZE, get_kernel
 from ir.kernels.base import Signature
@@ -609,7 +609,7 @@ class Lowerer:
             ce, me = self.hw.efficiency_for(kclass)
             if self.curves is not None:  # the curves replace the constant factors they model
                 me = 1.0
-                if kclass == "matmul":
+                if class_family(kclass) == "matmul":
                     ce = 1.0
             d = self._den[(dtype, kclass)] = (self.hw.peak_flops(dtype) * ce, self.hw.device.mem_bandwidth * me,
                                               float(self.hw.launch_overhead_for(kclass)))
@@ -646,7 +646,7 @@ class Lowerer:
         f, out_lo, out_hi, in_lo, in_hi, bad, res = K.op_kernel(
             sh.lo, sh.hi, sh.device, pk.in_Ap, pk.in_An, pk.in_b, pk.in_s, pk.in_shape, pk.in_rank, pk.in_item,
             pk.out_Ap, pk.out_An, pk.out_b, pk.out_s, pk.out_shape, pk.out_item, pk.fpp, fden, bden, launch,
-            self.hw.n_devices, src_port, self._curve, kclass == "matmul")
+            self.hw.n_devices, src_port, self._curve, class_family(kclass) == "matmul")
         if bad >= 0:
             raise HardwareError(f"op {o.name!r} places a shard on device {bad}, but {self.hw.name!r} has "
                                 f"devices 0..{self.hw.n_devices - 1}")

@@ -17,21 +17,32 @@ plans and per workload:
 1. ``preset``: the ``cpu`` preset as shipped;
 2. ``calibrated``: the ``cpu`` preset calibrated offline on the kernel spread of ``tapestry
    calibrate`` (``optimizer.realrun.calibration``) together with the shards of ``--cal-plans``
-   held-out plans per workload (random walks from seed + 1000, ``calibrate_on_plans``), plus the
-   executor's measured time between shards, *without* the campaign's online refit;
+   held-out plans per workload (random walks from seed + 1000, ``calibration_plans``,
+   ``calibrate_with_plans``), plus the executor's measured time between shards, *without* the
+   campaign's online refit;
 3. ``online``: the campaign's online refit (``optimizer.realrun.online.refit``, as a sampler runs
-   it every ``--every`` plans), starting from the offline-calibrated hardware: each plan is
-   predicted with the refit made *before* it was measured (held out; the first ``--every``
-   plans use the offline calibration), so the figure is out of sample.
+   it every ``--every`` plans), starting from the offline-calibrated factors
+   (``calibrate_shards``; the refit adds the time between shards itself): each plan is
+   predicted with the refit made *before* it in the plan order (held out: no plan's own timings
+   ever predict it; the first ``--every`` plans use the offline calibration). With interleaved
+   passes the earlier plans' timings were taken in the same passes as the plan's own, i.e. under
+   the same load, which a campaign's refit of earlier samples does not enjoy.
 
 Goal (issue 13): Spearman >= 0.9 and mean |log| <= 0.2, with and without the online refit.
+
+``--retest``: no models; the plans under test are measured twice, one complete measurement after
+the other (each ``--rounds`` passes), and the two are compared (Spearman and mean |log| of one
+against the other): the measurement's self-consistency, about the best any model can show.
+
+Also printed: residuals of the calibrated model per kernel (median log(model / measured) of the
+plans' shards), the data for choosing efficiency classes.
 
 On this CPU the script pins BLAS to one thread (``OPENBLAS_NUM_THREADS=1`` etc., set before NumPy)
 so that timings do not swing with other load. Prints tables and one JSON line; ``--json PATH``
 writes the JSON too.
 
-Usage: ``python scripts/bench_fidelity.py [--plans 50] [--repeats 5] [--every 5] [--seed 0]
-[--cal-plans 3] [--statistic min|median] [--quick] [--json PATH]``
+Usage: ``python scripts/bench_fidelity.py [--plans 50] [--rounds 3] [--repeats 2] [--every 5] [--seed 0]
+[--cal-plans 3] [--statistic min|median] [--retest] [--quick] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -93,106 +104,200 @@ def fmt(x) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def print_table(head: list[str], table: list[list]) -> None:
+    w = [max(len(str(r[i])) for r in table + [head]) for i in range(len(head))]
+    print("  ".join(h.ljust(w[i]) for i, h in enumerate(head)))
+    print("  ".join("-" * x for x in w))
+    for r in table:
+        print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)))
+
+
+def test_jobs(sizes: dict, n_plans: int, seed: int) -> list[tuple[str, object]]:
+    """The plans under test, ``(workload, Graph)``, the workloads interleaved (a campaign's samples
+    arrive in no particular order)."""
+    per = [n_plans // 3 + (1 if i < n_plans % 3 else 0) for i in range(3)]
+    jobs = []
+    for (name, params), n in zip(sizes.items(), per):
+        jobs += [(name, g) for g in random_plans(name, params, n, seed)]
+    order = np.random.default_rng(seed).permutation(len(jobs))
+    return [jobs[i] for i in order]
+
+
+def kernel_residuals(jobs, merged: dict, hw) -> list[dict]:
+    """Per kernel (a fused op: ``fused:<stages>``), over the test plans' shards: count, measured
+    seconds in all, and the median and spread (quartiles) of log(model on ``hw`` / measured)."""
+    from costmodel.lowering import kernel_class_of
+
+    by: dict[str, list[tuple[float, float]]] = {}
+    for i, (_, g) in enumerate(jobs):
+        for m in merged[i]:
+            if m["kind"] != "shard":
+                continue
+            o = g.ops[m["op"]]
+            d = m["details"]
+            name = ("fused:" + "+".join(st["kernel"] for st in o.params["stages"]) if o.kernel == "fused"
+                    else o.kernel) + f" [{kernel_class_of(o)}]"
+            pred = sum(float(hw.shard_time(fl, by_, d["dtype"], k))
+                       for k, fl, by_ in (d.get("stages") or [(d["kernel_class"], d["flops"], d["bytes"])]))
+            by.setdefault(name, []).append((pred, m["measured_seconds"]))
+    out = []
+    for name, v in sorted(by.items(), key=lambda kv: -sum(x[1] for x in kv[1])):
+        lg = np.log(np.array([p for p, _ in v]) / np.array([x for _, x in v]))
+        q1, med, q3 = np.percentile(lg, [25, 50, 75])
+        out.append({"kernel": name, "shards": len(v), "measured_s": float(sum(x for _, x in v)),
+                    "median_log": float(med), "q1_log": float(q1), "q3_log": float(q3)})
+    return out
+
+
+def retest(a, sizes: dict) -> dict:
+    """Measure the plans under test twice, one complete measurement after the other; compare."""
+    from costmodel.hardware_io import load_hardware
+    from optimizer.realrun.measurement import executed_hardware
+    from optimizer.realrun.rounds import measure_rounds
+
+    hw = executed_hardware(load_hardware("cpu"))
+    jobs = test_jobs(sizes, a.plans, a.seed)
+    passes, loads = [], [os.getloadavg()[0]]
+    for k in range(2):
+        t = time.perf_counter()
+        _, merged = measure_rounds([], list(enumerate(g for _, g in jobs)), hw, "numpy", rounds=a.rounds,
+                                   repeats=a.repeats, statistic=a.statistic, seed=a.seed + 17 * k,
+                                   progress=lambda r, n: print(f"  pass {k + 1}: round {r}/{n}", file=sys.stderr,
+                                                               flush=True))
+        passes.append([next(r for r in merged[i] if r["kind"] == "plan")["measured_seconds"]
+                       for i in range(len(jobs))])
+        loads.append(os.getloadavg()[0])
+        print(f"pass {k + 1}: {time.perf_counter() - t:.0f} s, load average {loads[-1]:.2f}", flush=True)
+    out = {"bench": "fidelity-retest", "plans": len(jobs), "rounds": a.rounds, "repeats": a.repeats,
+           "statistic": a.statistic, "seed": a.seed, "load_average": loads,
+           "all": stats(passes[1], passes[0])}
+    table = [["all", f"{fmt(out['all']['spearman'])} / {fmt(out['all']['mean_abs_log'])}"]]
+    for w in sizes:
+        idx = [i for i, (name, _) in enumerate(jobs) if name == w]
+        out[w] = stats([passes[1][i] for i in idx], [passes[0][i] for i in idx])
+        table.append([w, f"{fmt(out[w]['spearman'])} / {fmt(out[w]['mean_abs_log'])}"])
+    print(f"\nself-consistency, second measurement against the first ({a.rounds} round(s) x {a.repeats} "
+          f"repeats, {a.statistic}), Spearman / mean |log|:\n")
+    print_table(["plans", "retest"], table)
+    out["passes"] = passes
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plans", type=int, default=50, help="plans in all, spread over the three workloads")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved passes over all items (optimizer.realrun.rounds)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs per item and pass")
     ap.add_argument("--every", type=int, default=5, help="online refit every N plans (the campaign's calibrate_every)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--statistic", choices=("median", "min"), default="min",
-                    help="per shard and transfer over the repeats (min: the least disturbed run)")
+                    help="per shard and transfer over the timed runs (min: the least disturbed run)")
     ap.add_argument("--cal-plans", type=int, default=3,
                     help="offline calibration plans per workload (seed + 1000: not the plans under test)")
+    ap.add_argument("--retest", action="store_true",
+                    help="measure the plans under test twice and compare (self-consistency); no models")
     ap.add_argument("--quick", action="store_true", help="tiny workloads and the quick kernel spread (smoke test)")
     ap.add_argument("--json", help="also write the results as JSON to this path")
     a = ap.parse_args()
 
     from costmodel.evaluate import serial_prediction
     from costmodel.hardware_io import load_hardware
-    from optimizer.realrun.calibration import run_calibration
-    from optimizer.realrun.measurement import measure_plan
+    from optimizer.realrun.calibration import (calibrate_records, calibrate_shards, calibrate_with_plans,
+                                               calibration_plans, kernel_spread)
+    from optimizer.realrun.measurement import executed_hardware, plan_predictions
     from optimizer.realrun.online import plan_points, predict_plans, refit
+    from optimizer.realrun.rounds import measure_rounds
 
     t0 = time.perf_counter()
-    from optimizer.realrun.measurement import executed_hardware
-
-    preset = executed_hardware(load_hardware("cpu"))
-    print(f"# bench_fidelity: NumPy on {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, BLAS threads {os.environ.get('OPENBLAS_NUM_THREADS')}\n", flush=True)
-    cal_res = run_calibration("numpy", preset, quick=a.quick, repeats=a.repeats, statistic=a.statistic)
-    from optimizer.realrun.calibration import calibrate_on_plans
-
-    # held-out calibration plans: the same workloads, random walks from another seed
-    cal, dispatch, n_disp = calibrate_on_plans(cal_res, QUICK if a.quick else WORKLOADS, a.cal_plans, "numpy",
-                                               a.repeats, seed=a.seed + 1000, statistic=a.statistic)
-    print(f"offline calibration on {cal_res.before['n']} kernel points: mean |log(model/measured)| "
-          f"{cal_res.before['mean_abs_log']:.3f} -> {cal_res.after['mean_abs_log']:.3f}; dispatch between shards "
-          f"{dispatch * 1e6:.0f} us per shard; classes refitted with the shards of {n_disp} held-out plans\n", flush=True)
-
     sizes = QUICK if a.quick else WORKLOADS
-    per = [a.plans // 3 + (1 if i < a.plans % 3 else 0) for i in range(3)]
-    jobs = []
-    for (name, params), n in zip(sizes.items(), per):
-        jobs += [(name, g) for g in random_plans(name, params, n, a.seed)]
-    # interleave the workloads, as a campaign's samples arrive in no particular order
-    order = np.random.default_rng(a.seed).permutation(len(jobs))
-    jobs = [jobs[i] for i in order]
+    print(f"# bench_fidelity: NumPy on {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs, BLAS threads {os.environ.get('OPENBLAS_NUM_THREADS')}, "
+          f"load average {os.getloadavg()[0]:.2f}\n", flush=True)
+    if a.retest:
+        out = retest(a, sizes)
+    else:
+        preset = executed_hardware(load_hardware("cpu"))
+        cases = kernel_spread("numpy", a.quick)
+        cal_jobs = calibration_plans(sizes, a.cal_plans, seed=a.seed + 1000)
+        jobs = test_jobs(sizes, a.plans, a.seed)
+        items = ([(("cal", i), g) for i, (_, g) in enumerate(cal_jobs)]
+                 + [(("test", i), g) for i, (_, g) in enumerate(jobs)])
+        load0 = os.getloadavg()[0]
+        kernel_recs, merged = measure_rounds(
+            cases, items, preset, "numpy", rounds=a.rounds, repeats=a.repeats, statistic=a.statistic, seed=a.seed,
+            progress=lambda r, n: print(f"  round {r}/{n} ({time.perf_counter() - t0:.0f} s, load average "
+                                        f"{os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True))
+        load1 = os.getloadavg()[0]
+        # offline calibration: the kernel spread, then the shards of the held-out calibration plans
+        cal_res = calibrate_records(kernel_recs, preset)
+        cal_records = [r for i in range(len(cal_jobs)) for r in merged[("cal", i)]]
+        cal, dispatch, n_disp = calibrate_with_plans(cal_res, cal_records)
+        # the refit's base: the offline factors without the time between shards, which refit adds itself
+        refit_base = calibrate_shards(cal_res, cal_records)
+        print(f"offline calibration on {cal_res.before['n']} kernel points: mean |log(model/measured)| "
+              f"{cal_res.before['mean_abs_log']:.3f} -> {cal_res.after['mean_abs_log']:.3f}; dispatch between shards "
+              f"{dispatch * 1e6:.0f} us per shard; classes refitted with the shards of {n_disp} held-out plans\n",
+              flush=True)
 
-    rows, records = [], []
-    online_hw, fitted_digests = cal, []
-    online_pred = []
-    for i, (name, g) in enumerate(jobs):
-        recs = measure_plan(g, cal, "numpy", repeats=a.repeats, warmup=1, statistic=a.statistic)
-        plan = recs[-1]
-        records += recs
-        pts = plan_points(recs)
-        online_pred.append(float(predict_plans(pts, online_hw)[0]))
-        d = plan["details"]
-        rows.append({"workload": name, "digest": g.digest[:12], "shards": g.n_shards, "transfers": d["transfers"],
-                     "verified": plan["verified"], "measured_s": plan["measured_seconds"],
-                     "preset_s": serial_prediction(g, preset), "calibrated_s": plan["predicted_seconds"],
-                     "calibrated_transfers_s": d["serial_with_transfers"], "online_s": online_pred[-1]})
-        print(f"  plan {i:2d} {name:11s} {g.n_shards:3d} shards {d['transfers']:3d} transfers: measured "
-              f"{plan['measured_seconds'] * 1e3:8.2f} ms, calibrated {plan['predicted_seconds'] * 1e3:8.2f} ms, "
-              f"online {online_pred[-1] * 1e3:8.2f} ms", file=sys.stderr, flush=True)
-        if (i + 1) % a.every == 0:  # the campaign's refit, from the offline-calibrated hardware
-            res = refit(records, cal)
-            online_hw = res["hardware"]
-    final = refit(records, cal)
+        rows, records = [], []
+        online_hw = cal
+        for i, (name, g) in enumerate(jobs):
+            recs = merged[("test", i)]
+            plan = recs[-1]
+            records += recs
+            # the refit made before this plan was measured (held out)
+            online = float(predict_plans(plan_points(recs), online_hw)[0])
+            serial, with_transfers = plan_predictions(g, cal)
+            rows.append({"workload": name, "digest": g.digest[:12], "shards": g.n_shards,
+                         "transfers": plan["details"]["transfers"], "verified": plan["verified"],
+                         "measured_s": plan["measured_seconds"], "preset_s": serial_prediction(g, preset),
+                         "calibrated_s": serial, "calibrated_transfers_s": with_transfers, "online_s": online})
+            print(f"  plan {i:2d} {name:11s} {g.n_shards:3d} shards {rows[-1]['transfers']:3d} transfers: measured "
+                  f"{plan['measured_seconds'] * 1e3:8.2f} ms, calibrated {serial * 1e3:8.2f} ms, "
+                  f"online {online * 1e3:8.2f} ms", file=sys.stderr, flush=True)
+            if (i + 1) % a.every == 0:  # the campaign's refit, from the offline-calibrated hardware
+                online_hw = refit(records, refit_base)["hardware"]
+        final = refit(records, refit_base)
 
-    meas = [r["measured_s"] for r in rows]
-    models = {"preset": "preset_s", "calibrated": "calibrated_s", "calibrated + transfers": "calibrated_transfers_s",
-              "online refit (held out)": "online_s"}
-    out = {"bench": "fidelity", "plans": len(rows), "repeats": a.repeats, "statistic": a.statistic,
-           "every": a.every, "seed": a.seed,
-           "quick": a.quick, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-           "offline_calibration": {"points": cal_res.before["n"], "before": cal_res.before["mean_abs_log"],
-                                   "dispatch_s": dispatch, "dispatch_plans": n_disp,
-                                   "after": cal_res.after["mean_abs_log"], "factors": cal_res.factors()},
-           "verified": sum(r["verified"] for r in rows), "models": {}, "rows": rows}
-    table = []
-    for label, key in models.items():
-        entry = {"all": stats([r[key] for r in rows], meas)}
-        for w in sizes:
-            sub = [r for r in rows if r["workload"] == w]
-            entry[w] = stats([r[key] for r in sub], [r["measured_s"] for r in sub])
-        out["models"][label] = entry
-        table.append([label] + [f"{fmt(entry[k]['spearman'])} / {fmt(entry[k]['mean_abs_log'])}"
-                                for k in ["all", *sizes]])
-    out["models"]["online refit (in sample, final)"] = {"all": final["after"]}
-    table.append(["online refit (in sample, final)", f"{fmt(final['after']['spearman'])} / "
-                  f"{fmt(final['after']['mean_abs_log'])}"] + ["-"] * len(sizes))
-    head = ["model", "all", *sizes]
-    w = [max(len(str(r[i])) for r in table + [head]) for i in range(len(head))]
-    print(f"\nSpearman rho / mean |log(pred/measured)| over {len(rows)} plans "
-          f"({out['verified']} verified; measured {min(meas) * 1e3:.2f}-{max(meas) * 1e3:.2f} ms):\n")
-    print("  ".join(h.ljust(w[i]) for i, h in enumerate(head)))
-    print("  ".join("-" * x for x in w))
-    for r in table:
-        print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)))
+        meas = [r["measured_s"] for r in rows]
+        models = {"preset": "preset_s", "calibrated": "calibrated_s", "calibrated + transfers": "calibrated_transfers_s",
+                  "online refit (held out)": "online_s"}
+        out = {"bench": "fidelity", "plans": len(rows), "rounds": a.rounds, "repeats": a.repeats,
+               "statistic": a.statistic, "every": a.every, "seed": a.seed, "quick": a.quick,
+               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+               "load_average": [load0, load1],
+               "offline_calibration": {"points": cal_res.before["n"], "before": cal_res.before["mean_abs_log"],
+                                       "dispatch_s": dispatch, "dispatch_plans": n_disp,
+                                       "after": cal_res.after["mean_abs_log"], "factors": cal_res.factors(),
+                                       "efficiency": {k: list(v) for k, v in cal.efficiency.items()},
+                                       "launch": dict(cal.launch_overhead_by_class)},
+               "verified": sum(r["verified"] for r in rows), "models": {}, "rows": rows}
+        table = []
+        for label, key in models.items():
+            entry = {"all": stats([r[key] for r in rows], meas)}
+            for w in sizes:
+                sub = [r for r in rows if r["workload"] == w]
+                entry[w] = stats([r[key] for r in sub], [r["measured_s"] for r in sub])
+            out["models"][label] = entry
+            table.append([label] + [f"{fmt(entry[k]['spearman'])} / {fmt(entry[k]['mean_abs_log'])}"
+                                    for k in ["all", *sizes]])
+        out["models"]["online refit (in sample, final)"] = {"all": final["after"]}
+        table.append(["online refit (in sample, final)", f"{fmt(final['after']['spearman'])} / "
+                      f"{fmt(final['after']['mean_abs_log'])}"] + ["-"] * len(sizes))
+        print(f"\nSpearman rho / mean |log(pred/measured)| over {len(rows)} plans "
+              f"({out['verified']} verified; measured {min(meas) * 1e3:.2f}-{max(meas) * 1e3:.2f} ms; "
+              f"load average {load0:.2f} -> {load1:.2f}):\n")
+        print_table(["model", "all", *sizes], table)
+        res = kernel_residuals(jobs, [merged[("test", i)] for i in range(len(jobs))], cal)
+        out["residuals"] = res
+        print("\nresiduals of the calibrated model per kernel [class], the test plans' shards:\n")
+        print_table(["kernel [class]", "shards", "measured", "median log(model/measured)", "quartiles"],
+                    [[r["kernel"], r["shards"], f"{r['measured_s'] * 1e3:.1f} ms", f"{r['median_log']:+.2f}",
+                      f"{r['q1_log']:+.2f} .. {r['q3_log']:+.2f}"] for r in res])
     out["wall_s"] = time.perf_counter() - t0
     print(f"\n({out['wall_s']:.0f} s)")
-    print(json.dumps({k: v for k, v in out.items() if k != "rows"}))
+    print(json.dumps({k: v for k, v in out.items() if k not in ("rows", "passes", "residuals")}))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -84,7 +84,10 @@ class Attention(Kernel):
 
     name = "attention"
     inputs = ("q", "k", "v")
-    kernel_class = "matmul"  # tensor-core bound like a GEMM (FlashAttention-2 reaches 50-73 % of peak)
+    # tensor-core bound like a GEMM (FlashAttention-2 reaches 50-73 % of peak); its own subclass
+    # because NumPy runs it as scores, softmax and a second product (costmodel.hardware: a
+    # hardware without a "matmul.attention" entry charges it as "matmul")
+    kernel_class = "matmul.attention"
     params_defaults = {"scale": 1.0, "causal": False, "offset": 0, "origin": None}
 
     def base_signature(self, ins, params):

@@ -30,7 +30,9 @@ INNERS = ("einsum", "matmul", "bmm", "linear")
 class NormMatmul(Kernel):
     name = "norm_matmul"
     inputs = ()
-    kernel_class = "matmul"
+    # a GEMM with its operand's norm in the prologue; its own subclass because NumPy runs the norm
+    # as a pass of its own (costmodel.hardware: without a "matmul.norm" entry it is "matmul")
+    kernel_class = "matmul.norm"
     params_defaults = {"norm": None, "inner": None}
 
     def _parts(self, params: Mapping[str, Any]) -> tuple[dict, dict]:

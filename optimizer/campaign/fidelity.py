@@ -8,6 +8,8 @@
   utilisation, ``costmodel.evaluate``: ``program_facts(unshard(plan), hw).ideal_seconds /
   (makespan · devices used)``), re-evaluated from the stored plans.
 - :func:`meaning`: one sentence saying what the rank correlation means for this campaign.
+- :func:`kept_sentence`: one sentence naming the terms the refit left at the preset's values
+  because the samples cannot identify them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from optimizer.campaign.progress import fmt_seconds
 
-__all__ = ["best_mfu", "calibration_report", "markdown", "meaning", "status_lines"]
+__all__ = ["best_mfu", "calibration_report", "kept_sentence", "markdown", "meaning", "status_lines"]
 
 
 def calibration_report(archive: Any, name: str) -> dict[str, Any] | None:
@@ -81,6 +83,25 @@ def meaning(rep: dict[str, Any], campaign_hw: str) -> str:
     return (f"Spearman ρ = {_fmt(rho)} (1: same order as the measurements, 0: unrelated): {how}{where}.")
 
 
+def kept_sentence(factors: dict[str, dict[str, Any]], hw: str) -> str:
+    """One sentence: which fitted classes' terms the refit kept at ``hw``'s values, and why; ""
+    when it changed every term (or fitted nothing)."""
+    why = {"compute": "compute efficiency", "memory": "memory efficiency", "launch": "launch overhead"}
+    kept = []
+    for k, v in factors.items():
+        if not v.get("fitted"):
+            continue
+        terms = [why[t] for t in ("compute", "memory", "launch") if not v.get(f"{t}_identified", True)]
+        if terms:
+            kept.append(f"{k}'s {' and '.join(terms)}")
+    if not kept:
+        return ""
+    return (f"The refit changed only what these samples can tell apart: it kept {'; '.join(kept)} at `{hw}`'s "
+            f"values (a term that never binds, one whose fit is within two standard errors of that value, or a fixed "
+            f"cost per shard where the class's shards are too alike in size, under 4x apart, to separate it from a "
+            f"rate).")
+
+
 def status_lines(rep: dict[str, Any] | None, mfu: list[dict[str, Any]], campaign_hw: str) -> list[str]:
     """Plain lines for ``tapestry status``."""
     lines = []
@@ -139,13 +160,17 @@ def markdown(rep: dict[str, Any] | None, mfu: list[dict[str, Any]], campaign_hw:
         fac = s.get("factors", {})
         if fac:
             lines += ["", "Refit factors per kernel class (compute and memory efficiency of the datasheet peaks, "
-                          "launch overhead; \"kept\": that term never bound, the preset's value stays): "
+                          "launch overhead; \"kept\": the samples cannot identify that term, the preset's value stays): "
                       + "; ".join(f"{k} {v['compute']:.3g}{'' if v['compute_identified'] else ' (kept)'} / "
                                   f"{v['memory']:.3g}{'' if v['memory_identified'] else ' (kept)'} / "
-                                  f"{fmt_seconds(v['launch']) if v['launch'] >= 1e-9 else '0 s'}" for k, v in fac.items() if v.get("fitted"))
+                                  f"{fmt_seconds(v['launch']) if v['launch'] >= 1e-9 else '0 s'}"
+                                  f"{'' if v.get('launch_identified', True) else ' (kept)'}" for k, v in fac.items() if v.get("fitted"))
                       + (f"; plus {fmt_seconds(s['dispatch'])} per shard that the executor spends between shards "
                          f"(measured by the executor where plans record it, else fitted on the plan times; added to every launch overhead)" if s.get("dispatch") else "")
                       + "."]
+            kept = kept_sentence(fac, hw)
+            if kept:
+                lines += ["", kept]
         t = rep.get("target")
         if t and t.get("front"):
             lines += ["", "The samples ran on the campaign's device kind, so the refit factors re-score the front:", "",

@@ -94,7 +94,8 @@ def _print_calibration(res, backend: str) -> None:
         f.add_column(col, justify="left" if col == "class" else "right")
     for k, v in res.factors().items():
         f.add_row(k, str(v["n"]), f"{v['compute']:.3g}" + ("" if v["compute_identified"] else " (kept)"),
-                  f"{v['memory']:.3g}" + ("" if v["memory_identified"] else " (kept)"), _si(v["launch"], "s"),
+                  f"{v['memory']:.3g}" + ("" if v["memory_identified"] else " (kept)"),
+                  _si(v["launch"], "s") + ("" if v.get("launch_identified", True) else " (kept)"),
                   "-" if v["rms_rel_error"] is None else f"{v['rms_rel_error']:.2f}")
     out.print(f)
     b, a = res.before, res.after

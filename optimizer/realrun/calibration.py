@@ -1,9 +1,11 @@
 """Calibration runs: time a spread of kernels and shard sizes, fit the cost model to them.
 
 The spread (``kernel_spread``) covers every efficiency class the cost model distinguishes:
-``matmul`` (matmul and linear, square and skinny), ``elementwise`` (add, relu, gelu),
-``rowwise`` (softmax, layernorm), ``conv`` (conv2d 3x3) and ``reduction`` (reduce_sum), each at
-several sizes from launch-bound to bandwidth- or compute-bound. Sizes depend on the backend (a
+``matmul`` (matmul and linear, square and skinny), its subclasses ``matmul.attention``
+(attention of a transformer's heads) and ``matmul.norm`` (a layernorm fused into the linear or
+per-head projection that reads it), ``elementwise`` (add, relu, gelu), ``rowwise`` (softmax,
+layernorm), ``conv`` (conv2d 3x3) and ``reduction`` (reduce_sum), each at several sizes from
+launch-bound to bandwidth- or compute-bound. Sizes depend on the backend (a
 GPU needs far bigger shards to leave the launch-bound regime); ``quick`` keeps a few small ones
 per class (tests, smoke runs).
 
@@ -46,6 +48,33 @@ def _one_op(kernel: str, dtype: str, inputs: dict[str, tuple[int, ...]], roles: 
     return build
 
 
+def _norm_matmul(dtype: str, rows: int, d: int, out: int, heads: int = 0, shards: int = 1) -> Callable[[], Any]:
+    """A layernorm over ``d`` read by a linear ``d -> out`` (``heads == 0``) or by a per-head
+    projection ``bsd,dhe->bhse`` (``heads`` heads of ``out // heads``), fused into one
+    ``norm_matmul`` op (``ir.rewrites.fuse_norm``), as the transformer's plans run it; split into
+    ``shards`` equal shards along the output columns (or heads). Each such shard normalises its
+    rows whole while its FLOPs count only its share of the norm (``ir.kernels.prenorm``), which
+    is how a plan's column shards of a norm_matmul run: one-op points without the split ran like
+    plain GEMMs, while the plans' shards ran ~0.5 log units slower."""
+    def build() -> Any:
+        from ir.builder import GraphBuilder
+        from ir.rewrites import fuse_norm, split
+
+        b = GraphBuilder(dtype)
+        x = b.input("x", (1, rows, d))
+        n = b.op("layernorm", "ln", {"x": x, "gamma": b.parameter("gamma", (d,)), "beta": b.parameter("beta", (d,))},
+                 eps=1e-5)
+        if heads:
+            b.op("einsum", "k", {"a": n, "b": b.parameter("W", (d, heads, out // heads))}, equation="bsd,dhe->bhse")
+        else:
+            b.op("linear", "k", {"x": n, "W": b.parameter("W", (d, out)), "b": b.parameter("bias", (out,))})
+        g = fuse_norm(b.build(), "ln")
+        (name,) = g.topo_order
+        return split(g, name, 1 if heads else 2, shards) if shards > 1 else g
+
+    return build
+
+
 def kernel_spread(backend: str = "numpy", quick: bool = False, dtypes: tuple[str, ...] = ("float32",)) -> list[Case]:
     """The calibration points (see the module docstring)."""
     gpu = backend == "cupy"
@@ -73,6 +102,23 @@ def kernel_spread(backend: str = "numpy", quick: bool = False, dtypes: tuple[str
         for nb, f, o in lin:
             add(f"linear {nb}x{f}->{o}{tag}", "linear",
                 _one_op("linear", dt, {"x": (nb, f), "W": (f, o), "b": (o,)}, {"W": "parameter", "b": "parameter"}))
+        # the GEMM subclasses: attention (batch x heads, seq, head dim 64) and norm_matmul (narrow outputs
+        # too: a plan's column shards each normalise their rows whole, so the norm weighs more)
+        att = [(2, 16, 16), (4, 32, 16), (2, 64, 32)] if quick else (
+            [(8, 2048, 128), (32, 1024, 128), (4, 4096, 128)] if gpu else
+            [(4, 64, 64), (16, 128, 64), (8, 256, 64), (4, 512, 64), (4, 128, 64), (2, 128, 64)])
+        for bh, sq, e in att:
+            add(f"attention {bh}x{sq}x{e}{tag}", "attention",
+                _one_op("attention", dt, {"q": (bh, sq, e), "k": (bh, sq, e), "v": (bh, sq, e)}, scale=e ** -0.5))
+        nm = [(32, 64, 64, 0), (32, 64, 64, 2), (64, 128, 64, 0)] if quick else (
+            [(8192, 4096, 4096, 0), (8192, 4096, 4096, 32), (2048, 1024, 4096, 0)] if gpu else
+            [(128, 256, 1024, 0), (512, 256, 256, 4), (256, 256, 1024, 0), (128, 1024, 256, 0), (512, 256, 1024, 0)])
+        nm = [(*c, 1) for c in nm] + ([(64, 64, 64, 0, 2)] if quick else [] if gpu else
+                                      [(512, 256, 1024, 0, 4), (512, 256, 1024, 0, 8), (128, 256, 1024, 0, 4),
+                                       (512, 256, 256, 4, 4), (256, 256, 256, 4, 2)])
+        for r, d_in, o, h, k in nm:
+            what = f"{' heads ' + str(h) if h else ''}{f' in {k} shards' if k > 1 else ''}"
+            add(f"norm_matmul {r}x{d_in}->{o}{what}{tag}", "norm_matmul", _norm_matmul(dt, r, d_in, o, h, k))
         # elementwise: one size ladder for add, a shorter one for relu and gelu
         ladder = [1 << 12, 1 << 15, 1 << 17] if quick else (
             [1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26] if gpu else [1 << 12, 1 << 16, 1 << 19, 1 << 21, 1 << 22])
@@ -107,18 +153,22 @@ def kernel_spread(backend: str = "numpy", quick: bool = False, dtypes: tuple[str
 
 
 def record_of(g: Any, seconds: float) -> dict[str, Any]:
-    """``{kernel_class, flops, bytes, dtype, seconds}`` of a one-op, one-shard graph."""
+    """``{kernel_class, flops, bytes, dtype, seconds}`` of one shard of a one-op graph timed as a
+    whole (``seconds``: all its shards, one after another): with ``k`` equal shards, one shard's
+    work and ``seconds / k`` (``shards``: ``k``)."""
     from ir.kernels import get_kernel
 
     (name,) = g.topo_order
     o = g.ops[name]
     sig = g.signature(o)
     sh = o.shards
-    flops = float(sig.flops(sh.lo, sh.hi).sum())
+    k = len(sh)
+    flops = float(sig.flops(sh.lo, sh.hi).sum()) / k
     read, written = sig.io_bytes(sh.lo, sh.hi)
-    return {"kernel_class": get_kernel(o.kernel).kernel_class, "flops": flops, "bytes": float((read + written).sum()),
-            "dtype": g.tensors[o.output].dtype, "seconds": float(seconds), "kernel": o.kernel,
-            "shape": list(g.tensors[o.output].shape)}
+    return {"kernel_class": get_kernel(o.kernel).kernel_class, "flops": flops,
+            "bytes": float((read + written).sum()) / k, "dtype": g.tensors[o.output].dtype,
+            "seconds": float(seconds) / k, "kernel": o.kernel,
+            "shape": list(g.tensors[o.output].shape), "shards": k}
 
 
 def measure_spread(cases: list[Case], backend: str = "numpy", repeats: int = 3, warmup: int = 1,
@@ -129,7 +179,8 @@ def measure_spread(cases: list[Case], backend: str = "numpy", repeats: int = 3, 
     out = []
     for c in cases:
         g = c.build()
-        seconds = time_ops(g, backend, repeats=repeats, warmup=warmup, statistic=statistic)["k"]
+        (name,) = g.topo_order
+        seconds = time_ops(g, backend, repeats=repeats, warmup=warmup, statistic=statistic)[name]
         rec = record_of(g, seconds)
         rec["case"] = c.name
         out.append(rec)
@@ -173,6 +224,7 @@ class CalibrationResult:
         for k, f in self.fits.items():
             out[k] = {"compute": f.compute_eff, "memory": f.memory_eff, "launch": f.launch, "n": f.n,
                       "compute_identified": f.compute_identified, "memory_identified": f.memory_identified,
+                      "launch_identified": f.launch_identified,
                       "rms_rel_error": None if math.isnan(f.rms_rel_error) else f.rms_rel_error}
         return out
 
@@ -214,28 +266,16 @@ def fit_dispatch(hw: Any, backend: str = "numpy", repeats: int = 3, quick: bool 
     return cal, d, len(points)
 
 
-def calibrate_on_plans(result: CalibrationResult, workloads: dict[str, dict[str, Any]], plans_each: int = 3,
-                       backend: str = "numpy", repeats: int = 3, seed: int = 1000,
-                       statistic: str = "median") -> tuple[Any, float, int]:
-    """Refit ``result`` (a one-op spread calibration) with the shards of real plans, then fit the
-    executor's time between shards on those plans (``optimizer.realrun.online._fit_dispatch``).
-
-    For each workload (``ir.workloads.build(name, **params)``), the unsharded program and
-    ``plans_each - 1`` random rewrites of it over 4 devices (``ir.rewrites.random_walk``, seeded
-    with ``seed``: use a seed the plans under test do not use) run device-aware
-    (``measure_plan``); their unfused shards join the spread's points and every class is fitted
-    again from ``result.base``. Why: one-op points are square GEMMs and fresh graphs, while plans
-    run ``linear`` with bias, attention, layernorm-matmul and slices of them; on this VM the
-    spread alone over-predicted the plans' ``linear`` shards by ~1.6x and their gelu by ~2x.
-    Returns ``(calibrated hardware with the dispatch in its launch overheads, dispatch seconds per
-    shard, plans timed)``."""
-    from costmodel.calibrate import calibrate
+def calibration_plans(workloads: dict[str, dict[str, Any]], plans_each: int = 3,
+                      seed: int = 1000) -> list[tuple[str, Any]]:
+    """``(workload name, Graph)`` of the plans ``calibrate_on_plans`` times: per workload
+    (``ir.workloads.build(name, **params)``) the unsharded program and ``plans_each - 1`` random
+    rewrites of it over 4 devices (``ir.rewrites.random_walk``, seeded with ``seed``: use a seed the
+    plans under test do not use)."""
     from ir import workloads as W
     from ir.rewrites import random_walk
-    from optimizer.realrun.measurement import executed_hardware, measure_plan
-    from optimizer.realrun.online import _fit_dispatch, calibration_records, plan_points
 
-    records = []
+    out = []
     for j, (name, params) in enumerate(workloads.items()):
         base = W.build(name, **params)
         rng = np.random.default_rng([seed, j])
@@ -247,13 +287,52 @@ def calibrate_on_plans(result: CalibrationResult, workloads: dict[str, dict[str,
             if g.digest not in seen:
                 seen.add(g.digest)
                 plans.append(g)
-        for g in plans:
-            records += measure_plan(g, executed_hardware(result.hardware), backend, repeats=repeats,
-                                    statistic=statistic)
+        out += [(name, g) for g in plans]
+    return out
+
+
+def calibrate_shards(result: CalibrationResult, records: list[dict[str, Any]]) -> Any:
+    """``result`` (a one-op spread calibration) refitted with the unfused shards of measured plans
+    (``measure_plan`` records of several plans), from ``result.base``; as the executor runs plans
+    (``executed_hardware``), without the executor's time between shards. This is the hardware to
+    hand to ``optimizer.realrun.online.refit`` as its base, which adds that time itself."""
+    from costmodel.calibrate import calibrate
+    from optimizer.realrun.measurement import executed_hardware
+    from optimizer.realrun.online import calibration_records, plan_points
+
+    return executed_hardware(calibrate(list(result.records) + calibration_records(plan_points(records)), result.base))
+
+
+def calibrate_with_plans(result: CalibrationResult, records: list[dict[str, Any]]) -> tuple[Any, float, int]:
+    """:func:`calibrate_shards`, then the executor's time between shards on those plans
+    (``optimizer.realrun.online._fit_dispatch``) added; see :func:`calibrate_on_plans`."""
+    from optimizer.realrun.online import _fit_dispatch, plan_points
+
     points = plan_points(records)
-    cal = executed_hardware(calibrate(list(result.records) + calibration_records(points), result.base))
-    cal, d = _fit_dispatch(points, cal, np.array([p["measured"] for p in points]))
+    cal, d = _fit_dispatch(points, calibrate_shards(result, records), np.array([p["measured"] for p in points]))
     return cal, d, len(points)
+
+
+def calibrate_on_plans(result: CalibrationResult, workloads: dict[str, dict[str, Any]], plans_each: int = 3,
+                       backend: str = "numpy", repeats: int = 3, seed: int = 1000,
+                       statistic: str = "median") -> tuple[Any, float, int]:
+    """Refit ``result`` (a one-op spread calibration) with the shards of real plans, then fit the
+    executor's time between shards on those plans (``optimizer.realrun.online._fit_dispatch``).
+
+    The plans (:func:`calibration_plans`) run device-aware (``measure_plan``); their unfused
+    shards join the spread's points and every class is fitted again from ``result.base``
+    (:func:`calibrate_with_plans`). Why: one-op points are square GEMMs and fresh graphs, while
+    plans run ``linear`` with bias, attention, layernorm-matmul and slices of them; on this VM the
+    spread alone over-predicted the plans' ``linear`` shards by ~1.6x and their gelu by ~2x.
+    Returns ``(calibrated hardware with the dispatch in its launch overheads, dispatch seconds per
+    shard, plans timed)``."""
+    from optimizer.realrun.measurement import executed_hardware, measure_plan
+
+    records = []
+    for _, g in calibration_plans(workloads, plans_each, seed):
+        records += measure_plan(g, executed_hardware(result.hardware), backend, repeats=repeats,
+                                statistic=statistic)
+    return calibrate_with_plans(result, records)
 
 
 def run_calibration(backend: str, hardware: Any, quick: bool = False, repeats: int = 3, warmup: int = 1,

@@ -27,6 +27,10 @@ the per-item medians drop and the whole-run median keeps. The wall median stays 
 ``details["wall_median_seconds"]``.
 
 Records have the keys of ``storage.Archive.add_measurements``; ``store_measurements`` writes them.
+
+``merge_rounds`` makes one measurement of a plan out of several ``measure_plan`` calls made at
+different times (``optimizer.realrun.rounds``: interleaved passes over many plans, so that a slow
+spell of the machine hits every plan alike instead of the few measured during it).
 """
 
 from __future__ import annotations
@@ -181,3 +185,64 @@ def store_measurements(archive: Any, records: Iterable[Mapping[str, Any]]) -> in
         return archive.add_measurements(records)
     with Archive.open(archive) as a:
         return a.add_measurements(records)
+
+
+def plan_predictions(g: Any, hw: Any) -> tuple[float, float]:
+    """``(serial, serial with the modelled transfers)`` of plan ``g`` on ``hw``: the figures
+    ``measure_plan`` stores as the plan's ``predicted_seconds`` and ``details["serial_with_transfers"]``,
+    for predicting already measured plans on another (e.g. calibrated) hardware."""
+    from costmodel.evaluate import serial_prediction
+    from costmodel.hardware_io import load_hardware
+    from costmodel.lowering import Lowerer
+
+    hw = load_hardware(hw)
+    low = Lowerer(_plan_hardware(g, hw)).lower(g)
+    serial = float(serial_prediction(g, hw))
+    return serial, serial + float(low.elapsed[int(low.op_offsets[-1]):].sum())
+
+
+def merge_rounds(rounds: list[list[dict[str, Any]]], statistic: str = "median") -> list[dict[str, Any]]:
+    """One plan's records from several ``measure_plan`` calls (its rounds, oldest first) as one
+    measurement, in the first round's order and form: each shard's and transfer's
+    ``measured_seconds`` is ``statistic`` over the rounds' figures (with ``min``, the minimum over
+    every timed run of every round; with ``median``, the median of the rounds' medians); the plan's
+    measured time is again their sum plus the median of the rounds' gaps between them; it is
+    ``verified`` only if every round verified (``max_rel_error``: the worst). ``details["rounds"]``
+    says how many rounds were merged. Raises ValueError for rounds of different plans or shapes."""
+    from executor.measure import STATISTICS
+
+    if not rounds:
+        raise ValueError("merge_rounds: no rounds")
+    pick = STATISTICS[statistic]
+
+    def key(r: dict[str, Any]) -> tuple:
+        if r["kind"] == "transfer":
+            return ("transfer", r["details"]["index"])
+        return (r["kind"], r.get("op"), r.get("shard"))
+
+    digests = {r["plan_digest"] for rs in rounds for r in rs}
+    keys = [[key(r) for r in rs] for rs in rounds]
+    if len(digests) != 1 or any(k != keys[0] for k in keys[1:]):
+        raise ValueError(f"merge_rounds: the rounds are not measurements of one plan (digests {sorted(digests)})")
+    out = [{**r, "details": dict(r["details"])} for r in rounds[0]]
+    for i, r in enumerate(out):
+        if r["kind"] != "plan":
+            r["measured_seconds"] = float(pick([rs[i]["measured_seconds"] for rs in rounds]))
+    plans = [next(r for r in rs if r["kind"] == "plan") for rs in rounds]
+    plan = next(r for r in out if r["kind"] == "plan")
+    d = plan["details"]
+    d["measured_shards_sum"] = float(sum(r["measured_seconds"] for r in out if r["kind"] == "shard"))
+    d["measured_transfers_sum"] = float(sum(r["measured_seconds"] for r in out if r["kind"] == "transfer"))
+    gaps = [p["details"].get("gap_seconds") for p in plans]
+    gaps = [x for x in gaps if x is not None]
+    d["gap_seconds"] = float(np.median(gaps)) if gaps else None
+    walls = [p["details"].get("wall_median_seconds") for p in plans]
+    walls = [x for x in walls if x is not None]
+    d["wall_median_seconds"] = float(np.median(walls)) if walls else None
+    d["rounds"] = len(rounds)
+    d["statistic"] = statistic
+    plan["measured_seconds"] = (d["measured_shards_sum"] + d["measured_transfers_sum"]
+                                + max(d["gap_seconds"] or 0.0, 0.0))
+    plan["verified"] = all(bool(p["verified"]) for p in plans)
+    plan["max_rel_error"] = float(max(p["max_rel_error"] for p in plans))
+    return out

@@ -4,7 +4,12 @@ Every ``sampling.calibrate_every`` sampled plans, :func:`refit` takes all shard 
 campaign has stored (``optimizer.realrun.measurement``: each shard's kernel class, dtype, FLOPs,
 bytes and measured seconds) and fits the efficiency factors and launch overheads per kernel class
 (``costmodel.calibrate.calibrate``) of the *sampling* hardware, always starting from its
-uncalibrated form (so a fit never compounds an earlier one). It then predicts every sampled plan
+uncalibrated form (so a fit never compounds an earlier one). A term the samples cannot identify
+keeps the uncalibrated hardware's value (``calibrate``: a factor whose term binds at fewer than
+two shards; a launch overhead when the class's shards span less than 4x in work, as a small
+campaign's shards often do: they are too alike to separate a fixed cost per shard from a rate);
+the report's factors say which (``*_identified``), and ``summary.md`` says it in one sentence
+(``optimizer.campaign.fidelity.kept_sentence``). It then predicts every sampled plan
 again the way its stored prediction was made, the serial time (``costmodel.evaluate.
 serial_prediction``: every shard one after another on one device, which is how one machine runs
 it) = the sum of the shards' roofline times, plus a per-shard dispatch overhead (:func:`_fit_dispatch`: what the executor spends between
@@ -146,6 +151,7 @@ def refit(measurements: Iterable[Mapping[str, Any]], base: Any, previous: Any = 
             held = rank_stats(predict_plans(new, previous), [p["measured"] for p in new])
     factors = {k: {"compute": f.compute_eff, "memory": f.memory_eff, "launch": f.launch, "n": f.n,
                    "compute_identified": f.compute_identified, "memory_identified": f.memory_identified,
+                   "launch_identified": f.launch_identified,
                    "fitted": f.method != "defaults"} for k, f in fits.items()}
     return {"hardware": cal, "plans": len(points), "shards": len(recs), "factors": factors, "dispatch": dispatch,
             "before": rank_stats(before, measured), "after": rank_stats(after, measured), "held_out": held,

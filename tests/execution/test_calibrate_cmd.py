@@ -32,7 +32,7 @@ def test_quick_numpy_calibration_writes_a_better_hardware_file(tmp_path, capsys)
     doc = json.loads(js.read_text())
     points = doc["points"]
     classes = {p["kernel_class"] for p in points}
-    assert classes == {"matmul", "elementwise", "rowwise", "conv", "reduction"}
+    assert classes == {"matmul", "matmul.attention", "matmul.norm", "elementwise", "rowwise", "conv", "reduction"}
     records = [{"kernel_class": p["kernel_class"], "flops": p["flops"], "bytes": p["bytes"], "dtype": "float32",
                 "seconds": p["measured"]} for p in points]
     before, after = errors(records, base), errors(records, cal)  # the file as loaded, not the in-memory fit
@@ -46,7 +46,8 @@ def test_quick_numpy_calibration_writes_a_better_hardware_file(tmp_path, capsys)
 def test_the_spread_covers_kernels_and_sizes():
     full = kernel_spread("numpy")
     kernels = {c.kernel for c in full}
-    assert {"matmul", "linear", "add", "relu", "gelu", "softmax", "layernorm", "conv2d", "reduce_sum"} <= kernels
+    assert {"matmul", "linear", "attention", "norm_matmul", "add", "relu", "gelu", "softmax", "layernorm", "conv2d",
+            "reduce_sum"} <= kernels
     assert sum(c.kernel == "matmul" for c in full) >= 5
     gpu = kernel_spread("cupy", dtypes=("float32", "float16"))
     assert len(gpu) == 2 * len(kernel_spread("cupy"))

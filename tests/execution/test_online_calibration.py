@@ -207,3 +207,40 @@ def test_status_and_summary_text_say_what_the_figures_mean():
     assert "## Calibrated predictions vs measurements" in md and "| after the refit (in sample) | 0.950 | 0.050 |" in md
     assert "matmul 0.5 / 1 (kept) / 100 µs" in md and "plus 1 ms per shard" in md
     assert markdown(None, [], "x") == [] and status_lines(None, [], "x") == []
+
+
+def test_refit_of_alike_shards_keeps_the_launch_and_summary_says_so():
+    """A small campaign's samples: GEMM shards of two sizes only, measured with heavy noise (the
+    quickstart's: 0.27 and 0.54 GFLOP, 4-36 ms). The refit fits the rate and keeps the launch
+    overhead of the hardware it starts from; summary.md names what it kept in one sentence."""
+    from optimizer.campaign.fidelity import kept_sentence, markdown
+
+    base = load_hardware("cpu")
+    truth = base.with_efficiency({"matmul": (0.12, 1.0)})
+    rng = np.random.default_rng(2)
+    recs = []
+    for p in range(6):
+        digest = f"{p:064x}"
+        total = 0.0
+        for i in range(8):
+            flops = 2.68e8 * (1 + (i + p) % 2)
+            t = float(truth.shard_time(flops, 3.7e6, "float32", "matmul")) * float(np.exp(rng.normal(0, 0.4)))
+            total += t
+            recs.append({"plan_digest": digest, "kind": "shard", "op": f"op{i}", "shard": 0, "measured_seconds": t,
+                         "details": {"kernel_class": "matmul", "dtype": "float32", "flops": flops, "bytes": 3.7e6}})
+        recs.append({"plan_digest": digest, "kind": "plan", "measured_seconds": total, "predicted_seconds": 1.0,
+                     "details": {"gap_seconds": 0.0}})
+    res = refit(recs, base)
+    f = res["factors"]["matmul"]
+    assert f["compute_identified"] and not f["launch_identified"]
+    assert f["launch"] == base.launch_overhead_for("matmul")  # 20 us, the preset's
+    assert f["compute"] == pytest.approx(0.12, rel=0.25)
+    sentence = kept_sentence(res["factors"], "cpu")
+    assert sentence == ("The refit changed only what these samples can tell apart: it kept matmul's memory efficiency "
+                        "and launch overhead at `cpu`'s values (a term that never binds, one whose fit is within two "
+                        "standard errors of that value, or a fixed cost per shard where the class's shards are too "
+                        "alike in size, under 4x apart, to separate it from a rate).")
+    rep = {"sampling": {**{k: v for k, v in res.items() if k != "hardware"}, "sampling_hardware": "cpu"},
+           "target": None, "refits": 1}
+    md = "\n".join(markdown(rep, [], "h100-sxm-8"))
+    assert sentence in md and "matmul 0.1" in md and "/ 20 µs (kept)" in md
