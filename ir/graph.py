@@ -168,8 +168,8 @@ class Op:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.pop("_sig", None)  # memos of Graph.signature and batch_dims: not worth their bytes
-        state.pop("_batch", None)
+        for memo in ("_sig", "_batch", "_lentry", "_moved"):  # memos (Graph.signature, batch_dims,
+            state.pop(memo, None)  # ir.layers): not worth their bytes
         return state
 
     def to_json(self) -> dict:

@@ -74,8 +74,7 @@ def layer_of(name: str) -> int | None:
 # layer signatures and classes
 # ---------------------------------------------------------------------------------------------
 
-_ENTRY: "OrderedDict[int, tuple[Op, int | None, int]]" = OrderedDict()
-_ENTRY_CAP = 200_000
+_INTERN_CAP = 50_000
 _INTERN: dict[tuple, int] = {}  # an entry -> a number (equal entries, equal numbers; never reused)
 _NEXT = itertools.count()
 
@@ -87,11 +86,12 @@ def _shards_key(sh) -> tuple:
 
 
 def _entry(o: Op, g: Graph) -> tuple[int | None, int]:
-    """(owning layer, the number of the op's entry in its layer's signature), memoised on the op.
-    Entries are interned, so a layer's signature is a tuple of ints (cheap to hash)."""
-    hit = _ENTRY.get(id(o))
-    if hit is not None and hit[0] is o:
-        return hit[1], hit[2]
+    """(owning layer, the number of the op's entry in its layer's signature), memoised on the op
+    (so the memo lives as long as the op, no longer). Entries are interned, so a layer's signature
+    is a tuple of ints (cheap to hash)."""
+    hit = o.__dict__.get("_lentry")
+    if hit is not None:
+        return hit
     owner = _parts(o.name)[0]
     ts = g.tensors
     spec = lambda t: (ts[t].shape, ts[t].dtype, ts[t].role) if t in ts else None  # noqa: E731
@@ -100,23 +100,19 @@ def _entry(o: Op, g: Graph) -> tuple[int | None, int]:
              _relative(o.output, owner), spec(o.output), _shards_key(o.shards))
     number = _INTERN.get(entry)
     if number is None:
-        if len(_INTERN) > 4 * _ENTRY_CAP:  # equal entries made later get new numbers: never a false match
+        if len(_INTERN) > _INTERN_CAP:  # equal entries made later get new numbers: never a false match
             _INTERN.clear()
         number = _INTERN[entry] = next(_NEXT)
-    _ENTRY[id(o)] = (o, owner, number)  # holds ``o``: its id is not reused while cached
-    if len(_ENTRY) > _ENTRY_CAP:
-        for _ in range(_ENTRY_CAP // 4):
-            _ENTRY.popitem(last=False)
-    return owner, number
+    o.__dict__["_lentry"] = out = (owner, number)
+    return out
 
 
 def same_entry(src: Op, dst: Op, g: Graph) -> None:
     """Record that ``dst`` is ``src`` (an op of ``g``) moved to another layer of its class
     (``Shift``), so its signature entry is ``src``'s and is not recomputed (``ir.rewrites.tie``
     copies one move into tens of layers)."""
-    hit = _ENTRY.get(id(dst))
-    if hit is None or hit[0] is not dst:
-        _ENTRY[id(dst)] = (dst, _parts(dst.name)[0], _entry(src, g)[1])
+    if "_lentry" not in dst.__dict__:
+        dst.__dict__["_lentry"] = (_parts(dst.name)[0], _entry(src, g)[1])
 
 
 class GraphMemo:
@@ -184,7 +180,7 @@ def layer_classes(g: Graph) -> list[int] | None:
 # ---------------------------------------------------------------------------------------------
 
 _RENAMED: "OrderedDict[tuple, tuple[Any, Any]]" = OrderedDict()
-_RENAMED_CAP = 100_000
+_RENAMED_CAP = 64  # truncated tensor maps (thousands of tensors each) of recent plans
 
 
 def _memo(key: tuple, keep_alive: tuple, make):
@@ -197,8 +193,7 @@ def _memo(key: tuple, keep_alive: tuple, make):
     out = make()
     _RENAMED[key] = (keep_alive, out)
     if len(_RENAMED) > _RENAMED_CAP:
-        for _ in range(_RENAMED_CAP // 4):
-            _RENAMED.popitem(last=False)
+        _RENAMED.popitem(last=False)
     return out
 
 
@@ -241,9 +236,15 @@ class LayerMap:
             return type(v)(self.value(x, owner) for x in v)
         return v
 
-    def op(self, o: Op, shards: Any = "same") -> Op | None:
-        """``o`` re-pointed (memoised by identity, so equal calls give the same object; ``o``
-        itself where nothing changes), with ``shards`` if given; None when it does not survive."""
+    def op(self, o: Op) -> Op | None:
+        """``o`` re-pointed (memoised on ``o``, so equal calls give the same object; ``o`` itself
+        where nothing changes); None when it does not survive."""
+        moved = o.__dict__.get("_moved")
+        if moved is None:
+            moved = o.__dict__["_moved"] = {}
+        elif self.key in moved:
+            return moved[self.key]
+
         def make() -> Op | None:
             owner = _parts(o.name)[0]
             name = self.name(o.name, owner)
@@ -252,13 +253,15 @@ class LayerMap:
             if name is None or out is None or any(t is None for _, t in inputs):
                 return None
             params = self.value(o.params, owner)
-            sh = o.shards if shards == "same" else shards
-            if name == o.name and out == o.output and inputs == o.inputs and params == o.params and sh is o.shards:
+            if name == o.name and out == o.output and inputs == o.inputs and params == o.params:
                 return o  # nothing to re-point: the same op (its lowering pieces are shared)
             if params == o.params:
                 params = o.params
-            return o.replace(name=name, inputs=inputs, output=out, params=params, shards=sh)
-        return _memo(("op", id(o), self.key, None if shards == "same" else id(shards)), (o, shards), make)
+            return o.replace(name=name, inputs=inputs, output=out, params=params)
+        new = moved[self.key] = make()
+        if len(moved) > 64:  # an op takes part in a few truncations and shifts, not hundreds
+            moved.pop(next(iter(moved)))
+        return new
 
 
 class Chain(LayerMap):
