@@ -5,7 +5,7 @@ layer ``i`` are named ``l<i>.…`` or ``l<i>_…``) laid out alike in every laye
 repeats: after a layer or two the list scheduler reaches a steady state in which each further
 layer adds the same time to the step, the same bytes to every device's peak (weights, optimizer
 states, activations saved for the backward) and the same energy. So a plan is evaluated on two
-*truncations*, the plan with only ``k`` and ``k + 1`` members of each repeated layer class, and
+*truncations*, the plan with only ``k`` and ``k + 1`` (``KEEP``) members of each repeated layer class, and
 each objective is extended along the line through them:
 
     f(L) = f(big) + x · (f(big) − f(small)),   x = members dropped from each class in ``big``.
@@ -47,8 +47,13 @@ from ir.layers import layer_classes
 __all__ = ["AUTO_LAYERS", "MIN_CLASS", "Repetition", "layers_mode", "repetition"]
 
 AUTO_LAYERS = 16  # ``layers: auto`` evaluates models of this many numbered layers or more by repetition
-MIN_CLASS = 4  # a class of fewer layers is kept whole (shortening it saves little)
-KEEP = 2  # members of each shortened class in the larger truncation (the smaller keeps one less)
+MIN_CLASS = 5  # a class of fewer layers is kept whole (shortening it saves little)
+# members of each shortened class in the larger truncation (the smaller keeps one less): the first
+# middle layers of a schedule run a little faster than the rest (prefetches and reductions overlap
+# the embedding's and the head's work); by the fourth the increments are steady (gpt-2 XL on 8 GPUs,
+# ZeRO-3: 1.392, 1.392, 1.471, 1.476, 1.476 ms per added layer; extended from 3 and 4 layers the
+# step is 4.9% short, from 5 and 6 0.3%, from 6 and 7 exact; docs/benchmarks.md)
+KEEP = 4
 
 def layers_mode(g: Graph, setting: str = "auto") -> str:
     """``whole`` or ``repeat`` for a campaign's program ``g`` (the unsharded program):

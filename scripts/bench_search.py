@@ -29,7 +29,7 @@ import math
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from pathlib import Path
 
@@ -116,17 +116,22 @@ def _hv(archive: list[tuple[float, float]], ref: np.ndarray) -> float:
     return float(hypervolume(pts, ref)) if len(pts) else 0.0
 
 
-def run_case(case: Case, budget: float, seed: int, log) -> dict:
+def run_case(case: Case, budget: float, seed: int, log, proxy: str = "tied") -> dict:
+    """``proxy``: ``tied`` (the module doc) or ``broadcast``: the earlier proxy, 2 layers simulated
+    whole, moves untied, replayed with the proxy's layer-1 moves on every middle layer."""
     hw = preset(case.hardware)
     n, per = hw.n_devices, hw.devices_per_node
     t0 = time.perf_counter()
+    tied = proxy == "tied"
+    if case.proxy_layers and not tied:
+        case = replace(case, proxy_layers=2)
     search_prog = build(case, case.proxy_layers)
     full_prog = build(case) if case.full and case.proxy_layers else search_prog
     # the proxy's plans are evaluated as the whole model (costmodel.repetition: its tied middle layers
     # copied up to the model's layer count); the whole model as the case says
     ev = Evaluator(hw, layers=case.report_layers)
     model_layers = op_layers(full_prog)[1] if case.proxy_layers else None
-    search_ev = Evaluator(hw, layers="repeat", model_layers=model_layers) if model_layers else Evaluator(hw)
+    search_ev = Evaluator(hw, layers="repeat", model_layers=model_layers) if model_layers and tied else Evaluator(hw)
     log(f"[{case.name}] built in {time.perf_counter() - t0:.0f} s: search program {len(search_prog.ops)} ops"
         + (f", full {len(full_prog.ops)} ops" if full_prog is not search_prog else ""))
     # experts on the program that is reported (full model where affordable, else the proxy)
@@ -148,7 +153,7 @@ def run_case(case: Case, budget: float, seed: int, log) -> dict:
     out = {"case": case.name, "hardware": case.hardware, "devices": n, "lower_bound": lb,
            "best_expert": best_expert, "experts": experts, "proxy_layers": case.proxy_layers,
            "reported_on": "full" if (case.full or not case.proxy_layers) else f"proxy ({case.proxy_layers} layers)",
-           "report_layers": case.report_layers}
+           "report_layers": case.report_layers, "proxy": proxy}
     full_seeds: dict[str, Graph] = {}
 
     def seed_on_full(name: str) -> Graph:
@@ -158,22 +163,27 @@ def run_case(case: Case, budget: float, seed: int, log) -> dict:
 
     for mode in ("unseeded", "seeded"):
         run = local_search(search_prog, search_ev, budget, seeds if mode == "seeded" else None, seed=seed,
-                           replayable=report_prog is not search_prog, tie_layers=bool(case.proxy_layers))
+                           replayable=report_prog is not search_prog, tie_layers=tied and bool(case.proxy_layers))
         final, lineage, feasible = run.best.makespan, run.best.lineage, run.best.feasible
         plan = run.best.graph
         if report_prog is not search_prog:  # replay the best few on the full model
             final, feasible = float("inf"), False
             # the best three, their middle-layer moves made in every middle layer (as in the search)
-            tries = list(run.population[:3])
+            tries = [(p, False) for p in run.population[:3]]
+            if not tied:  # and the best with its layer-1 moves on every layer
+                tries.append((run.population[0], True))
             if mode == "seeded" and feas:  # the seeds themselves are candidates: refinements found on
                 # the proxy may not pay on the full model
                 best_name = min((k for k, v in experts.items() if v["feasible"]), key=lambda k: experts[k]["makespan"])
-                tries.append(SimpleNamespace(lineage=(f"seed:{best_name}",)))
-            for p in tries:
+                tries.append((SimpleNamespace(lineage=(f"seed:{best_name}",)), False))
+            for p, bcast in tries:
                 try:
                     skipped: list[str] = []
-                    g = replay(report_prog, p.lineage, seed_on_full, tie_from=case.proxy_layers, strict=False,
-                               skipped=skipped)
+                    if tied:
+                        g = replay(report_prog, p.lineage, seed_on_full, tie_from=case.proxy_layers, strict=False,
+                                   skipped=skipped)
+                    else:
+                        g = replay(report_prog, p.lineage, seed_on_full, broadcast=bcast)
                 except (RewriteError, KeyError) as e:
                     log(f"  {mode}: replay failed ({e})")
                     continue
@@ -213,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="all", help="comma-separated case names (default all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--proxy", choices=("tied", "broadcast"), default="tied",
+                    help="training cases: search a tied 6-layer proxy evaluated as the model (default), or a "
+                         "2-layer proxy simulated whole and replayed with its layer-1 moves broadcast")
     args = ap.parse_args(argv)
     names = [c.name for c in CASES]
     chosen = CASES if args.cases == "all" else [c for c in CASES if c.name in args.cases.split(",")]
@@ -227,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     for c in chosen:
         try:
-            results.append(run_case(c, args.budget, args.seed, log))
+            results.append(run_case(c, args.budget, args.seed, log, args.proxy))
         except (MemoryError, RewriteError, ValueError) as e:  # one case's failure does not end the run
             log(f"[{c.name}] failed: {type(e).__name__}: {e}")
             continue

@@ -134,19 +134,19 @@ def test_eval_explain_and_gantt(tmp_path, capsys):
 def test_eval_layers_repeat(tmp_path, capsys):
     from optimizer.search.baselines import zero3
 
-    g = zero3(workloads.build("llama", layers=8, d_model=64, heads=4, d_ff=128, vocab=256, seq=32, batch=8,
+    g = zero3(workloads.build("llama", layers=10, d_model=64, heads=4, d_ff=128, vocab=256, seq=32, batch=8,
                               mode="train"), 8)
     p = tmp_path / "step.json"
     save(g, p)
     code, out, err = run(["eval", str(p), "--hardware", "h100-sxm-8", "--layers", "repeat", "--json"], capsys)
     assert code == 0, err
     r = json.loads(out)
-    assert r["simulated_layers"] == [3, 4] and r["layers"] == 8
+    assert r["simulated_layers"] == [5, 6] and r["layers"] == 10
     whole = evaluate(g, "h100-sxm-8")
     assert r["makespan"] == pytest.approx(whole.makespan, rel=0.01)
     assert r["peak_memory"] == pytest.approx(whole.peak_memory, rel=0.01)
     code, out, err = run(["eval", str(p), "--hardware", "h100-sxm-8", "--layers", "repeat"], capsys)
-    assert code == 0 and "extended from truncations of 3 and 4 of its 8 layers" in " ".join(out.split())
+    assert code == 0 and "extended from truncations of 5 and 6 of its 10 layers" in " ".join(out.split())
     for bad in (["--layers", "some"], ["--layers", "repeat", "--explain"]):
         code, out, err = run(["eval", str(p), "--hardware", "h100-sxm-8", *bad], capsys)
         assert code == 2 and "--layers" in err and "Traceback" not in err
