@@ -6,14 +6,20 @@ program only) and *seeded* (plus the expert baselines). Reported per case and ru
 (makespan, peak memory) over the feasible plans evaluated (reference: the worst expert's makespan
 and the device memory, x1.1), evaluations. A table on stdout, JSON to ``--json``.
 
-Training cases of language models search on a *proxy*: the same model with 6 layers (the first,
-four tied middle layers, the last: ``local_search(..., tie_layers=True)`` makes a move in one
-middle layer in the others too), each proxy plan evaluated *as the full model*
-(``Evaluator(layers="repeat", model_layers=L)``, ``costmodel.repetition``: its middle layers
-copied up to ``L``); the best proxy plans are replayed on the full model (``replay(...,
-tie_from=6)``: every middle layer alike) and evaluated there, as are the experts: simulated whole,
-except llama2-70b on 512 GPUs (``layers="repeat"``: a whole simulation of its 4.8 million shards
-takes minutes). Programs use fused attention
+Training cases of language models search on a *proxy* (``--proxy``):
+
+- ``broadcast`` (the default): the same model with 2 layers, simulated whole (layouts name
+  regions, not layer counts); the best proxy plans are replayed on the full model, as they are and
+  with the proxy's layer-1 moves made on every middle layer (``replay(..., broadcast=True)``);
+- ``tied``: 6 layers (the first, four tied middle layers, the last: ``local_search(...,
+  tie_layers=True)`` makes a move in one middle layer in the others too), each plan evaluated *as
+  the full model* (``Evaluator(layers="repeat", model_layers=L)``, ``costmodel.repetition``),
+  replayed with ``replay(..., tie_from=6)``. Measured worse than ``broadcast`` (docs/benchmarks.md):
+  fewer evaluations, and the line through two truncations can be gamed by irregular plans.
+
+The replayed plans and the experts are evaluated on the full model: simulated whole, except
+llama2-70b on 512 GPUs (``layers="repeat"``: a whole simulation of its 4.8 million shards takes
+minutes). Programs use fused attention
 (FlashAttention, as the experts do): the forward's attention sites are substituted before the
 training step is built.
 
@@ -116,9 +122,8 @@ def _hv(archive: list[tuple[float, float]], ref: np.ndarray) -> float:
     return float(hypervolume(pts, ref)) if len(pts) else 0.0
 
 
-def run_case(case: Case, budget: float, seed: int, log, proxy: str = "tied") -> dict:
-    """``proxy``: ``tied`` (the module doc) or ``broadcast``: the earlier proxy, 2 layers simulated
-    whole, moves untied, replayed with the proxy's layer-1 moves on every middle layer."""
+def run_case(case: Case, budget: float, seed: int, log, proxy: str = "broadcast") -> dict:
+    """``proxy``: ``broadcast`` or ``tied`` (see the module doc)."""
     hw = preset(case.hardware)
     n, per = hw.n_devices, hw.devices_per_node
     t0 = time.perf_counter()
@@ -223,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="all", help="comma-separated case names (default all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--proxy", choices=("tied", "broadcast"), default="tied",
-                    help="training cases: search a tied 6-layer proxy evaluated as the model (default), or a "
-                         "2-layer proxy simulated whole and replayed with its layer-1 moves broadcast")
+    ap.add_argument("--proxy", choices=("tied", "broadcast"), default="broadcast",
+                    help="training cases: a 2-layer proxy simulated whole, replayed with its layer-1 moves "
+                         "broadcast (default), or a tied 6-layer proxy evaluated as the model")
     args = ap.parse_args(argv)
     names = [c.name for c in CASES]
     chosen = CASES if args.cases == "all" else [c for c in CASES if c.name in args.cases.split(",")]
