@@ -139,13 +139,13 @@ def evaluator_for(hw_dict: dict, layers: str = "whole") -> Any:
 
 
 class _PlanCache:
-    """Plans this process already parsed and validated, by the SHA-256 of their text, up to
-    ``max_shards`` shards in all. The farm sends the same parents (front members) again and again:
+    """Plans this process already parsed and validated, by the SHA-256 of their text: the
+    ``max_plans`` latest, up to ``max_shards`` shards in all. The farm sends the same parents (front members) again and again:
     parsing and validating a whole-model plan takes seconds (llama2-7b on 64 GPUs: 8 s), hashing
     its text milliseconds; and the very same Graph object lets the lowering reuse its pieces."""
 
-    def __init__(self, max_shards: int = 2_000_000) -> None:
-        self.max_shards = max_shards
+    def __init__(self, max_shards: int = 2_000_000, max_plans: int = 64) -> None:
+        self.max_shards, self.max_plans = max_shards, max_plans
         self.d: OrderedDict[bytes, Graph] = OrderedDict()
         self.shards = 0
         self.hits = self.misses = 0
@@ -162,7 +162,7 @@ class _PlanCache:
         if g.n_shards <= self.max_shards // 4:
             self.d[key] = g
             self.shards += g.n_shards
-            while self.shards > self.max_shards:
+            while self.shards > self.max_shards or len(self.d) > self.max_plans:
                 self.shards -= self.d.popitem(last=False)[1].n_shards
         return g
 

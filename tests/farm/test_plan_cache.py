@@ -36,3 +36,7 @@ def test_workers_parse_a_plan_text_once():
     cache.get(dumps(other, indent=None), "q")
     cache.get(dumps(zero3(workloads.build("llama", layers=4, **TINY), 8), indent=None), "r")
     assert cache.shards <= cache.max_shards  # the oldest are dropped to stay under the cap
+    few = _PlanCache(max_plans=2)
+    for layers in (2, 3, 4):
+        few.get(dumps(zero3(workloads.build("llama", layers=layers, **TINY), 8), indent=None), "s")
+    assert len(few.d) == 2 and few.shards == sum(g.n_shards for g in few.d.values())
