@@ -36,7 +36,7 @@ LAYER_RE = re.compile(r"^l(\d+)[._]")  # the layer a name belongs to
 _NUM = re.compile(r"(?<![A-Za-z0-9_])l(\d+)(?=[._])")
 
 
-@lru_cache(maxsize=1 << 17)
+@lru_cache(maxsize=1 << 16)
 def _parts(name: str) -> tuple[int | None, tuple[str, ...], tuple[int, ...]]:
     """(owning layer or None, literal pieces, layer numbers between them) of a name."""
     m = LAYER_RE.match(name)
