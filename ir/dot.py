@@ -96,12 +96,18 @@ class RenderError(RuntimeError):
     """Graphviz is missing or failed."""
 
 
-def render_svg(dot_text: str) -> str:
+def render_svg(dot_text: str, timeout: float = 120.0) -> str:
+    """The SVG picture of a DOT text (Graphviz ``dot``); ``RenderError`` when it cannot be drawn
+    (no ``dot``, a failure, or more than ``timeout`` seconds: a whole model's thousands of ops)."""
     exe = shutil.which("dot")
     if exe is None:
         raise RenderError("Graphviz's 'dot' is not installed (Debian: apt-get install graphviz); "
                           "write a .dot file instead")
-    res = subprocess.run([exe, "-Tsvg"], input=dot_text, capture_output=True, text=True, timeout=120)
+    try:
+        res = subprocess.run([exe, "-Tsvg"], input=dot_text, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RenderError(f"dot took more than {timeout:.0f} s to lay the graph out; write a .dot file "
+                          "instead") from None
     if res.returncode != 0:
         raise RenderError(f"dot failed: {res.stderr.strip()[:500]}")
     return res.stdout

@@ -132,6 +132,9 @@ def plan_in_words(g: Any) -> str:
     return f"{text} on {devices} device{'s' if devices != 1 else ''}" if splits or devices > 1 else text
 
 
+MAX_DRAWN_OPS = 1500  # larger plans are exported as .dot text, not drawn
+
+
 def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any]:
     from costmodel.evaluate import Evaluator
     from costmodel.repetition import layers_mode
@@ -179,6 +182,8 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
         try:
             if not have_dot:
                 raise RenderError("no dot")
+            if len(g.ops) > MAX_DRAWN_OPS:  # a whole model: dot would take minutes per plan
+                raise RenderError("too large to draw")
             stem.with_suffix(".svg").write_text(render_svg(dot))
         except RenderError:
             stem.with_suffix(".dot").write_text(dot)

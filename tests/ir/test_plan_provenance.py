@@ -131,6 +131,18 @@ def test_dot_labels_break_lines_instead_of_printing_backslash_n():
         assert ">x</text>" in svg and ">float32[8, 16]</text>" in svg and "\\n" not in svg
 
 
+def test_dot_that_takes_too_long_is_a_render_error():
+    import shutil
+
+    from ir.dot import RenderError, render_svg, to_dot
+
+    if not shutil.which("dot"):
+        pytest.skip("Graphviz's dot is not installed")
+    g = workloads.build("llama", layers=6, d_model=32, heads=4, d_ff=64, vocab=64, seq=8, batch=4, mode="train")
+    with pytest.raises(RenderError, match="more than"):
+        render_svg(to_dot(g), timeout=0.01)  # laying out 600 ops takes longer than that
+
+
 def test_plans_in_words():
     from optimizer.campaign.export import plan_in_words
     from optimizer.search.baselines import data_parallel
