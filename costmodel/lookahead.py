@@ -1,5 +1,6 @@
 """Bounded lookahead and pipeline schedules: devices issue work in program order, at most
-``window`` nodes ahead; microbatched plans follow a GPipe or 1F1B order per device.
+``window`` nodes ahead; microbatched plans follow a GPipe or 1F1B order per device, and their
+point-to-point transfers follow it on each port (``_port_order_edges``).
 
 The list scheduler (``costmodel.simulate``) starts any ready node as soon as its resources are
 free, in upward-rank order. Real runtimes issue kernels and collectives in *program order* on a
@@ -107,7 +108,11 @@ def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW,
     src, dst = [], []
     if pipe is not None:
         ps, pd = _unit_chain_edges(low, g, pipe[0])
-        if _acyclic(low, ps, pd):
+        ts, td = _port_order_edges(low, g, pipe[0])
+        if ts.size and _acyclic(low, np.concatenate([ps, ts]), np.concatenate([pd, td])):
+            src += [ps, ts]
+            dst += [pd, td]
+        elif _acyclic(low, ps, pd):  # (the port order cannot close a cycle the units do not: kept as a guard)
             src.append(ps)
             dst.append(pd)
         else:  # a placement whose stages do not follow the data flow: no pipeline order
@@ -418,6 +423,72 @@ def _unit_chain_edges(low, g: Graph, unit: np.ndarray) -> tuple[np.ndarray, np.n
     b = np.nonzero(~new)[0]
     src2, dst2 = o[starts[gid[b]]], o[b]
     return np.concatenate([src1, src2]).astype(np.int64), np.concatenate([dst1, dst2]).astype(np.int64)
+
+
+def _port_order_edges(low, g: Graph, unit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Control edges so that each port moves the pipeline's point-to-point transfers in unit
+    order: on a device's ingress (per link), a transfer whose readers are in unit ``k`` is
+    issued after those whose readers are in an earlier unit; on its egress, likewise by the
+    producer's unit. Within a unit, both ports order transfers by their producers' program
+    positions (topological: a transfer never waits for one that depends on it), so two
+    transfers between the same pair of ports are ordered alike on both ends (the readers' order
+    on one end and the producers' on the other closed cycles under tensor parallelism).
+
+    Without them the list scheduler, which places nodes in priority order and does not back-fill
+    a port, may place a transfer that is *later* in time first (1F1B: the activation for stage
+    ``s``'s next forward, ready only after the upstream stage's next forward) and hold the port
+    past an earlier one (the gradient stage ``s`` waits for): measured at (p, m) = (4, 8), it
+    added a stall to every steady-state step, also with transfers of zero length. Runtimes post
+    receives and sends in program order (Megatron-LM's 1F1B,
+    ``forward_backward_pipelining_without_interleaving``: warm-up forwards, then forward,
+    ``send_forward_recv_backward``, backward, ``send_backward_recv_forward``), so a FIFO per
+    port is what they do. Transfers with a reader outside the pipeline (or none) and collectives
+    get no edge. The two ends can still disagree: under tensor parallelism a transfer between
+    the devices of one stage may be produced in a forward unit and read in a backward one, and
+    then ``lookahead_edges`` finds a cycle and keeps the unit chain alone (as before these
+    edges; the gpt test plan of ``test_tensor_parallel_stages_get_one_pipeline_order``)."""
+    nc = low.n_compute
+    n = low.kind.shape[0]
+    empty = np.zeros(0, np.int64)
+    if n == nc:
+        return empty, empty
+    kind = np.asarray(low.kind)
+    ptr = np.asarray(low.succ_ptr, np.int64)
+    idx = np.asarray(low.succ_idx, np.int64)
+    tr = np.nonzero(kind[nc:] == 1)[0] + nc
+    if not tr.size:
+        return empty, empty
+    esrc = np.repeat(np.arange(n), np.diff(ptr))
+    big = np.iinfo(np.int64).max
+    # readers: the earliest unit per transfer; ``outside`` if any reader is not in a unit
+    e = np.nonzero((kind[esrc] == 1) & (idx < nc))[0]
+    t_of, r = esrc[e], idx[e]
+    r_unit = np.full(n, big)
+    outside = np.zeros(n, bool)
+    np.minimum.at(r_unit, t_of, np.where(unit[r] >= 0, unit[r], big))
+    np.logical_or.at(outside, t_of, unit[r] < 0)
+    # producers: the compute node feeding each transfer
+    e = np.nonzero((esrc < nc) & (kind[idx] == 1))[0]
+    p_unit = np.full(n, -1, np.int64)
+    p_unit[idx[e]] = unit[esrc[e]]
+    p_pos = np.zeros(n, np.int64)
+    counts = np.diff(np.asarray(low.op_offsets, np.int64))
+    p_pos[idx[e]] = np.repeat(_struct_info(low, g).op_pos, counts)[esrc[e]]
+    link = np.zeros(n, np.int64) if low.link is None else np.asarray(low.link, np.int64)
+    dev, dst = np.asarray(low.dev, np.int64), np.asarray(low.dst, np.int64)
+    src_out, dst_out = [], []
+    for port_dev, u, ok in ((dst, r_unit, (r_unit < big) & ~outside), (dev, p_unit, p_unit >= 0)):
+        t = tr[ok[tr]]
+        if t.size < 2:
+            continue
+        port = port_dev[t] * 2 + link[t]
+        o = t[np.lexsort((t, p_pos[t], u[t], port))]
+        same = port_dev[o[1:]] * 2 + link[o[1:]] == port_dev[o[:-1]] * 2 + link[o[:-1]]
+        src_out.append(o[:-1][same])
+        dst_out.append(o[1:][same])
+    if not src_out:
+        return empty, empty
+    return np.concatenate(src_out).astype(np.int64), np.concatenate(dst_out).astype(np.int64)
 
 
 @njit(cache=True, nogil=True)
