@@ -152,6 +152,21 @@ def megatron_3d(g: Graph, n: int, per_node: int = 8, pp: int | None = None, m: i
     raise last or RewriteError("megatron_3d: no microbatch count applies")
 
 
+def recompute_layers(plan: Graph) -> Graph:
+    """``plan`` with every layer's forward recomputed in the backward (Megatron-LM's full
+    activation recomputation, ``--recompute-granularity full``: only each layer's input is kept;
+    Korthikanti et al. 2022): what makes large models fit when their activations do not."""
+    from ir.rewrites.pipeline import op_layers
+    from ir.rewrites.recompute import recompute_block
+
+    for i in range(op_layers(plan)[1]):
+        try:
+            plan = recompute_block(plan, f"l{i}.")
+        except RewriteError:
+            continue  # a layer without forward ops of its own
+    return plan
+
+
 def _has_layers(g: Graph) -> bool:
     from ir.rewrites.pipeline import LAYER_RE
 
@@ -166,7 +181,8 @@ def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> 
     """The baselines that apply to ``g`` on ``n_devices`` (nodes of ``devices_per_node``, 8 where
     it divides): single device, data parallel, ZeRO-3 (training steps), Megatron TP x DP,
     DP x CP (programs with attention), Megatron-LM 3D TP x PP x DP (training steps of layered
-    models), and the hand-written Megatron MLP (MLPs)."""
+    models), ZeRO-3 and 3D with full activation recomputation (``…-recompute``, layered training
+    steps), and the hand-written Megatron MLP (MLPs)."""
     per = devices_per_node or (8 if n_devices % 8 == 0 else n_devices)
     nodes = max(1, n_devices // per)
     train = _training(g)
@@ -182,6 +198,10 @@ def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> 
                 out[name] = build(g, n_devices, per)
             except RewriteError:
                 pass
+    if train and _has_layers(g):
+        for name in (f"zero3-{n_devices}", "megatron-3d"):
+            if name in out:
+                out[f"{name}-recompute"] = recompute_layers(out[name])
     if all(o.kernel in ("linear", "relu", "gelu", "tanh") for o in unshard(g).ops.values()):
         try:
             out[f"megatron-{n_devices}"] = megatron_mlp(g, n_devices)
@@ -191,4 +211,4 @@ def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> 
 
 
 __all__ = ["baselines", "data_parallel", "data_parallel_step", "dp_cp", "megatron", "megatron_3d", "megatron_mlp", "place",
-           "single_device", "zero3"]
+           "recompute_layers", "single_device", "zero3"]
