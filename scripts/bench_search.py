@@ -30,11 +30,13 @@ training step is built.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import platform
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from pathlib import Path
@@ -135,6 +137,19 @@ def run_case(case: Case, budget: float, seed: int, log, proxy: str = "broadcast"
     # the proxy's plans are evaluated as the whole model (costmodel.repetition: its tied middle layers
     # copied up to the model's layer count); the whole model as the case says
     ev = Evaluator(hw, layers=case.report_layers)
+    big = case.report_layers == "repeat"  # a model too large for the caches of many plans at once
+
+    def full_eval(g: Graph):
+        """The full model's evaluation: with ``ev``, or for a model this large with a fresh
+        evaluator of two recent lowerings (each holds hundreds of MB at 512 GPUs), freed after."""
+        if not big:
+            return ev(g)
+        one = Evaluator(hw, layers=case.report_layers)
+        one.lowerer._states = deque(maxlen=2)
+        e = one(g)
+        del one
+        gc.collect()
+        return e
     model_layers = op_layers(full_prog)[1] if case.proxy_layers else None
     search_ev = Evaluator(hw, layers="repeat", model_layers=model_layers) if model_layers and tied else Evaluator(hw)
     log(f"[{case.name}] built in {time.perf_counter() - t0:.0f} s: search program {len(search_prog.ops)} ops"
@@ -142,16 +157,19 @@ def run_case(case: Case, budget: float, seed: int, log, proxy: str = "broadcast"
     # experts on the program that is reported (full model where affordable, else the proxy)
     report_prog = full_prog if case.full else search_prog
     experts: dict[str, dict] = {}
-    for name, g in baselines(report_prog, n, per).items():
+    plans = baselines(report_prog, n, per)
+    for name in list(plans):
+        g = plans.pop(name)  # evaluated one by one and let go (a 70B plan on 512 GPUs: ~0.4 GB)
         if name == "single-device" and n > 1:
             continue
-        e = ev(g)
+        e = full_eval(g)
+        del g
         experts[name] = {"makespan": e.makespan, "feasible": bool(e.feasible), "peak_memory": e.peak_memory}
         log(f"  expert {name}: {e.makespan * 1e3:.3f} ms {'feasible' if e.feasible else 'INFEASIBLE'}"
             f" ({e.peak_memory / 1e9:.1f} GB)")
     feas = [v["makespan"] for v in experts.values() if v["feasible"]]
     best_expert = min(feas) if feas else float("nan")
-    lb = ev(report_prog).lower_bound
+    lb = full_eval(report_prog).lower_bound
     worst = max([v["makespan"] for v in experts.values()] + [best_expert if feas else 1.0])
     ref = np.array([worst * 1.1, hw.device.mem_capacity * 1.1])
     seeds = {k: g for k, g in baselines(search_prog, n, per).items() if k != "single-device"}
@@ -162,8 +180,9 @@ def run_case(case: Case, budget: float, seed: int, log, proxy: str = "broadcast"
     full_seeds: dict[str, Graph] = {}
 
     def seed_on_full(name: str) -> Graph:
-        if not full_seeds:
-            full_seeds.update(baselines(report_prog, n, per))
+        if name not in full_seeds:
+            full_seeds.clear()  # one seed kept at a time
+            full_seeds[name] = baselines(report_prog, n, per)[name]
         return full_seeds[name]
 
     for mode in ("unseeded", "seeded"):
@@ -192,7 +211,7 @@ def run_case(case: Case, budget: float, seed: int, log, proxy: str = "broadcast"
                 except (RewriteError, KeyError) as e:
                     log(f"  {mode}: replay failed ({e})")
                     continue
-                e = ev(g)
+                e = full_eval(g)
                 log(f"  {mode}: replayed ({len(skipped)} of {len(p.lineage)} moves did not apply): "
                     f"{e.makespan * 1e3:.3f} ms{'' if e.feasible else ' INFEASIBLE'}")
                 if (not feasible and e.feasible) or (e.feasible == feasible and e.makespan < final):
