@@ -18,7 +18,11 @@ that, on each device,
   device's program order has started;
 - a transfer or collective with no predecessors (a loop-carried state read away from its home:
   the FSDP all-gather) cannot start before the compute node ``window`` places before its first
-  reader (the reader earliest in program order, on that reader's device).
+  reader (the reader earliest in program order, on that reader's device);
+- a compute node of an op fed by sources only (a weight's cast to bf16, which programs build
+  before the first layer, and so the all-gather of its output) leaves the window's order and
+  cannot start before the node ``window`` places before its op's first reader, on its own
+  device: weights are fetched a layer or so ahead, as FSDP does, not the whole model at once.
 
 Program order is the graph's op order (the order a program builds its ops and rewrites insert
 them: ``ir.rewrites.recompute`` places a recomputed op just before its first backward reader),
@@ -50,7 +54,7 @@ class _StructInfo:
     tuple, shared by every plan lowered with it): ops' program positions and phases, and the
     batch column of each op per set of split-reduction params (``_batch_cols``)."""
 
-    __slots__ = ("names", "op_pos", "op_phase", "batch", "barriers", "split_ops")
+    __slots__ = ("names", "op_pos", "op_phase", "batch", "barriers", "split_ops", "fetch_reader")
 
     def __init__(self, names: tuple, g: Graph) -> None:
         self.names = names  # kept alive, so its id is not reused while cached
@@ -62,6 +66,22 @@ class _StructInfo:
         # ops with split params: within a structure always the same ones (splitting a reduction
         # adds an accumulate op, a new structure), only their params may change
         self.split_ops = [n for n in names if "split" in g.ops[n].params]
+        self.fetch_reader = _fetch_readers(g, names)
+
+
+def _fetch_readers(g: Graph, names: tuple) -> np.ndarray:
+    """Per op (``names`` order): for an op fed by sources only (a weight's cast, an embedding
+    lookup), the program position of its output's first reader; else -1."""
+    pos = {n: i for i, n in enumerate(names)}
+    ops, producers, consumers = g.ops, g.producers, g.consumers
+    out = np.full(len(names), -1, np.int64)
+    for i, n in enumerate(names):
+        o = ops[n]
+        if o.inputs and not any(t in producers for _, t in o.inputs):
+            readers = [pos[r] for r, _port in consumers.get(o.output, ()) if r in pos]
+            if readers:
+                out[i] = min(readers)
+    return out
 
 
 _STRUCT_INFO: OrderedDict = OrderedDict()
@@ -140,12 +160,20 @@ def _window_edges(low, g: Graph, window: int, skip: np.ndarray | None) -> tuple[
     have their own order)."""
     nc = low.n_compute
     offs = np.asarray(low.op_offsets)
-    op_pos = _struct_info(low, g).op_pos
+    info = _struct_info(low, g)
+    op_pos = info.op_pos
     counts = np.diff(offs)
     node_pos = np.repeat(op_pos, counts)  # program position of each compute node's op
     dev = np.asarray(low.dev[:nc], np.int64).copy()
     if skip is not None:
         dev[skip] = low.n_devices  # a device of their own, never gating nor gated
+    # ops fed by sources only (weights' casts: programs build them all first) are fetched just in
+    # time: out of the window's order, each gated by the node `window` places before its first
+    # reader (FSDP gathers a layer's weights a layer or so ahead, not the whole model at once)
+    fetch_pos = np.repeat(info.fetch_reader, counts)
+    fetch = np.nonzero((fetch_pos >= 0) & (dev < low.n_devices))[0]
+    fetch_dev = dev[fetch]
+    dev[fetch] = low.n_devices
     order = np.lexsort((np.arange(nc), node_pos, dev))  # by device, then program order
     dev_sorted = dev[order]
     starts = np.searchsorted(dev_sorted, np.arange(low.n_devices + 2))
@@ -180,6 +208,14 @@ def _window_edges(low, g: Graph, window: int, skip: np.ndarray | None) -> tuple[
             if ok.any():
                 src.append(order[starts[dev[reader[ok]]] + r[ok]])
                 dst.append(t_first[ok])
+    if fetch.size:  # on its own device: the windowed nodes before its first reader's position
+        key = dev_sorted * (int(node_pos.max()) + 2) + node_pos[order]
+        before = np.searchsorted(key, fetch_dev * (int(node_pos.max()) + 2) + fetch_pos[fetch]) - starts[fetch_dev]
+        r = before - window
+        ok = r >= 0
+        if ok.any():
+            src.append(order[starts[fetch_dev[ok]] + r[ok]])
+            dst.append(fetch[ok])
     return src, dst
 
 

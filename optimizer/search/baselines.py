@@ -155,15 +155,18 @@ def megatron_3d(g: Graph, n: int, per_node: int = 8, pp: int | None = None, m: i
 def recompute_layers(plan: Graph) -> Graph:
     """``plan`` with every layer's forward recomputed in the backward (Megatron-LM's full
     activation recomputation, ``--recompute-granularity full``: only each layer's input is kept;
-    Korthikanti et al. 2022): what makes large models fit when their activations do not."""
+    Korthikanti et al. 2022), and its weights' casts too, so a sharded weight is gathered again
+    for the backward instead of held from the forward (FSDP's ``reshard_after_forward``): what
+    makes large models fit when their activations and gathered weights do not."""
     from ir.rewrites.pipeline import op_layers
     from ir.rewrites.recompute import recompute_block
 
     for i in range(op_layers(plan)[1]):
-        try:
-            plan = recompute_block(plan, f"l{i}.")
-        except RewriteError:
-            continue  # a layer without forward ops of its own
+        for prefix in (f"l{i}.", f"l{i}_"):
+            try:
+                plan = recompute_block(plan, prefix)
+            except RewriteError:
+                continue  # a layer without forward ops of its own, or without weights
     return plan
 
 
