@@ -556,8 +556,13 @@ class Lowerer:
     PROGRAMS_CAP = 1024
 
     def __init__(self, hw: Hardware, cache_size: int = 8000, states: int = 6, collectives: bool = False,
-                 curves: E.Curves | None = None) -> None:
+                 curves: E.Curves | None = None, cache_bytes: float = 2e9) -> None:
         self.hw = hw
+        # group pieces hold every overlapping producer/reader shard pair of a tensor: at 512 GPUs tens
+        # of MB each, so the piece cache is bounded by their bytes as well as by its entries
+        self.cache_bytes = cache_bytes
+        self._piece_bytes: dict[tuple, int] = {}
+        self._bytes = 0
         self.collectives = collectives
         self.curves = curves  # shape-dependent efficiencies (costmodel.efficiency); None: the constants
         self._curve = curves.as_array() if curves is not None else E.OFF
@@ -587,12 +592,20 @@ class Lowerer:
             return hit
         val = fn()
         self._cache[key] = val  # values keep the ops of their key alive, so ids stay unique
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        self._trim()
         return val
+
+    def _trim(self) -> None:
+        """Drop the least recently used entries beyond ``cache_size`` entries or ``cache_bytes``."""
+        cache, sizes = self._cache, self._piece_bytes
+        while cache and (len(cache) > self.cache_size or self._bytes > self.cache_bytes):
+            key, _ = cache.popitem(last=False)
+            self._bytes -= sizes.pop(key, 0)
 
     def clear(self) -> None:
         self._cache.clear()
+        self._piece_bytes.clear()
+        self._bytes = 0
         self._states.clear()
 
     def _pack(self, sig: Signature) -> _SigPack:
@@ -695,8 +708,9 @@ class Lowerer:
             if cost is not None:
                 counts[3] = parts.shape[0]
         piece = cache[key] = GroupPiece(counts, ints, flts, keep, coll, parts, cost)  # keep: ops whose ids are in key
-        if len(cache) > self.cache_size:
-            cache.popitem(last=False)
+        self._piece_bytes[key] = size = ints.nbytes + flts.nbytes
+        self._bytes += size
+        self._trim()
         return piece
 
     def _collective(self, counts, ints, flts, p_dev, reduce: bool):

@@ -46,3 +46,21 @@ def test_forgotten_program_numbers_are_never_reused() -> None:
     # numbers are unique in the process: another lowerer never hands out the same ones
     other = Evaluator(load_hardware("h100-sxm-8")).lowerer
     assert other._program_number("a") not in (a, b, a2)
+
+
+def test_piece_cache_is_bounded_by_bytes_too() -> None:
+    from optimizer.search.baselines import zero3
+
+    hw = load_hardware("h100-sxm-8")
+    g = workloads.build("llama", layers=3, d_model=64, heads=4, kv_heads=2, d_ff=128, vocab=256, seq=32, batch=8,
+                        mode="train")
+    plan = zero3(g, 8)
+    small, big = Evaluator(hw), Evaluator(hw)
+    small.lowerer.cache_bytes = 20_000  # a few group pieces
+    for _ in range(2):
+        a, b = small(plan), big(plan)
+        assert a.makespan == b.makespan and np.array_equal(a.peak_memory_per_device, b.peak_memory_per_device)
+    lw = small.lowerer
+    assert lw._bytes <= lw.cache_bytes and lw._bytes == sum(lw._piece_bytes.values())
+    assert set(lw._piece_bytes) <= set(lw._cache)
+    assert big.lowerer._bytes > 20_000  # the bound did bind
