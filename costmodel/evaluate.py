@@ -232,7 +232,8 @@ class Evaluator:
             small, big = truncate(g, rep.small), truncate(g, rep.big)
         if small is None or big is None:
             return self._refused(g) if self.model_layers is not None else None
-        es, eb = self._whole(small, True), self._whole(big, True)
+        # the truncations' own program facts are needed only for a proxy (no whole program)
+        es, eb = self._whole(small, True, rep.proxy), self._whole(big, True, rep.proxy)
         if rep.proxy:  # no whole program to take facts from: the truncations' programs, extended
             # (linear in the layers, except the lower bound: a max of two linear terms is convex, so
             # the line through two of its points stays below it beyond them: still a bound)
@@ -280,7 +281,9 @@ class Evaluator:
             self._programs.put(g, number)
         return number
 
-    def _whole(self, g: Graph, keep: bool) -> Evaluation:
+    def _whole(self, g: Graph, keep: bool, facts: bool = True) -> Evaluation:
+        """``g`` simulated whole. ``facts=False``: without its program's facts (bound, FLOPs,
+        floor left at 0), for truncations whose own program facts nobody reads."""
         low = self.lowerer.lower(g)
         s = low.simulate(lookahead_edges(low, g, self.lookahead))
         nc = low.n_compute
@@ -288,16 +291,16 @@ class Evaluator:
         energy = energy_breakdown(s.makespan, s.busy_compute, s.used, self.hw.device, low.alloc[nc:],
                                   low.transfer_epb).total
         peak = s.peak_mem
-        facts = self._facts(low.program, g)
-        lb = facts.lower_bound
+        pf = self._facts(low.program, g) if facts else _NO_FACTS
         used = int(np.count_nonzero(s.used))
-        mfu = facts.ideal_seconds / (s.makespan * used) if s.makespan > 0 and used else 0.0
+        mfu = pf.ideal_seconds / (s.makespan * used) if s.makespan > 0 and used else 0.0
         return Evaluation(
             makespan=s.makespan, energy=energy, peak_memory=float(peak.max()) if peak.size else 0.0,
             devices=used, bytes_moved=s.bytes_moved,
-            feasible=bool((peak <= self._capacity).all()) and facts.memory_floor <= self._capacity, lower_bound=lb,
-            peak_memory_per_device=peak, lowered=low if keep else None, schedule=s if keep else None,
-            hardware=self.hw, model_flops=facts.model_flops, mfu=mfu, memory_floor=facts.memory_floor)
+            feasible=bool((peak <= self._capacity).all()) and pf.memory_floor <= self._capacity,
+            lower_bound=pf.lower_bound, peak_memory_per_device=peak, lowered=low if keep else None,
+            schedule=s if keep else None, hardware=self.hw, model_flops=pf.model_flops, mfu=mfu,
+            memory_floor=pf.memory_floor)
 
     def _facts(self, program: int, g: Graph) -> ProgramFacts:
         """The facts of ``g``'s logical program, memoised by the lowerer's program number and,
@@ -338,6 +341,9 @@ class ProgramFacts:
     ideal_seconds: float
     state_bytes: float
     memory_floor: float
+
+
+_NO_FACTS = ProgramFacts(0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def program_facts(program: Graph, hw: Hardware, curves: Curves | None = None) -> ProgramFacts:

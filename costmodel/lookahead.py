@@ -209,8 +209,9 @@ def _window_edges(low, g: Graph, window: int, skip: np.ndarray | None) -> tuple[
                 src.append(order[starts[dev[reader[ok]]] + r[ok]])
                 dst.append(t_first[ok])
     if fetch.size:  # on its own device: the windowed nodes before its first reader's position
-        key = dev_sorted * (int(node_pos.max()) + 2) + node_pos[order]
-        before = np.searchsorted(key, fetch_dev * (int(node_pos.max()) + 2) + fetch_pos[fetch]) - starts[fetch_dev]
+        span = int(node_pos.max()) + 2  # (device, position) as one sortable key
+        key = dev_sorted * span + node_pos[order]
+        before = np.searchsorted(key, fetch_dev * span + fetch_pos[fetch]) - starts[fetch_dev]
         r = before - window
         ok = r >= 0
         if ok.any():

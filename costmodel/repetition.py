@@ -2,7 +2,7 @@
 
 A model of ``L`` identical layers (``ir.workloads``' ``gpt`` and ``llama``: ops and tensors of
 layer ``i`` are named ``l<i>.…`` or ``l<i>_…``) laid out alike in every layer has a schedule that
-repeats: after a layer or two the list scheduler reaches a steady state in which each further
+repeats: after a few layers the list scheduler reaches a steady state in which each further
 layer adds the same time to the step, the same bytes to every device's peak (weights, optimizer
 states, activations saved for the backward) and the same energy. So a plan is evaluated on two
 *truncations*, the plan with only ``k`` and ``k + 1`` (``KEEP``) members of each repeated layer class, and
@@ -10,8 +10,8 @@ each objective is extended along the line through them:
 
     f(L) = f(big) + x · (f(big) − f(small)),   x = members dropped from each class in ``big``.
 
-This is how the issue's scale goal is met (a 32-layer llama2-7b step on 64 GPUs, an 80-layer
-llama2-70b step on 512): the simulation holds a few layers, not all of them.
+So the simulation holds a few layers, not all of them (llama2-7b on 64 GPUs: 7 → 18 evaluations
+a second; llama2-70b on 512: minutes → about one; docs/benchmarks.md).
 
 **Layer classes.** Each layer gets a signature: its ops with layer numbers written relative to
 the layer itself (``l7.q_proj`` reading ``l6.resid2.out`` in layer 7 is ``@0.q_proj`` reading
@@ -27,11 +27,13 @@ balance and so the line. Layers the search made different stay whole in both tru
 kept layer stands for the next layer); names outside the layers must refer to kept layers
 (``final_norm`` reads the last layer's output). Only ops at the cuts are renamed, memoised by
 identity; every other op is the plan's own object, so truncations share lowering pieces with
-each other and with related plans, and the lowering stays incremental. A truncation whose names do not close up (a read of a tensor no kept
-op produces) is refused and the caller evaluates the whole plan.
+each other and with related plans, and the lowering stays incremental. A truncation whose names
+do not close up (a read of a tensor no kept op produces) is refused and the caller evaluates the
+whole plan.
 
 **What is exact and what is not.** The program facts (lower bound, model FLOPs, memory floor) are
-those of the whole program, never extrapolated. Makespan, energy, bytes moved and per-device peak
+those of the whole program, never extrapolated (a proxy's, with ``model_layers``, are extended from
+its truncations' programs). Makespan, energy, bytes moved and per-device peak
 memory are extrapolated; ``tests/costmodel/test_repetition.py`` measures the error against whole
 evaluations (layouts, fused ops, recomputation, pipelines). Plans whose layers all differ, and
 programs without numbered layers (imported models), are evaluated whole.
@@ -54,6 +56,7 @@ MIN_CLASS = 5  # a class of fewer layers is kept whole (shortening it saves litt
 # ZeRO-3: 1.392, 1.392, 1.471, 1.476, 1.476 ms per added layer; extended from 3 and 4 layers the
 # step is 4.9% short, from 5 and 6 0.3%, from 6 and 7 exact; docs/benchmarks.md)
 KEEP = 4
+
 
 def layers_mode(g: Graph, setting: str = "auto") -> str:
     """``whole`` or ``repeat`` for a campaign's program ``g`` (the unsharded program):

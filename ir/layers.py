@@ -51,15 +51,9 @@ def _join(lits: tuple[str, ...], nums: tuple) -> str:
     return "".join(out)
 
 
-def _relative(name: str, owner: int | None) -> str:
-    """``name`` with its layer numbers relative to ``owner`` (``@-1``); absolute outside layers."""
-    _o, lits, nums = _parts(name)
-    if not nums or owner is None:
-        return name
-    return _join(lits, [f"@{n - owner}" for n in nums]).replace("l@", "@")
-
-
-def _relative_text(text: str, owner: int | None) -> str:
+def _relative(text: str, owner: int | None) -> str:
+    """``text`` (a name, a params key) with its layer numbers relative to ``owner`` (``l6`` in
+    layer 7: ``@-1``); as it is outside the layers."""
     if owner is None or "l" not in text:
         return text
     return _NUM.sub(lambda m: f"@{int(m.group(1)) - owner}", text)
@@ -95,7 +89,7 @@ def _entry(o: Op, g: Graph) -> tuple[int | None, int]:
     owner = _parts(o.name)[0]
     ts = g.tensors
     spec = lambda t: (ts[t].shape, ts[t].dtype, ts[t].role) if t in ts else None  # noqa: E731
-    entry = (_relative(o.name, owner), o.kernel, _relative_text(o.params_key, owner),
+    entry = (_relative(o.name, owner), o.kernel, _relative(o.params_key, owner),
              tuple((p, _relative(t, owner), spec(t)) for p, t in o.inputs),
              _relative(o.output, owner), spec(o.output), _shards_key(o.shards))
     number = _INTERN.get(entry)
@@ -136,7 +130,7 @@ class GraphMemo:
 _SIGS = GraphMemo()
 
 
-def _signatures(g: Graph) -> tuple[dict[int, list[str]], dict[int, tuple]] | None:
+def _signatures(g: Graph) -> tuple[dict[int, list[str]], dict[int, tuple]]:
     """(op names of each layer, in op order; each layer's signature), derived from the parent's
     for an in-place edit (``Graph.edit``: only the layers of the replaced ops change)."""
     hit = _SIGS.get(g)

@@ -44,9 +44,9 @@ def _diff(parent: Graph, child: Graph) -> tuple[dict, dict, dict] | None:
         else:
             insert.setdefault(anchor, []).append(o)
     pt, ct = parent.tensors, child.tensors
-    tensors = {t: None for t in pt if t not in ct} if pt is not ct else {}
-    if pt is not ct:
-        tensors.update({t: v for t, v in ct.items() if pt.get(t) is not v})
+    tensors: dict[str, Tensor | None] = {}
+    if pt is not ct:  # removed, then added or changed
+        tensors = {t: None for t in pt if t not in ct} | {t: v for t, v in ct.items() if pt.get(t) is not v}
     return replace, insert, tensors
 
 
