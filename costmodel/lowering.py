@@ -404,6 +404,27 @@ _NO_COLL = np.zeros(4)
 _NO_PARTS = np.zeros((0, 2))
 
 
+def _compact_collective(counts: np.ndarray, ints: np.ndarray, flts: np.ndarray):
+    """A collective group's rows as ``_kernels.assemble`` reads them: its local edges, one
+    transfer row per producer shard it reads (the first row first: it names the op the
+    collective feeds; the group's total bytes in the first row of ``flts``, zeros after) and one
+    row per reader shard it feeds, each in first-occurrence order. The point-to-point pairs
+    (every producer shard times every destination: quadratic in the ranks, 750 MB of rows for
+    Llama-2 70B on 512 GPUs) are not kept: the collective's cost came from them already."""
+    L, T, Q = int(counts[0]), int(counts[1]), int(counts[2])
+    t_rows, q_rows = ints[L:L + T], ints[L + T:L + T + Q]
+    _, first = np.unique(t_rows[:, 0], return_index=True)
+    t_keep = t_rows[np.sort(first)]
+    _, first = np.unique(q_rows[:, 1] * (int(q_rows[:, 2].max()) + 1 if Q else 1) + q_rows[:, 2], return_index=True)
+    q_keep = q_rows[np.sort(first)]
+    f = np.zeros((t_keep.shape[0], flts.shape[1]))
+    f[0] = flts[0]
+    f[0, 0] = flts[:T, 0].sum()
+    out = counts.copy()
+    out[1], out[2] = t_keep.shape[0], q_keep.shape[0]
+    return out, np.concatenate([ints[:L], t_keep, q_keep]), f
+
+
 def _coll_rows(p: GroupPiece) -> np.ndarray:
     return p.coll[None, :]
 
@@ -707,6 +728,7 @@ class Lowerer:
             coll, parts, cost = self._collective(counts, ints, flts, pp.dev, reduce)
             if cost is not None:
                 counts[3] = parts.shape[0]
+                counts, ints, flts = _compact_collective(counts, ints, flts)
         piece = cache[key] = GroupPiece(counts, ints, flts, keep, coll, parts, cost)  # keep: ops whose ids are in key
         self._piece_bytes[key] = size = ints.nbytes + flts.nbytes
         self._bytes += size
