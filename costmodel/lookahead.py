@@ -174,7 +174,9 @@ def _window_edges(low, g: Graph, window: int, skip: np.ndarray | None) -> tuple[
     fetch = np.nonzero((fetch_pos >= 0) & (dev < low.n_devices))[0]
     fetch_dev = dev[fetch]
     dev[fetch] = low.n_devices
-    order = np.lexsort((np.arange(nc), node_pos, dev))  # by device, then program order
+    # by device, then program order: nodes are numbered in program order (op by op, ``op_pos`` is
+    # the identity), so a stable sort on the device alone (a radix sort on int16 keys) gives it
+    order = np.argsort(dev.astype(np.int16 if low.n_devices < 2**15 else np.int32), kind="stable")
     dev_sorted = dev[order]
     starts = np.searchsorted(dev_sorted, np.arange(low.n_devices + 2))
     rank = np.empty(nc, np.int64)  # rank of a compute node within its device's program order

@@ -591,13 +591,14 @@ class Lowerer:
         self._sized: dict[int, Any] = {}
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple, Any] = OrderedDict()
+        self._alive: dict[tuple, Op] = {}  # op of an ("op", id) key whose piece is shared (see op_piece)
         self._packs: dict[int, _SigPack] = {}
         self._den: dict[tuple[str, str], tuple[float, float, float]] = {}
         self._states: deque[_State] = deque(maxlen=max(1, states))
         self._programs: dict[tuple, int] = {}
         self._structures: dict[tuple, _Structure] = {}
-        self._logical: dict[int, tuple] = {}
-        self._unsubstituted: dict[int, tuple] = {}
+        self._logical: OrderedDict[int, tuple] = OrderedDict()
+        self._unsubstituted: OrderedDict[int, tuple] = OrderedDict()
         self._io: dict[tuple, tuple] = {}
         hw_links = (hw.devices_per_node, hw.intra_link.latency, hw.intra_link.bandwidth,
                     hw.intra_link.energy_per_byte, hw.inter_link.latency, hw.inter_link.bandwidth,
@@ -622,9 +623,11 @@ class Lowerer:
         while cache and (len(cache) > self.cache_size or self._bytes > self.cache_bytes):
             key, _ = cache.popitem(last=False)
             self._bytes -= sizes.pop(key, 0)
+            self._alive.pop(key, None)
 
     def clear(self) -> None:
         self._cache.clear()
+        self._alive.clear()
         self._piece_bytes.clear()
         self._bytes = 0
         self._states.clear()
@@ -654,11 +657,37 @@ class Lowerer:
         """``o``'s piece; ``like``: the piece of an op with the same kernel, params and inputs
         in the same tensors (its signature is reused instead of looked up)."""
         key = ("op", id(o))
-        hit = self._cache.get(key)
+        cache = self._cache
+        hit = cache.get(key)
         if hit is not None:
-            self._cache.move_to_end(key)
+            cache.move_to_end(key)
             return hit
-        return self._cached(key, lambda: self._op_piece(g, o, like))
+        shared = self._shared_key(g, o)
+        if shared is None:
+            return self._cached(key, lambda: self._op_piece(g, o, like))
+        piece = cache.get(shared)
+        if piece is None:
+            piece = cache[shared] = self._op_piece(g, o, like)
+        else:
+            cache.move_to_end(shared)
+        cache[key] = piece
+        self._alive[key] = o  # the piece keeps another op alive: this one's id must stay unique
+        self._trim()
+        return piece
+
+    @staticmethod
+    def _shared_key(g: Graph, o: Op) -> tuple | None:
+        """The key of the piece ``o`` shares with the ops of other layers equal to it, or None
+        (an op outside the numbered layers). Equal layers (``ir.layers``: the same kernels,
+        params, specs and shards, names taken relative to the layer) have equal pieces, so a
+        move made in every layer of a class (``ir.rewrites.tie``) is lowered once, not per layer."""
+        from ir.layers import _entry
+
+        owner, number = _entry(o, g)
+        if owner is None:
+            return None
+        carried = g.carried
+        return ("ope", number, tuple([t in carried for _, t in o.inputs]))
 
     def _op_piece(self, g: Graph, o: Op, like: OpPiece | None = None) -> OpPiece:
         if like is not None:
@@ -691,11 +720,12 @@ class Lowerer:
     def _group_piece(self, g: Graph, st: _Structure, gi: int, ops: list[Op], pieces: list[OpPiece]) -> GroupPiece:
         prod, tensor, readers = st.groups[gi]
         tag = "sgrp" if st.g_state[gi] else "grp"  # state reads: the producer's boxes are the home
+        # keyed by the pieces, not the ops: equal layers share their pieces, and so these too
         if len(readers) == 1:
             r, port = readers[0]
-            key = (tag, id(ops[prod]), id(ops[r]), port)
+            key = (tag, id(pieces[prod]), id(pieces[r]), port)
         else:
-            key = (tag, id(ops[prod])) + tuple((id(ops[r]), port) for r, port in readers)
+            key = (tag, id(pieces[prod])) + tuple((id(pieces[r]), port) for r, port in readers)
         cache = self._cache
         hit = cache.get(key)
         if hit is not None:
@@ -707,14 +737,14 @@ class Lowerer:
             i = pc.pack.port_index[port]
             c_lo, c_hi, c_dev = pc.in_lo[i], pc.in_hi[i], pc.dev
             r_counts = np.array([pc.n], np.int64)
-            keep: tuple = (ops[prod], ops[r])
+            keep: tuple = (pp, pc)
         else:
             boxes = [pieces[r].input_boxes(port) for r, port in readers]
             c_lo = np.concatenate([b[0] for b in boxes])
             c_hi = np.concatenate([b[1] for b in boxes])
             c_dev = np.concatenate([pieces[r].dev for r, _ in readers])
             r_counts = np.array([pieces[r].n for r, _ in readers], np.int64)
-            keep = (ops[prod],) + tuple(ops[r] for r, _ in readers)
+            keep = (pp,) + tuple(pieces[r] for r, _ in readers)
         counts, ints, flts = K.group_kernel(pp.out_lo, pp.out_hi, pp.dev, c_lo, c_hi, c_dev, r_counts,
                                             self.hw.n_devices, st.g_item[gi], *self._links)
         counts = np.append(counts, 0)
@@ -919,8 +949,11 @@ class Lowerer:
         layers have fused attention share it (so ``Evaluator`` shares their program facts)."""
         return self._memo_key(g, _unsubstituted_entries, self._unsubstituted)
 
-    def _memo_key(self, g: Graph, entries: Callable[[Op, Graph], list[tuple]], memo: dict[int, tuple]) -> tuple:
+    def _memo_key(self, g: Graph, entries: Callable[[Op, Graph], list[tuple]], memo: OrderedDict) -> tuple:
         logical = []
+        # room for a few whole models: a 70B training step keys ~9,500 ops, more than the piece
+        # cache's size (set by the truncations it lowers), and a memo smaller than one model misses always
+        cap = max(self.cache_size, 3 * len(g.ops))
         for o in g.ops.values():
             if entries is not _logical_entries and _entries_read_graph(o):  # depend on g: no memo
                 if not _attention_grad_of_fused(o, g):
@@ -929,8 +962,8 @@ class Lowerer:
             hit = memo.get(id(o))
             if hit is None or hit[0] is not o:
                 hit = memo[id(o)] = (o, entries(o, g))
-                if len(memo) > self.cache_size:
-                    memo.pop(next(iter(memo)))
+                if len(memo) > cap:
+                    memo.popitem(last=False)
             logical.extend(hit[1])
         # sources and outputs: rewrites copy the tensors mapping but share these Tensor objects
         ends = tuple([t for t in g.tensors.values() if t.role != "intermediate"])
@@ -940,7 +973,11 @@ class Lowerer:
             io = self._io[key] = (ends, _io_key(g))  # ends keeps the ids valid
             if len(self._io) > 256:
                 self._io.pop(next(iter(self._io)))
-        return tuple(sorted(logical)), io[1]
+        # a set, not a sorted tuple: entries name their ops, so they are unique (sorting ten
+        # thousand of them took ~20 ms of every structural move on a whole 70B model); sorted
+        # where some entry repeats, so equal multisets still give equal keys
+        entries_set = frozenset(logical)
+        return (entries_set if len(entries_set) == len(logical) else tuple(sorted(logical))), io[1]
 
     def _find_base(self, g: Graph) -> tuple[_State | None, list[int] | None]:
         """The recent state ``g`` differs least from (same ops and tensors), and the changed ops.
