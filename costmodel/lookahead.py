@@ -272,7 +272,7 @@ def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
         sh = gops[names[i]].shards
         if len(sh) != counts[i]:
             continue
-        several, starts = _shard_starts(sh, int(cols[i]))
+        several, starts = _shard_starts(gops[names[i]], int(cols[i]))
         if several:  # several batch pieces on one device: a microbatched op
             total = starts if total == 0 else min(total, starts)
     if total < 2:
@@ -286,7 +286,7 @@ def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
         ext = g.signature(o).extents[c]
         if ext < total:
             continue
-        j = _global_ids(o.shards, c, ext, total)
+        j = _global_ids(o, c, ext, total)
         if j is not None:
             mb[offs[i]:offs[i + 1]] = j
     t = mb >= 0
@@ -294,47 +294,45 @@ def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
         return None
     # per device: rank of the global microbatch among the device's own
     key = dev[t] * (total + 1) + mb[t]
-    uniq, inv = np.unique(key, return_inverse=True)
-    first_of_dev = np.searchsorted(uniq, (uniq // (total + 1)) * (total + 1))
-    mb[t] = (np.arange(len(uniq)) - first_of_dev)[inv]
+    present = np.zeros(low.n_devices * (total + 1), np.int64)  # (device, global microbatch) seen
+    present[key] = 1
+    ranks = np.cumsum(present.reshape(low.n_devices, total + 1), axis=1) - 1
+    mb[t] = ranks.ravel()[key]
     return mb if (mb > 0).any() else None
 
 
-_MB_CACHE: OrderedDict = OrderedDict()
-
-
-def _cached(key, sh, fn):
-    hit = _MB_CACHE.get(key)
-    if hit is not None and hit[0] is sh:
+def _op_memo(o, name: str, key: tuple, fn):
+    """``fn()`` memoised on op ``o`` under ``name`` for ``key`` (the memo lives and dies with the
+    op, as ``Graph.signature``'s does; ``Op.__getstate__`` drops it)."""
+    hit = o.__dict__.get(name)
+    if hit is not None and hit[0] == key:
         return hit[1]
     out = fn()
-    _MB_CACHE[key] = (sh, out)  # the cache keeps ``sh`` alive, so its id is not reused
-    # 1,024 entries, not 20,000: a soak's worker hit 70.0 % at 1,024 and 71.3 % at 20,000, which held
-    # ~15-20 MB of shards and filled for ~30,000 evaluations (issue 16)
-    if len(_MB_CACHE) > 1024:
-        _MB_CACHE.popitem(last=False)
+    o.__dict__[name] = (key, out)
     return out
 
 
-def _shard_starts(sh, col: int) -> tuple[bool, int]:
-    """(some device holds several batch starts, number of distinct batch starts)."""
+def _shard_starts(o, col: int) -> tuple[bool, int]:
+    """(some device holds several batch starts of op ``o``, number of distinct batch starts)."""
     def run():
-        lo, d = sh.lo[:, col], np.asarray(sh.device, np.int64)
+        sh = o.shards
+        lo, d = sh.lo[:, col], sh.device
         pairs = np.unique(d * (int(lo.max()) + 1) + lo)
         return bool(len(pairs) > len(np.unique(d))), int(len(np.unique(lo)))
-    return _cached(("starts", id(sh), col), sh, run)
+    return _op_memo(o, "_mbstarts", (col,), run)
 
 
-def _global_ids(sh, col: int, ext: int, total: int) -> np.ndarray | None:
-    """Global microbatch of each shard, or None when a shard spans several."""
+def _global_ids(o, col: int, ext: int, total: int) -> np.ndarray | None:
+    """Global microbatch of each shard of op ``o``, or None when a shard spans several."""
     from ir.rewrites.pipeline import microbatch_bounds
 
     def run():
+        sh = o.shards
         b = microbatch_bounds(ext, total)
         j = np.searchsorted(b, sh.lo[:, col], side="right") - 1
         k = np.searchsorted(b, sh.hi[:, col] - 1, side="right") - 1
         return j.astype(np.int64) if np.array_equal(j, k) else None
-    return _cached(("ids", id(sh), col, ext, total), sh, run)
+    return _op_memo(o, "_mbids", (col, ext, total), run)
 
 
 def _barriers(g: Graph, tagged: dict[str, int]) -> tuple[bool, bool, set[str]]:

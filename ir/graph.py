@@ -168,8 +168,8 @@ class Op:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for memo in ("_sig", "_batch", "_lentry", "_moved"):  # memos (Graph.signature, batch_dims,
-            state.pop(memo, None)  # ir.layers): not worth their bytes
+        for memo in ("_sig", "_batch", "_lentry", "_moved", "_mbstarts", "_mbids"):  # memos (Graph.signature,
+            state.pop(memo, None)  # batch_dims, ir.layers, costmodel.lookahead): not worth their bytes
         return state
 
     def to_json(self) -> dict:
