@@ -138,7 +138,8 @@ class Lowered:
     """
 
     __slots__ = ("kind", "dev", "dst", "dur", "lat", "alloc", "succ_ptr", "succ_idx", "resident", "n_devices",
-                 "op_names", "program", "_ints", "_flts", "link", "part_ptr", "part_dev", "part_alloc", "contention")
+                 "op_names", "program", "_ints", "_flts", "link", "part_ptr", "part_dev", "part_alloc", "contention",
+                 "acc")
 
     def __init__(self, kind, i32, f64, succ_ptr, succ_idx, resident, ints, flts, n_devices: int,
                  op_names: tuple[str, ...], program: int = 0, link=None, part_ptr=None, part_dev=None,
@@ -150,6 +151,7 @@ class Lowered:
         self._ints, self._flts = ints, flts
         self.link, self.part_ptr, self.part_dev, self.part_alloc = link, part_ptr, part_dev, part_alloc
         self.contention = 1.0  # the hardware's compute slowdown under communication (set by Lowerer.lower)
+        self.acc = None  # bool[n]: accumulate nodes, whose local inputs are added in place (set by Lowerer.lower)
 
     def simulate(self, ctl=None, contention: float | None = None):
         """The schedule of these arrays (``costmodel.simulate.simulate_arrays``, ports and
@@ -165,7 +167,7 @@ class Lowered:
         return simulate_arrays(self.kind, self.dev, self.dst, self.dur, self.succ_ptr, self.succ_idx, self.alloc,
                                self.resident, self.n_devices, lat=self.lat, link=self.link, part_ptr=self.part_ptr,
                                part_dev=self.part_dev, part_alloc=self.part_alloc, ctl_ptr=ctl_ptr, ctl_idx=ctl_idx,
-                               contention=contention)
+                               contention=contention, acc=self.acc)
 
     @property
     def elapsed(self) -> np.ndarray:
@@ -454,6 +456,7 @@ class _Structure:
     source_home: list[int]                     # per source: -1, or the producer of its P.next (state home)
     g_state: np.ndarray                        # int8 per group: 1 = reads of a loop-carried state
     op_inplace: np.ndarray                     # int8 per op: 1 = produces some P.next (writes P's buffer)
+    op_acc: np.ndarray                         # bool per op: an accumulate (its local inputs are added in place)
     op_groups: list[tuple[int, ...]]
     op_sources: list[tuple[int, ...]]
     g_prod: np.ndarray
@@ -934,6 +937,7 @@ class Lowerer:
             rop.extend([r for r, _ in rd])
             rptr[gi + 1] = len(rop)
         return _Structure(tuple(gops), order, groups, sources, source_home, np.array(g_state, np.int8), op_inplace,
+                          np.array([o.kernel == "accumulate" for o in ops], np.bool_),
                           [tuple(x) for x in op_groups],
                           [tuple(x) for x in op_sources], np.array([p for p, _, _ in groups], np.int64),
                           [float(ITEMSIZE[tensors[t].dtype]) for _, t, _ in groups], rptr,
@@ -1097,6 +1101,9 @@ class Lowerer:
             st.op_inplace, g_coll, c_parts)
         low = Lowered(kind, i32, f64, ptr, idx, resident, ints, flts, n_dev, st.order, st.program, link, pptr, pdev,
                       palloc)
+        acc = np.zeros(kind.shape[0], np.bool_)
+        acc[:ints[len(st.order)]] = np.repeat(st.op_acc, op_sizes)
+        low.acc = acc
         low.contention = self.hw.contention
         return low
 

@@ -44,6 +44,12 @@ array              dtype / shape        meaning
 ``keep``           bool[n], optional    keyword-only; True = never free this node's buffer even
                                         though it has successors (a graph output that is also
                                         read by other shards). Default: all False.
+``acc``            bool[n], optional    keyword-only; True = an accumulate node: a buffer whose
+                                        every successor is an ``acc`` node on the buffer's own
+                                        device is added into them as it is produced (freed when
+                                        its node finishes), and the accumulator's buffer is held
+                                        from the start of its first such input (gradient
+                                        accumulation in place). Default: all False.
 ``link``           int8[n], optional    keyword-only; which ports a node uses. Transfer: 0 = the
                                         intra-node port (NVLink), 1 = the inter-node port (NIC);
                                         collective: bit mask, 1 = NVLink ports, 2 = NIC ports.
@@ -296,7 +302,7 @@ def _charge_comm(q, t, o, comm_start, comm_end, compute_free, s):
 
 @njit(cache=True, nogil=True)
 def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices, keep, link,
-                   part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx, contention):
+                   part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx, contention, acc):
     """Returns (status, start, finish, makespan, peak_mem, busy_compute, busy_egress,
     busy_ingress, used, rank, order, n_topo). status 0 = ok, 1 = cycle (then ``order[:n_topo]``
     holds the nodes Kahn could order; the others lie on or behind a cycle)."""
@@ -464,6 +470,28 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
                 makespan = compute_free[q]
 
     # --- memory: event sweep --------------------------------------------------------------
+    # In-place accumulation: a buffer whose every reader is an accumulate node (``acc``) on the
+    # buffer's own device is added into that accumulator as it is produced (Megatron-LM's
+    # ``main_grad``, gradient accumulation across microbatches), so it lives only while it is
+    # produced, and each accumulator's buffer from the start of its first such input on.
+    acc_start = start.copy()
+    into = np.zeros(n, np.bool_)
+    for i in range(n):
+        if kind[i] == 2 or succ_ptr[i + 1] == succ_ptr[i] or keep[i]:
+            continue
+        loc = dev[i] if kind[i] == 0 else dst[i]
+        ok = True
+        for e in range(succ_ptr[i], succ_ptr[i + 1]):
+            v = succ_idx[e]
+            if not acc[v] or dev[v] != loc:
+                ok = False
+                break
+        if ok:
+            into[i] = True
+            for e in range(succ_ptr[i], succ_ptr[i + 1]):
+                v = succ_idx[e]
+                if start[i] < acc_start[v]:
+                    acc_start[v] = start[i]
     n_alloc = 0
     n_free = 0
     for i in range(n):
@@ -487,7 +515,9 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
         for i in range(n):
             frees = succ_ptr[i + 1] > succ_ptr[i] and not keep[i]
             tf = 0.0
-            if frees:
+            if into[i]:
+                tf = finish[i]
+            elif frees:
                 for e in range(succ_ptr[i], succ_ptr[i + 1]):
                     fs = finish[succ_idx[e]]
                     if fs > tf:
@@ -507,7 +537,7 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
                 else:
                     b = alloc_bytes[i]
                     loc = dev[i] if kind[i] == 0 else dst[i]
-                ev_t[ja] = start[i]
+                ev_t[ja] = acc_start[i]
                 ev_b[ja] = b
                 ev_d[ja] = loc
                 ja += 1
@@ -657,7 +687,7 @@ def _find_cycle(n: int, succ_ptr: np.ndarray, succ_idx: np.ndarray, ordered: np.
 
 def simulate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices: int,
              *, lat=None, keep=None, link=None, part_ptr=None, part_dev=None, part_alloc=None,
-             ctl_ptr=None, ctl_idx=None, contention: float = 1.0, check: bool = True) -> Schedule:
+             ctl_ptr=None, ctl_idx=None, contention: float = 1.0, acc=None, check: bool = True) -> Schedule:
     """Simulate a lowered plan; see the module docstring for the array contract (``lat``:
     float64[n] latencies, default zeros; ``link``, ``part_*``: ports and collectives).
 
@@ -681,6 +711,10 @@ def simulate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_byte
         if keep.shape[0] != kind.shape[0]:
             raise SimulationError(f"keep: length {keep.shape[0]} != n = {kind.shape[0]} (length of kind)")
     n = kind.shape[0]
+    if acc is not None:
+        acc = _as(acc, np.bool_, "acc")
+        if acc.shape[0] != n:
+            raise SimulationError(f"acc: length {acc.shape[0]} != n = {n} (length of kind)")
     link = np.zeros(n, np.int8) if link is None else _as(link, np.int8, "link")
     part_ptr = np.zeros(n + 1, np.int64) if part_ptr is None else _as(part_ptr, np.int64, "part_ptr")
     part_dev = np.zeros(0, np.int32) if part_dev is None else _as(part_dev, np.int32, "part_dev")
@@ -698,7 +732,7 @@ def simulate(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_byte
             raise SimulationError("ctl_ptr/ctl_idx: a CSR of control successors over the n nodes")
     return simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices,
                            lat=lat, keep=keep, link=link, part_ptr=part_ptr, part_dev=part_dev, part_alloc=part_alloc,
-                           ctl_ptr=ctl_ptr, ctl_idx=ctl_idx, contention=contention)
+                           ctl_ptr=ctl_ptr, ctl_idx=ctl_idx, contention=contention, acc=acc)
 
 
 def _validate_ports(kind, link, part_ptr, part_dev, part_alloc, n_devices) -> None:
@@ -727,7 +761,7 @@ def _validate_ports(kind, link, part_ptr, part_dev, part_alloc, n_devices) -> No
 
 def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
                     n_devices: int, *, lat=None, keep=None, link=None, part_ptr=None, part_dev=None,
-                    part_alloc=None, ctl_ptr=None, ctl_idx=None, contention: float = 1.0) -> Schedule:
+                    part_alloc=None, ctl_ptr=None, ctl_idx=None, contention: float = 1.0, acc=None) -> Schedule:
     """Fast path: arrays already of the contract's dtypes (``lat``: float64[n] or None for zeros;
     ``keep``: bool[n] or None), contiguous and valid. Unchecked: out-of-range indices or
     negative/NaN durations or latencies here are undefined behaviour (wrong results or a crash).
@@ -742,10 +776,12 @@ def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, reside
         part_ptr, part_dev, part_alloc = np.zeros(kind.shape[0] + 1, np.int64), _NO_DEV, _NO_ALLOC
     if ctl_ptr is None:
         ctl_ptr, ctl_idx = np.zeros(kind.shape[0] + 1, np.int64), _NO_DEV
+    if acc is None:
+        acc = np.zeros(kind.shape[0], np.bool_)
     (status, start, finish, makespan, peak_mem, busy_c, busy_e, busy_i, used, rank, order,
      n_topo) = _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
                               int(n_devices), keep, link, part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx,
-                              float(contention))
+                              float(contention), acc)
     if status != 0:
         cyc = _find_cycle(kind.shape[0], succ_ptr, succ_idx, order[:n_topo])
         raise SimulationError(

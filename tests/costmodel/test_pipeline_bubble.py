@@ -231,3 +231,28 @@ def test_tensor_parallel_stages_get_one_pipeline_order():
     assert _acyclic(low, *_unit_chain_edges(low, plan, res[0]))
     mb = _microbatch_of_nodes(low, plan)
     assert set(np.unique(mb[mb >= 0]).tolist()) == {0, 1, 2, 3}
+
+
+def test_gradient_accumulation_over_microbatches_is_in_place():
+    """Each microbatch's weight-gradient partial is added into the gradient as it is made
+    (``Lowered.acc``, Megatron-LM's ``main_grad``), so more microbatches cost no gradient memory:
+    the peak stays at the unmicrobatched plan's. Holding every partial until one accumulate sums
+    them (``acc`` off, the model before) grows by a whole set of gradients per microbatch."""
+    from costmodel.lowering import Lowerer
+    from costmodel.presets import PRESETS
+    from ir import workloads
+
+    step = workloads.build("gpt", mode="train", layers=2, d_model=256, heads=2, vocab=16, seq=4, batch=8)
+    w1 = 256 * 1024 * 4  # one layer's W1 gradient, fp32 bytes
+    peaks, held = {}, {}
+    for m in (1, 2, 4, 8):
+        plan = parse_move(f"microbatch{{ops=all,m={m}}}").apply(step) if m > 1 else step
+        low = Lowerer(PRESETS["h100-sxm-8"]).lower(plan)
+        assert low.acc.sum() == sum(len(o.shards) for o in plan.ops.values() if o.kernel == "accumulate")
+        assert (m > 1) == bool(low.acc.any())
+        peaks[m] = low.simulate().peak_mem[0]
+        low.acc = None
+        held[m] = low.simulate().peak_mem[0]
+    for m in (2, 4, 8):
+        assert peaks[m] <= 1.02 * peaks[1], (m, peaks)
+    assert held[8] - held[2] > 6 * 2 * w1  # six more sets of partials, each with two layers' W1 alone
