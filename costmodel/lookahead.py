@@ -228,14 +228,17 @@ def _window_edges(low, g: Graph, window: int, skip: np.ndarray | None) -> tuple[
 
 POLICIES = ("auto", "gpipe", "1f1b", "off")
 def _backward_phase(g: Graph, order: tuple[str, ...]) -> np.ndarray:
-    """1 per op of the backward (``order``: program order): ``loss.grad`` (``ir.autodiff.step``)
-    and every op computed from it; else 0. One pass in program order."""
+    """1 per op of the backward (``order``: program order): ``loss.grad`` (``ir.autodiff.step``),
+    the recomputed forward ops (``<op>.re``, ``ir.rewrites.recompute``: they run when the backward
+    needs them, so a pipeline places them in its backward units) and every op computed from
+    them; else 0. One pass in program order."""
     ops = g.ops
     back_t: set[str] = set()  # tensors the backward produced
     phase = np.zeros(len(order), np.int64)
     for i, n in enumerate(order):
         o = ops[n]
-        if n == "loss.grad" or n.startswith("loss.grad.") or any(t in back_t for _, t in o.inputs):
+        if n == "loss.grad" or n.startswith("loss.grad.") or (n.endswith(".re") and n[:-3] in ops) \
+                or any(t in back_t for _, t in o.inputs):
             phase[i] = 1
             back_t.add(o.output)
     return phase
