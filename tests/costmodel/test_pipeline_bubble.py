@@ -256,3 +256,27 @@ def test_gradient_accumulation_over_microbatches_is_in_place():
     for m in (2, 4, 8):
         assert peaks[m] <= 1.02 * peaks[1], (m, peaks)
     assert held[8] - held[2] > 6 * 2 * w1  # six more sets of partials, each with two layers' W1 alone
+
+
+def test_recomputed_forward_runs_in_the_backward_units():
+    """A pipelined plan with recomputation (Megatron 3D + ``recompute_layers``) recomputes each
+    layer's forward in the backward units, so it holds less than the same plan keeping its
+    activations; before, the recomputed ops ran in the forward units and held as much."""
+    from costmodel.lookahead import _struct_info
+    from ir import workloads
+    from optimizer.search.baselines import megatron_3d, recompute_layers
+
+    step = workloads.build("gpt", mode="train", layers=4, d_model=256, heads=4, vocab=64, seq=256, batch=16)
+    plan = megatron_3d(step, 8, 8)
+    rec = recompute_layers(plan)
+    ev = Evaluator("h100-sxm-8")
+    e_keep, e_rec = ev(plan, keep=True), ev(rec, keep=True)
+    low = e_rec.lowered
+    phase = _struct_info(low, rec).op_phase
+    re_ops = [i for i, n in enumerate(low.op_names) if n.endswith(".re")]
+    assert re_ops and all(phase[i] == 1 for i in re_ops)
+    units, _policy = pipeline_units(low, rec)
+    offs = low.op_offsets
+    for i in re_ops:  # in the units of the backward (1F1B: after the stage's warm-up forwards)
+        assert (units[offs[i]:offs[i + 1]] >= 1).all()
+    assert e_rec.peak_memory < 0.8 * e_keep.peak_memory, (e_rec.peak_memory, e_keep.peak_memory)
