@@ -7,7 +7,8 @@
 Runs ``tapestry run`` (a transformer block, batch 4 x seq 256, d_model 512, on ``h100-sxm-8``;
 local workers; NumPy sampling at rate 0.01: the issue-16 setting with a block small enough that
 sampled CPU executions do not starve a 2-core machine) as a child process for the given time and samples, every
-``--sample-seconds``: the driver's and each worker's resident memory (psutil), the archive's
+``--sample-seconds``: the driver's and each worker's resident memory (psutil: RSS, and its
+anonymous part, the heap without file-backed pages the kernel may drop and fault back), the archive's
 size and rows, evaluations/s and the hypervolume (from the campaign's committed counters).
 At the end it prints the slopes after the warm-up (least squares) and their extrapolation to
 three days (for worker and driver RSS also the *floor*: the smallest of each sample and its
@@ -59,18 +60,22 @@ def campaign_config(name: str, db: str, minutes: float, workers: int, retention:
     }
 
 
-def process_rss(driver: psutil.Process) -> dict[str, float]:
-    """MB resident: the driver, and each descendant above 50 MB (Dask workers; the small
-    resource tracker and shell helpers are left out)."""
-    out = {"driver": driver.memory_info().rss / 1e6}
+def process_rss(driver: psutil.Process) -> tuple[dict[str, float], dict[str, float]]:
+    """MB resident, and MB of it anonymous (RSS less file-backed and shared pages: the heap,
+    what a leak grows; the kernel drops file-backed pages under memory pressure and faults them
+    back later, which moves RSS without any allocation): the driver, and each descendant above
+    50 MB (Dask workers; the small resource tracker and shell helpers are left out)."""
+    m = driver.memory_info()
+    rss, anon = {"driver": m.rss / 1e6}, {"driver": (m.rss - m.shared) / 1e6}
     for child in driver.children(recursive=True):
         try:
-            rss = child.memory_info().rss / 1e6
+            m = child.memory_info()
         except psutil.Error:
             continue
-        if rss > 50:
-            out[f"pid{child.pid}"] = rss
-    return out
+        if m.rss > 50e6:
+            rss[f"pid{child.pid}"] = m.rss / 1e6
+            anon[f"pid{child.pid}"] = (m.rss - m.shared) / 1e6
+    return rss, anon
 
 
 def read_archive(db: str, name: str) -> dict[str, Any] | None:
@@ -115,6 +120,10 @@ def analyse(samples: list[dict[str, Any]], warmup_s: float, window_s: float = 30
         "candidate_rows": np.array([s["rows"].get("candidates", 0) for s in samples], dtype=float),
         "evaluation_rows": np.array([s["rows"].get("evaluations", 0) for s in samples], dtype=float),
     }
+    if all("anon" in s for s in samples):  # (runs saved before it was sampled lack it)
+        series["driver_anon_mb"] = np.array([s["anon"]["driver"] for s in samples])
+        series["worker_anon_mb_max"] = np.array([max([v for k, v in s["anon"].items() if k != "driver"],
+                                                     default=0.0) for s in samples])
     # A sampled NumPy execution takes a worker's RSS up by hundreds of MB for under a minute;
     # the floor (the smallest of each sample and its two neighbours) drops such spikes and keeps
     # any lasting growth, which is what a multi-day campaign cares about.
@@ -183,8 +192,9 @@ def report(result: dict[str, Any], warmup_minutes: float) -> None:
     sl, g3 = summary["slopes_per_hour"], summary["three_day_growth"]
     print(f"\nafter {warmup_minutes:g} min warm-up ({result['backend']}, retention "
           f"{'on' if result['retention'] else 'off'}):")
-    for key, unit in (("driver_rss_mb", "MB"), ("driver_rss_mb_floor", "MB"), ("worker_rss_mb_max", "MB"),
-                      ("worker_rss_mb_floor", "MB"), ("worker_rss_mb_sum", "MB"),
+    for key, unit in (("driver_rss_mb", "MB"), ("driver_rss_mb_floor", "MB"), ("driver_anon_mb", "MB"),
+                      ("worker_rss_mb_max", "MB"), ("worker_rss_mb_floor", "MB"), ("worker_anon_mb_max", "MB"),
+                      ("worker_rss_mb_sum", "MB"),
                       ("archive_mb", "MB"), ("candidate_rows", "rows"), ("evaluation_rows", "rows")):
         if key in sl:
             print(f"  {key:<20} {sl[key]:+12.1f} {unit}/h   3 days: {g3[key]:+14.0f} {unit}")
@@ -254,10 +264,11 @@ def main() -> None:
             rate = float("nan") if prev is None else (state["evaluations"] - prev[1]) / max(now - prev[0], 1e-9)
             prev = (now, state["evaluations"])
             try:
-                rss = process_rss(driver)
+                rss, anon = process_rss(driver)
             except psutil.Error:
                 break
-            samples.append({"t": now, "rss": rss, "evals_per_s": rate, "load1": os.getloadavg()[0], **state})
+            samples.append({"t": now, "rss": rss, "anon": anon, "evals_per_s": rate, "load1": os.getloadavg()[0],
+                            **state})
             s = samples[-1]
             workers = [v for k, v in rss.items() if k != "driver"]
             print(f"{now / 60:6.1f} min  driver {rss['driver']:6.0f} MB  workers "
