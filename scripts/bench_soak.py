@@ -43,7 +43,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THREE_DAYS_H = 72.0
 
 
-def campaign_config(name: str, db: str, minutes: float, workers: int, retention: bool) -> dict[str, Any]:
+def campaign_config(name: str, db: str, minutes: float, workers: int, retention: bool,
+                    worker_lifetime: float | None = 21600.0) -> dict[str, Any]:
     return {
         "name": name,
         "workload": {"name": "transformer",
@@ -52,7 +53,7 @@ def campaign_config(name: str, db: str, minutes: float, workers: int, retention:
         "objectives": ["makespan", "peak_memory", "energy"],
         "search": {"strategy": "native", "seed": 0},
         "budget": {"evaluations": None, "wall_time": minutes * 60.0},
-        "cluster": {"workers": workers},
+        "cluster": {"workers": workers, "worker_lifetime": worker_lifetime},
         "storage": {"url": db},
         "sampling": {"rate": 0.01, "backend": "numpy"},
         "checkpoint_seconds": 10,
@@ -212,6 +213,8 @@ def main() -> None:
     ap.add_argument("--sample-seconds", type=float, default=30.0)
     ap.add_argument("--warmup-minutes", type=float, default=5.0)
     ap.add_argument("--no-retention", action="store_true", help="retention.enabled: false (the 'before' setting)")
+    ap.add_argument("--worker-lifetime", type=float, default=21600.0,
+                    help="cluster.worker_lifetime in seconds (default 6 h, the campaigns' default); 0: never")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--from-json", default=None, help="re-analyse and re-plot a run saved with --json")
@@ -237,7 +240,8 @@ def main() -> None:
     name = f"soak-{int(time.time())}"
     cfg_path = os.path.join(tmp, "soak.yaml")
     with open(cfg_path, "w") as f:
-        yaml.safe_dump(campaign_config(name, db, args.minutes, args.workers, not args.no_retention), f)
+        yaml.safe_dump(campaign_config(name, db, args.minutes, args.workers, not args.no_retention,
+                                       args.worker_lifetime or None), f)
     log_path = os.path.join(tmp, "driver.log")
     cmd = [sys.executable, "-m", "optimizer.cli"]
     if args.trace_every:
@@ -283,7 +287,8 @@ def main() -> None:
     summary = analyse(samples, args.warmup_minutes * 60.0)
     backend = "postgresql" if db.startswith("postgresql") else "sqlite"
     result = {"campaign": name, "backend": backend, "minutes": args.minutes, "workers": args.workers,
-              "retention": not args.no_retention, "summary": summary, "samples": samples}
+              "retention": not args.no_retention, "worker_lifetime": args.worker_lifetime or None,
+              "summary": summary, "samples": samples}
     report(result, args.warmup_minutes)
     if args.json:
         with open(args.json, "w") as f:

@@ -203,6 +203,9 @@ class ClusterConfig(Strict):
     scheduler: str | None = None
     workers: int | None = Field(default=None, ge=1, le=4096)
     threads_per_worker: int = Field(default=1, ge=1, le=1024)
+    # local workers are restarted (one at a time, their tasks resubmitted) after this many seconds:
+    # the caches are capped, but the allocator's high-water marks are not (issue 16); null: never
+    worker_lifetime: float | None = Field(default=21600.0, ge=60, le=3e7, description="seconds; null: never")
 
     @field_validator("scheduler")
     @classmethod

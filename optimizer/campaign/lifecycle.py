@@ -162,7 +162,7 @@ def _cluster(cfg: CampaignConfig, scheduler: str | None, workers: int | None) ->
 
     gpu = {"GPU": 1} if cfg.sampling.rate > 0 and cfg.sampling.backend == "cupy" else None
     return dask_client(scheduler or cfg.cluster.scheduler, workers or cfg.cluster.workers,
-                       cfg.cluster.threads_per_worker, gpu)
+                       cfg.cluster.threads_per_worker, gpu, lifetime=cfg.cluster.worker_lifetime)
 
 
 def run_campaign(cfg: CampaignConfig, db: str | None = None, scheduler: str | None = None,

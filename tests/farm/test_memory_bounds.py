@@ -152,3 +152,64 @@ def test_local_cluster_keeps_short_diagnostic_logs() -> None:
         assert set(client.run(trim_memory_async).values()) <= {True, False}
         with dask_client(scheduler.address) as remote:  # a client of an existing scheduler too
             assert remote.scheduler_comm.recent_message_log.maxlen == n
+
+
+def test_lifetime_config_restarts_staggered_workers() -> None:
+    from optimizer.campaign.cluster import lifetime_config
+    from optimizer.campaign.config import ConfigError, parse_config
+
+    assert lifetime_config(None) == {}
+    cfg = lifetime_config(21600)
+    assert cfg["distributed.worker.lifetime.duration"] == "21600.0s"
+    assert cfg["distributed.worker.lifetime.stagger"] == "600.0s"  # a tenth, at most 10 minutes
+    assert cfg["distributed.worker.lifetime.restart"] is True
+    assert lifetime_config(600)["distributed.worker.lifetime.stagger"] == "60.0s"
+    base = {"name": "x", "workload": {"name": "mlp"}, "hardware": "h100-sxm-8"}
+    assert parse_config(base).cluster.worker_lifetime == 21600.0  # on by default: 6 hours
+    assert parse_config({**base, "cluster": {"worker_lifetime": None}}).cluster.worker_lifetime is None
+    with pytest.raises(ConfigError, match="worker_lifetime"):
+        parse_config({**base, "cluster": {"worker_lifetime": 5}})
+
+
+@pytest.mark.slow
+def test_campaign_goes_on_across_worker_restarts(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local worker restarted on its lifetime (here every 6 s) is replaced by a fresh process
+    and the campaign spends its budget: its evaluations continue after each restart."""
+    import threading
+    import time
+
+    import psutil
+
+    from optimizer.campaign import cluster as cluster_module
+    from optimizer.campaign.config import parse_config
+    from optimizer.campaign.lifecycle import run_campaign
+    from tests.farm.conftest import small_config
+
+    real = cluster_module.lifetime_config
+    monkeypatch.setattr(cluster_module, "lifetime_config", lambda seconds: {
+        **real(6.0), "distributed.worker.lifetime.stagger": "0s"})
+    db = str(tmp_path / "life.db")
+    cfg = parse_config(small_config("life", db, budget={"evaluations": 15000}, search={"steps_per_task": 150}))
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:  # the worker processes: the nannies (in this process) spawn them
+        me = psutil.Process()
+        while not done.is_set():
+            for p in me.children(recursive=True):
+                try:
+                    if "spawn_main" in " ".join(p.cmdline()):
+                        seen.add(p.pid)
+                except psutil.Error:
+                    pass
+            time.sleep(0.5)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        res = run_campaign(cfg, quiet=True)
+    finally:
+        done.set()
+        t.join()
+    assert res["status"] == "finished" and res["evaluations"] >= 15000
+    assert len(seen) >= 2, seen  # the worker process was replaced at least once
