@@ -321,6 +321,76 @@ def _inter(p_lo, p_hi, pi, c_lo, c_hi, cj, ilo, ihi, row):
 
 
 @njit(cache=True, nogil=True)
+def _reader_index(c_lo, c_hi, r_counts, R):
+    """Per reader (its shards ``[start, start + r_counts[k])`` of the concatenation), a sweep
+    index for finding the shards that can meet a box: the dim with the most distinct starts
+    (``dims[k]``), the shards sorted by their start on it (``order``), and whether their ends are
+    sorted too (``ok[k]``: a tiling, with replicas; then the shards meeting ``[a, b)`` on that dim
+    are one run of ``order``, found by two binary searches). A reader whose shards nest (``ok``
+    false) is scanned whole."""
+    K = r_counts.shape[0]
+    dims = np.zeros(K, np.int64)
+    ok = np.zeros(K, np.bool_)
+    order = np.empty(c_lo.shape[0], np.int64)
+    lo_s = np.empty(c_lo.shape[0], np.int64)
+    hi_s = np.empty(c_lo.shape[0], np.int64)
+    s = 0
+    for k in range(K):
+        n = r_counts[k]
+        best, best_d = -1, 0
+        for d in range(R):
+            v = np.sort(c_lo[s:s + n, d])
+            distinct = 1 if n else 0
+            for i in range(1, n):
+                if v[i] != v[i - 1]:
+                    distinct += 1
+            if distinct > best:
+                best, best_d = distinct, d
+        dims[k] = best_d
+        o = np.argsort(c_lo[s:s + n, best_d], kind="mergesort")
+        good = True
+        for i in range(n):
+            j = s + o[i]
+            order[s + i] = j
+            lo_s[s + i] = c_lo[j, best_d]
+            hi_s[s + i] = c_hi[j, best_d]
+            if i and hi_s[s + i] < hi_s[s + i - 1]:
+                good = False
+        ok[k] = good
+        s += n
+    return dims, ok, order, lo_s, hi_s
+
+
+@njit(cache=True, nogil=True)
+def _candidates(p_lo, p_hi, pi, r_counts, dims, ok, order, lo_s, hi_s, buf):
+    """Reader shards (indices into the concatenation, increasing) that may meet producer box
+    ``pi``: every shard of a reader without a sweep index, else the run whose interval on the
+    reader's sweep dim meets the producer's. Returns how many are in ``buf``."""
+    m = 0
+    s = 0
+    for k in range(r_counts.shape[0]):
+        n = r_counts[k]
+        if not ok[k]:
+            for j in range(s, s + n):
+                buf[m] = j
+                m += 1
+        else:
+            d = dims[k]
+            a = p_lo[pi, d]
+            b = p_hi[pi, d]
+            # first sorted shard whose end passes a; first whose start reaches b
+            i0 = s + np.searchsorted(hi_s[s:s + n], a, side="right")
+            i1 = s + np.searchsorted(lo_s[s:s + n], b, side="left")
+            for i in range(i0, i1):
+                buf[m] = order[i]
+                m += 1
+        s += n
+    if m > 1:
+        buf[:m] = np.sort(buf[:m])
+    return m
+
+
+@njit(cache=True, nogil=True)
 def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize, dev_per_node,
                  lat_intra, bw_intra, epb_intra, lat_inter, bw_inter, epb_inter):
     """Edges from the producer's shards to every reader shard of one tensor.
@@ -351,8 +421,14 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
     Q = 0
     T = 0
     seen = np.full(n_dev, -1, np.int64)
+    # only the reader shards a producer box can meet are tested (a sweep per reader): at 512
+    # devices every pair of a 512-way tensor is 262,144 tests, most of them empty
+    dims, ok, order, lo_s, hi_s = _reader_index(c_lo, c_hi, r_counts, R)
+    buf = np.empty(nc, np.int64)
     for pi in range(npr):
-        for cj in range(nc):
+        m = _candidates(p_lo, p_hi, pi, r_counts, dims, ok, order, lo_s, hi_s, buf)
+        for q in range(m):
+            cj = buf[q]
             if _inter(p_lo, p_hi, pi, c_lo, c_hi, cj, one_lo, one_hi, 0) > 0:
                 if c_dev[cj] == p_dev[pi]:
                     L += 1
@@ -385,7 +461,9 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
     t = 0
     for pi in range(npr):
         npair = 0
-        for cj in range(nc):
+        m = _candidates(p_lo, p_hi, pi, r_counts, dims, ok, order, lo_s, hi_s, buf)
+        for q0 in range(m):
+            cj = buf[q0]
             if _inter(p_lo, p_hi, pi, c_lo, c_hi, cj, plo, phi, npair) > 0:
                 if c_dev[cj] == p_dev[pi]:
                     ints[l_row, 0] = pi
