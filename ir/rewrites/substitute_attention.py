@@ -262,6 +262,12 @@ def fuse_attention(g: Graph, op: str) -> Graph:
     m = match_attention(g, op)
     if isinstance(m, str):
         raise RewriteError(f"cannot fuse attention at {op}: {m}")
+    from ir.rewrites.recompute import SUFFIX
+
+    copies = [n for _, n in m.ops if n.endswith(SUFFIX) and n[: -len(SUFFIX)] in g.ops]
+    if copies:  # its records would name the copies, which unrecompute drops: unshard could not undo it
+        raise RewriteError(f"cannot fuse attention at {op}: {copies[0]} is a recomputed copy (recompute{{...}}); "
+                           f"fuse the forward's attention first, then recompute it")
     name = attention_name(m)
     if name in g.ops:
         raise RewriteError(f"cannot fuse attention at {op}: an operation named {name} exists")

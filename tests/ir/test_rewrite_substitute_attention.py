@@ -288,3 +288,23 @@ def test_training_step_cost_drops():
     h = fuse_attention(g, "l0.attn_qk")
     a, b = evaluate(g, "h100-sxm-8"), evaluate(h, "h100-sxm-8")
     assert b.peak_memory < a.peak_memory and b.makespan < a.makespan
+
+
+def test_recomputed_attention_copies_are_not_fused():
+    """Fusing a recomputed copy's attention (``l0.attn_qk.re``) would record ops that
+    ``unrecompute`` drops, and ``unshard`` (so every evaluation's program facts) failed on the
+    plan; the move is refused with the way round: fuse the forward first, then recompute."""
+    from ir.autodiff import training_step
+    from ir.rewrites import unshard
+    from ir.rewrites.substitute_attention import attention_sites
+    from optimizer.search.baselines import recompute_layers, zero3
+
+    fwd = workloads.build("llama", mode="forward", layers=2, d_model=16, heads=2, kv_heads=1, d_ff=32, vocab=10,
+                          seq=4, batch=2)
+    for site in attention_sites(fwd):
+        fwd = fuse_attention(fwd, site)
+    plan = recompute_layers(zero3(training_step(fwd, loss="cross_entropy", optimizer="adamw"), 2))
+    assert "l0.attn_qk.re" in plan.ops
+    with pytest.raises(RewriteError, match="recomputed copy"):
+        fuse_attention(plan, "l0.attn_qk.re")
+    unshard(fuse_attention(plan, "l0.attn_qk"))  # the forward's own site still fuses, and unshards
