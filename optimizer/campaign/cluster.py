@@ -148,28 +148,13 @@ LOCAL_CLUSTER_CONFIG: dict[str, Any] = {
 }
 
 
-def lifetime_config(seconds: float | None) -> dict[str, Any]:
-    """Dask settings that restart a local worker after ``seconds`` (its nanny starts a fresh
-    process; the farm resubmits the task it was running), staggered by up to a tenth of it (at
-    most 10 minutes) so that workers do not all restart at once; none for None. Every cache of a
-    worker is capped, but the allocators keep their high-water marks (pymalloc arenas pinned by
-    a few long-lived objects, glibc's heap): over days a restart is what keeps a worker flat."""
-    if seconds is None:
-        return {}
-    return {"distributed.worker.lifetime.duration": f"{float(seconds)}s",
-            "distributed.worker.lifetime.stagger": f"{min(0.1 * float(seconds), 600.0)}s",
-            "distributed.worker.lifetime.restart": True}
-
-
 @contextlib.contextmanager
 def dask_client(scheduler: str | None, workers: int | None = None, threads: int = 1,
-                resources: dict[str, float] | None = None, gpus: list[str] | None = None,
-                lifetime: float | None = None) -> Iterator[Any]:
+                resources: dict[str, float] | None = None, gpus: list[str] | None = None) -> Iterator[Any]:
     """A client of the scheduler at ``scheduler``, or of a local cluster (processes, ``threads``
     threads each, ``workers`` default: one per core up to 8; ``resources`` advertised by each
     local worker, e.g. ``{"GPU": 1}``, in which case each worker is pinned to one of ``gpus``
-    (default :func:`local_gpus`), round-robin; ``lifetime``: seconds after which a local worker
-    is restarted, :func:`lifetime_config`; a remote cluster's workers follow their own settings)."""
+    (default :func:`local_gpus`), round-robin)."""
     import dask
     from distributed import Client, LocalCluster
 
@@ -197,7 +182,7 @@ def dask_client(scheduler: str | None, workers: int | None = None, threads: int 
             kw["resources"] = resources
         pin = (local_gpus() if gpus is None else list(gpus)) if resources and resources.get("GPU") else []
         # Nannies hand LOCAL_CLUSTER_CONFIG to the worker processes they start (and restart).
-        with warnings.catch_warnings(), dask.config.set({**LOCAL_CLUSTER_CONFIG, **lifetime_config(lifetime)}):
+        with warnings.catch_warnings(), dask.config.set(LOCAL_CLUSTER_CONFIG):
             # the scheduler's HTTP server moves off a busy port 8787: harmless
             warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
             if pin:

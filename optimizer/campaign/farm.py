@@ -21,6 +21,9 @@ Loop (Dask "futures" pattern: bounded in-flight, refill as results land, plain d
    are trimmed (``optimizer.campaign.cluster.trim_spans``), so resident memory follows live
    data over days. All the run's tasks belong to one Dask span, ``tapestry-farm``, so the
    scheduler keeps one span for the run, not a new default span whenever nothing is in flight.
+   With ``worker_lifetime`` (local clusters, ``cluster.worker_lifetime``), the same tick
+   restarts the oldest worker once it has run that long (staggered by up to a tenth, one worker
+   per tick; its nanny starts a fresh process and the task it ran is resubmitted).
 
 Budgets stop within a task's length: a task is submitted only while the evaluation budget has
 room beyond the evaluations already in flight, with its steps cut to that room, and with a time
@@ -104,6 +107,9 @@ class Farm:
         self._failed_in_a_row = 0
         self._last_trim = time.monotonic()
         self.compactor: Any = None  # optimizer.campaign.retention.Compactor, set by the lifecycle
+        self.worker_lifetime: float | None = None  # seconds; set by the lifecycle for local clusters
+        self._worker_due: dict[str, float] = {}  # worker address -> when it is due for a restart
+        self._stagger = np.random.default_rng()  # not self.rng: restarts must not move the search's streams
 
     # -- state ------------------------------------------------------------------------
     @property
@@ -227,6 +233,42 @@ class Farm:
             self.client.run_on_scheduler(trim_spans)
         except Exception as e:  # noqa: BLE001  (a remote scheduler without this package: its spans grow)
             log.debug("trim_spans on the scheduler failed: %s", e)
+        if self.worker_lifetime:
+            self.restart_old_workers()
+
+    def restart_old_workers(self) -> str | None:
+        """Restart the worker longest past its lifetime, if any (one per call); returns its
+        address. Every cache of a worker is capped, but the allocators keep their high-water
+        marks (pymalloc arenas pinned by a few long-lived objects): over days, a fresh process is
+        what keeps a worker flat. Dask's own ``lifetime`` retires a worker gracefully, which a
+        cluster with nowhere to move its data may refuse (measured: a one-worker soak restarted
+        once, then never); ``restart_workers`` goes through the nanny and does not ask."""
+        try:
+            workers = list(self.client.scheduler_info(n_workers=-1)["workers"])
+        except Exception as e:  # noqa: BLE001  (a scheduler going away: try again next tick)
+            log.debug("scheduler_info failed: %s", e)
+            return None
+        now = time.monotonic()
+        life = float(self.worker_lifetime)
+        due = self._worker_due
+        for gone in set(due) - set(workers):
+            del due[gone]
+        for w in workers:  # a restarted worker comes back under a new address: a new lifetime
+            if w not in due:
+                due[w] = now + life + self._stagger.uniform(0.0, min(0.1 * life, 600.0))
+        ripe = [w for w in workers if due[w] <= now]
+        if not ripe:
+            return None
+        w = min(ripe, key=due.__getitem__)
+        del due[w]
+        try:
+            self.client.restart_workers([w], raise_for_error=False)
+        except Exception as e:  # noqa: BLE001  (the farm resubmits whatever the worker was running)
+            log.warning("restarting worker %s failed: %s", w, e)
+            return None
+        self.counters["worker_restarts"] = int(self.counters.get("worker_restarts", 0)) + 1
+        log.info("restarted worker %s after its lifetime (%.0f s)", w, life)
+        return w
 
     # -- budget ------------------------------------------------------------------------
     def exhausted(self) -> str | None:

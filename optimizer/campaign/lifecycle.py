@@ -162,7 +162,7 @@ def _cluster(cfg: CampaignConfig, scheduler: str | None, workers: int | None) ->
 
     gpu = {"GPU": 1} if cfg.sampling.rate > 0 and cfg.sampling.backend == "cupy" else None
     return dask_client(scheduler or cfg.cluster.scheduler, workers or cfg.cluster.workers,
-                       cfg.cluster.threads_per_worker, gpu, lifetime=cfg.cluster.worker_lifetime)
+                       cfg.cluster.threads_per_worker, gpu)
 
 
 def run_campaign(cfg: CampaignConfig, db: str | None = None, scheduler: str | None = None,
@@ -215,6 +215,8 @@ def _drive(cfg: CampaignConfig, archive: Any, client: Any, url: str, hw: Any, ba
                         cfg.search.epsilon, cfg.checkpoint_seconds, rng, progress, sampler)
             farm.counters["driver"] = driver_identity()
             farm.compactor = Compactor(cfg.retention)
+            if getattr(client, "cluster", None) is not None:  # our own local cluster: restart its workers
+                farm.worker_lifetime = cfg.cluster.worker_lifetime
             farm.counters["budget"] = cfg.budget.model_dump(mode="json")
             if resume is None:
                 strategy.seed_population(seed_records)

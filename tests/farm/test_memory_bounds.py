@@ -154,16 +154,9 @@ def test_local_cluster_keeps_short_diagnostic_logs() -> None:
             assert remote.scheduler_comm.recent_message_log.maxlen == n
 
 
-def test_lifetime_config_restarts_staggered_workers() -> None:
-    from optimizer.campaign.cluster import lifetime_config
+def test_worker_lifetime_config() -> None:
     from optimizer.campaign.config import ConfigError, parse_config
 
-    assert lifetime_config(None) == {}
-    cfg = lifetime_config(21600)
-    assert cfg["distributed.worker.lifetime.duration"] == "21600.0s"
-    assert cfg["distributed.worker.lifetime.stagger"] == "600.0s"  # a tenth, at most 10 minutes
-    assert cfg["distributed.worker.lifetime.restart"] is True
-    assert lifetime_config(600)["distributed.worker.lifetime.stagger"] == "60.0s"
     base = {"name": "x", "workload": {"name": "mlp"}, "hardware": "h100-sxm-8"}
     assert parse_config(base).cluster.worker_lifetime == 21600.0  # on by default: 6 hours
     assert parse_config({**base, "cluster": {"worker_lifetime": None}}).cluster.worker_lifetime is None
@@ -171,25 +164,60 @@ def test_lifetime_config_restarts_staggered_workers() -> None:
         parse_config({**base, "cluster": {"worker_lifetime": 5}})
 
 
+class _RestartClient:
+    """The two calls ``Farm.restart_old_workers`` makes, recorded."""
+
+    def __init__(self, workers: list[str]) -> None:
+        self.workers, self.restarted = list(workers), []
+
+    def scheduler_info(self, n_workers: int = 5) -> dict:
+        assert n_workers == -1  # every worker, not Dask's default first five
+        return {"workers": {w: {} for w in self.workers}}
+
+    def restart_workers(self, workers: list[str], raise_for_error: bool = True) -> dict:
+        self.restarted += workers
+        self.workers = [w for w in self.workers if w not in workers] + [w + "'" for w in workers]
+        return {w: "OK" for w in workers}
+
+
+def test_farm_restarts_the_oldest_worker_past_its_lifetime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One restart per tick, the worker longest due first, each restarted worker (a new
+    address) given a new lifetime; staggered by at most a tenth of the lifetime."""
+    clock = [1000.0]
+    monkeypatch.setattr(farm_module.time, "monotonic", lambda: clock[0])
+    farm = Farm.__new__(Farm)
+    farm.client = _RestartClient(["a", "b"])
+    farm.worker_lifetime, farm._worker_due, farm._stagger = 100.0, {}, np.random.default_rng(0)
+    farm.state = farm_module.FarmState()
+    assert farm.restart_old_workers() is None  # both just seen
+    assert all(1100.0 <= t <= 1110.0 for t in farm._worker_due.values())
+    clock[0] = 1111.0
+    first = min(farm._worker_due, key=farm._worker_due.get)
+    assert farm.restart_old_workers() == first  # both due: only the one due first
+    assert farm.restart_old_workers() in {"a", "b"} - {first}  # the other on the next tick
+    assert farm.client.restarted == [first, ({"a", "b"} - {first}).pop()]
+    assert farm.counters["worker_restarts"] == 2
+    assert farm.restart_old_workers() is None  # the fresh workers start a new lifetime
+    assert set(farm._worker_due) == {"a'", "b'"} and min(farm._worker_due.values()) >= 1211.0
+
+
 @pytest.mark.slow
 def test_campaign_goes_on_across_worker_restarts(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A local worker restarted on its lifetime (here every 6 s) is replaced by a fresh process
-    and the campaign spends its budget: its evaluations continue after each restart."""
+    """A local worker restarted on its lifetime (here 4 s, checked every second) is replaced by a
+    fresh process, again and again, and the campaign spends its budget."""
     import threading
     import time
 
     import psutil
 
-    from optimizer.campaign import cluster as cluster_module
     from optimizer.campaign.config import parse_config
     from optimizer.campaign.lifecycle import run_campaign
     from tests.farm.conftest import small_config
 
-    real = cluster_module.lifetime_config
-    monkeypatch.setattr(cluster_module, "lifetime_config", lambda seconds: {
-        **real(6.0), "distributed.worker.lifetime.stagger": "0s"})
+    monkeypatch.setattr(farm_module, "TRIM_SECONDS", 1.0)
     db = str(tmp_path / "life.db")
     cfg = parse_config(small_config("life", db, budget={"evaluations": 15000}, search={"steps_per_task": 150}))
+    cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"worker_lifetime": 4.0})})
     seen: set[int] = set()
     done = threading.Event()
 
@@ -212,4 +240,4 @@ def test_campaign_goes_on_across_worker_restarts(tmp_path, monkeypatch: pytest.M
         done.set()
         t.join()
     assert res["status"] == "finished" and res["evaluations"] >= 15000
-    assert len(seen) >= 2, seen  # the worker process was replaced at least once
+    assert len(seen) >= 3, seen  # replaced more than once
