@@ -63,7 +63,7 @@ from costmodel import _kernels as K
 from costmodel import collectives as C
 from costmodel import efficiency as E
 from costmodel.hardware import Hardware, HardwareError, class_family
-from ir.graph import SOURCE_ROLES, Graph, Op
+from ir.graph import SOURCE_ROLES, STATE_ROLES, Graph, Op
 from ir.kernels import ITEMSIZE, get_kernel
 from ir.kernels.base import Signature
 
@@ -689,8 +689,10 @@ class Lowerer:
         owner, number = _entry(o, g)
         if owner is None:
             return None
-        carried = g.carried
-        return ("ope", number, tuple([t in carried for _, t in o.inputs]))
+        # which inputs are loop-carried (the entry has their roles; ``g.carried`` costs a pass over
+        # a new graph's tensors, so it is asked only about parameters and states)
+        ts = g.tensors
+        return ("ope", number, tuple([ts[t].role in STATE_ROLES and t in g.carried for _, t in o.inputs]))
 
     def _op_piece(self, g: Graph, o: Op, like: OpPiece | None = None) -> OpPiece:
         if like is not None:
