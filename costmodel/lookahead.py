@@ -38,6 +38,7 @@ import numpy as np
 from numba import njit
 
 from ir.graph import Graph
+from ir.rewrites.recompute import SUFFIX as RE
 
 DEFAULT_WINDOW = 16  # compute nodes per device: about a transformer sub-layer's forward or backward
 
@@ -237,7 +238,7 @@ def _backward_phase(g: Graph, order: tuple[str, ...]) -> np.ndarray:
     phase = np.zeros(len(order), np.int64)
     for i, n in enumerate(order):
         o = ops[n]
-        if n == "loss.grad" or n.startswith("loss.grad.") or (n.endswith(".re") and n[:-3] in ops) \
+        if n == "loss.grad" or n.startswith("loss.grad.") or (n.endswith(RE) and n[:-len(RE)] in ops) \
                 or any(t in back_t for _, t in o.inputs):
             phase[i] = 1
             back_t.add(o.output)
