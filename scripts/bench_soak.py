@@ -44,7 +44,8 @@ THREE_DAYS_H = 72.0
 
 
 def campaign_config(name: str, db: str, minutes: float, workers: int, retention: bool,
-                    worker_lifetime: float | None = 21600.0) -> dict[str, Any]:
+                    worker_lifetime: float | None = 21600.0,
+                    driver_lifetime: float | None = 21600.0) -> dict[str, Any]:
     return {
         "name": name,
         "workload": {"name": "transformer",
@@ -53,7 +54,7 @@ def campaign_config(name: str, db: str, minutes: float, workers: int, retention:
         "objectives": ["makespan", "peak_memory", "energy"],
         "search": {"strategy": "native", "seed": 0},
         "budget": {"evaluations": None, "wall_time": minutes * 60.0},
-        "cluster": {"workers": workers, "worker_lifetime": worker_lifetime},
+        "cluster": {"workers": workers, "worker_lifetime": worker_lifetime, "driver_lifetime": driver_lifetime},
         "storage": {"url": db},
         "sampling": {"rate": 0.01, "backend": "numpy"},
         "checkpoint_seconds": 10,
@@ -141,6 +142,8 @@ def analyse(samples: list[dict[str, Any]], warmup_s: float, window_s: float = 30
         "evals_per_s_first_window": float(np.nanmean(rates[first])) if first.any() else float("nan"),
         "evals_per_s_last_window": float(np.nanmean(rates[last])) if last.any() else float("nan"),
         "final": {k: float(v[-1]) for k, v in series.items()},
+        # with lifetimes the processes restart: what bounds them is the peak, not the slope
+        "max_after_warmup": {k: float(v[after].max()) for k, v in series.items()},
         "archive_mb_per_day": slopes["archive_mb"] * 24.0,
         "load1_mean": float(np.mean([s.get("load1", np.nan) for s in samples])),
         "evaluations": int(samples[-1]["evaluations"]),
@@ -199,6 +202,10 @@ def report(result: dict[str, Any], warmup_minutes: float) -> None:
                       ("archive_mb", "MB"), ("candidate_rows", "rows"), ("evaluation_rows", "rows")):
         if key in sl:
             print(f"  {key:<20} {sl[key]:+12.1f} {unit}/h   3 days: {g3[key]:+14.0f} {unit}")
+    if "max_after_warmup" in summary:
+        mx = summary["max_after_warmup"]
+        print("  largest after warm-up: " + ", ".join(f"{k} {mx[k]:.0f} MB" for k in (
+            "driver_rss_mb", "driver_anon_mb", "worker_rss_mb_max", "worker_rss_mb_floor") if k in mx))
     print(f"  archive growth: {summary.get('archive_mb_per_day', float('nan')):+.0f} MB/day")
     print(f"  evaluations/s: first 5 min {summary['evals_per_s_first_window']:.0f}, "
           f"last 5 min {summary['evals_per_s_last_window']:.0f}; {summary.get('evaluations', 0):,} evaluations; "
@@ -215,6 +222,8 @@ def main() -> None:
     ap.add_argument("--no-retention", action="store_true", help="retention.enabled: false (the 'before' setting)")
     ap.add_argument("--worker-lifetime", type=float, default=21600.0,
                     help="cluster.worker_lifetime in seconds (default 6 h, the campaigns' default); 0: never")
+    ap.add_argument("--driver-lifetime", type=float, default=21600.0,
+                    help="cluster.driver_lifetime in seconds (default 6 h); 0: never")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--from-json", default=None, help="re-analyse and re-plot a run saved with --json")
@@ -241,7 +250,7 @@ def main() -> None:
     cfg_path = os.path.join(tmp, "soak.yaml")
     with open(cfg_path, "w") as f:
         yaml.safe_dump(campaign_config(name, db, args.minutes, args.workers, not args.no_retention,
-                                       args.worker_lifetime or None), f)
+                                       args.worker_lifetime or None, args.driver_lifetime or None), f)
     log_path = os.path.join(tmp, "driver.log")
     cmd = [sys.executable, "-m", "optimizer.cli"]
     if args.trace_every:
@@ -288,6 +297,7 @@ def main() -> None:
     backend = "postgresql" if db.startswith("postgresql") else "sqlite"
     result = {"campaign": name, "backend": backend, "minutes": args.minutes, "workers": args.workers,
               "retention": not args.no_retention, "worker_lifetime": args.worker_lifetime or None,
+              "driver_lifetime": args.driver_lifetime or None,
               "summary": summary, "samples": samples}
     report(result, args.warmup_minutes)
     if args.json:

@@ -206,6 +206,10 @@ class ClusterConfig(Strict):
     # local workers are restarted (one at a time, their tasks resubmitted) after this many seconds:
     # the caches are capped, but the allocator's high-water marks are not (issue 16); null: never
     worker_lifetime: float | None = Field(default=21600.0, ge=60, le=3e7, description="seconds; null: never")
+    # the driver (`tapestry run`/`resume` on this machine; with a local cluster, the Dask
+    # scheduler too) drains its tasks, checkpoints and replaces itself with `tapestry resume`
+    # after this many seconds, for the same reason; null: never
+    driver_lifetime: float | None = Field(default=21600.0, ge=10, le=3e7, description="seconds; null: never")
 
     @field_validator("scheduler")
     @classmethod

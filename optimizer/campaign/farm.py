@@ -24,6 +24,10 @@ Loop (Dask "futures" pattern: bounded in-flight, refill as results land, plain d
    With ``worker_lifetime`` (local clusters, ``cluster.worker_lifetime``), the same tick
    restarts the oldest worker once it has run that long (staggered by up to a tenth, one worker
    per tick; its nanny starts a fresh process and the task it ran is resubmitted).
+8. with ``driver_lifetime`` (``cluster.driver_lifetime``), once the driver has run that long it
+   submits nothing more, lets the tasks in flight finish and returns ``DRIVER_RESTART``: the
+   command line then replaces the process with ``tapestry resume`` (``optimizer.cli``), so the
+   driver's allocators start afresh too.
 
 Budgets stop within a task's length: a task is submitted only while the evaluation budget has
 room beyond the evaluations already in flight, with its steps cut to that room, and with a time
@@ -59,6 +63,8 @@ MAX_FAILED_IN_A_ROW = 3
 #: seconds between two ``trim_memory`` calls in the driver and the workers (a trim takes
 #: milliseconds)
 TRIM_SECONDS = 60.0
+#: the run's reason when the driver has reached its lifetime (the caller restarts it)
+DRIVER_RESTART = "driver restart after its lifetime"
 #: task functions by name, with their spec types (checkpoints name them)
 TASKS: dict[str, tuple[Callable, type]] = {"search_task": (search_task, SearchTaskSpec),
                                            "evaluate_task": (evaluate_task, EvaluateTaskSpec)}
@@ -108,6 +114,7 @@ class Farm:
         self._last_trim = time.monotonic()
         self.compactor: Any = None  # optimizer.campaign.retention.Compactor, set by the lifecycle
         self.worker_lifetime: float | None = None  # seconds; set by the lifecycle for local clusters
+        self.driver_lifetime: float | None = None  # seconds; set by the lifecycle
         self._worker_due: dict[str, float] = {}  # worker address -> when it is due for a restart
         self._stagger = np.random.default_rng()  # not self.rng: restarts must not move the search's streams
 
@@ -385,6 +392,9 @@ class Farm:
                     self.sampler.poll(self)
                 if self.stop_reason is None and self.exhausted():
                     self.stop_reason = self.exhausted()
+                if self.stop_reason is None and self.driver_lifetime and \
+                        time.monotonic() - self._t0 >= self.driver_lifetime:
+                    self.stop_reason = DRIVER_RESTART  # drain: the tasks in flight finish, none is added
                 if time.monotonic() - self._last_ckpt >= self.checkpoint_seconds:
                     self.checkpoint()
                 if self.compactor is not None and self.compactor.due():
@@ -398,6 +408,11 @@ class Farm:
                 self._fill()
             if self.sampler is not None:
                 self.sampler.drain(self)
+            if self.stop_reason == DRIVER_RESTART:
+                if self.exhausted():  # spent while draining: nothing to restart for
+                    self.stop_reason = self.exhausted()
+                else:
+                    self.counters["driver_restarts"] = int(self.counters.get("driver_restarts", 0)) + 1
             self.counters["wall_seconds"] = self._wall0 + (time.monotonic() - self._t0)
             self.archive.update_counters(self.campaign, self.counters)
             self.checkpoint()

@@ -198,7 +198,7 @@ def _drive(cfg: CampaignConfig, archive: Any, client: Any, url: str, hw: Any, ba
            seed_records: list[dict] | None, ref: np.ndarray, resume: dict | None, quiet: bool) -> dict[str, Any]:
     """Run the farm on an open archive and client; the campaign is ``running`` while it does,
     ``failed`` if anything raises, else ``paused`` (a signal) or ``finished``."""
-    from optimizer.campaign.farm import Farm
+    from optimizer.campaign.farm import DRIVER_RESTART, Farm
     from optimizer.campaign.progress import Progress
     from optimizer.realrun.sampling import make_sampler
 
@@ -217,6 +217,7 @@ def _drive(cfg: CampaignConfig, archive: Any, client: Any, url: str, hw: Any, ba
             farm.compactor = Compactor(cfg.retention)
             if getattr(client, "cluster", None) is not None:  # our own local cluster: restart its workers
                 farm.worker_lifetime = cfg.cluster.worker_lifetime
+            farm.driver_lifetime = cfg.cluster.driver_lifetime
             farm.counters["budget"] = cfg.budget.model_dump(mode="json")
             if resume is None:
                 strategy.seed_population(seed_records)
@@ -227,13 +228,14 @@ def _drive(cfg: CampaignConfig, archive: Any, client: Any, url: str, hw: Any, ba
                              resume["seed_records"])
                 farm.counters["budget"] = cfg.budget.model_dump(mode="json")  # the resumed run's, not the stored one
             reason = farm.run()
-            status = ("paused" if reason.startswith("stopped by") else
+            status = ("paused" if reason.startswith("stopped by") or reason == DRIVER_RESTART else
                       "failed" if reason.startswith("failed") else "finished")
             progress.update(farm, force=True)
     finally:
         archive.set_status(cfg.name, status)
     return {"campaign": cfg.name, "status": status, "reason": reason, "evaluations": farm.counters["evaluations"],
-            "front": len(farm.front), "hypervolume": farm.hypervolume(), "best_gap": farm.best_gap}
+            "front": len(farm.front), "hypervolume": farm.hypervolume(), "best_gap": farm.best_gap,
+            "restart": reason == DRIVER_RESTART, "url": url}  # (the CLI replaces the process on a restart)
 
 
 def driver_identity() -> dict[str, Any]:

@@ -30,7 +30,34 @@ def run_cmd(
 
     cfg = with_budget(load_config(config), evaluations=evaluations, wall_time=wall_time,
                       stall_evaluations=stall_evaluations)
-    _report(run_campaign(cfg, db, scheduler, workers, quiet))
+    res = run_campaign(cfg, db, scheduler, workers, quiet)
+    _report(res)
+    if res.get("restart"):
+        _replace_with_resume(res, _options(scheduler=scheduler, workers=workers, quiet=quiet))
+
+
+def _options(**given: object) -> list[str]:
+    """``tapestry resume`` options for the values given (None and False: left out)."""
+    out: list[str] = []
+    for k, v in given.items():
+        if v is None or v is False:
+            continue
+        out += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
+    return out
+
+
+def _replace_with_resume(res: dict, options: list[str]) -> None:
+    """Replace this process with ``tapestry resume`` of the campaign (the driver's lifetime,
+    ``cluster.driver_lifetime``): the same pid, a fresh interpreter and heap. The archive goes
+    through the environment, not the command line (a PostgreSQL URL may hold a password)."""
+    import os
+    import sys
+
+    argv = [sys.executable, "-m", "optimizer.cli", "resume", res["campaign"], *options]
+    console.print(f"restarting the driver: tapestry resume {res['campaign']} {' '.join(options)}".rstrip())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, {**os.environ, "TAPESTRY_DB": res["url"]})
 
 
 def _report(res: dict) -> None:
@@ -59,7 +86,11 @@ def resume_cmd(
     """Continue a campaign where it stopped, with the same random streams."""
     from optimizer.campaign.lifecycle import resume_campaign
 
-    _report(resume_campaign(campaign, db, config, evaluations, wall_time, scheduler, workers, quiet))
+    res = resume_campaign(campaign, db, config, evaluations, wall_time, scheduler, workers, quiet)
+    _report(res)
+    if res.get("restart"):
+        _replace_with_resume(res, _options(config=config, evaluations=evaluations, wall_time=wall_time,
+                                           scheduler=scheduler, workers=workers, quiet=quiet))
 
 
 def status_cmd(
