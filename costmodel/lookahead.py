@@ -55,19 +55,47 @@ class _StructInfo:
     tuple, shared by every plan lowered with it): ops' program positions and phases, and the
     batch column of each op per set of split-reduction params (``_batch_cols``)."""
 
-    __slots__ = ("names", "op_pos", "op_phase", "batch", "barriers", "split_ops", "fetch_reader")
+    __slots__ = ("names", "op_pos", "_phase", "batch", "barriers", "split_ops", "fetch_reader")
 
-    def __init__(self, names: tuple, g: Graph) -> None:
+    def __init__(self, low, g: Graph) -> None:
+        names = low.op_names
         self.names = names  # kept alive, so its id is not reused while cached
         # the lowering numbers ops in program order (``Graph.topo_order``)
         self.op_pos = np.arange(len(names), dtype=np.int64)
-        self.op_phase = _backward_phase(g, names)
+        self._phase = None
         self.batch: dict = {}
         self.barriers: dict = {}
+        gops = g.ops
         # ops with split params: within a structure always the same ones (splitting a reduction
         # adds an accumulate op, a new structure), only their params may change
-        self.split_ops = [n for n in names if "split" in g.ops[n].params]
-        self.fetch_reader = _fetch_readers(g, names)
+        self.split_ops = [n for n in names if "split" in gops[n].params]
+        self.fetch_reader = (_fetch_readers_flow(low.flow, [bool(gops[n].inputs) for n in names])
+                             if low.flow is not None else _fetch_readers(g, names))
+
+    def op_phase(self, g: Graph) -> np.ndarray:
+        """``_backward_phase`` of the structure's ops (only pipelines need it: found on first use)."""
+        if self._phase is None:
+            self._phase = _backward_phase(g, self.names)
+        return self._phase
+
+
+def _fetch_readers_flow(flow: tuple, has_inputs: list[bool]) -> np.ndarray:
+    """``_fetch_readers`` from a lowering's data flow (``Lowered.flow``), vectorised: an op that
+    reads no produced tensor (it reads no ordinary group) and reads something, with the first
+    reader of its output's group."""
+    g_prod, rptr, rop, g_state = flow
+    out = np.full(len(has_inputs), -1, np.int64)
+    ordinary = np.nonzero(g_state == 0)[0]
+    if not ordinary.size:
+        return out
+    counts = np.diff(rptr)
+    fed = np.zeros(len(has_inputs), np.bool_)
+    fed[rop[np.repeat(g_state == 0, counts)]] = True
+    first = np.minimum.reduceat(rop, rptr[:-1])[ordinary]  # (every group has a reader)
+    prod = g_prod[ordinary]
+    ok = np.asarray(has_inputs, np.bool_)[prod] & ~fed[prod]
+    out[prod[ok]] = first[ok]
+    return out
 
 
 def _fetch_readers(g: Graph, names: tuple) -> np.ndarray:
@@ -95,7 +123,7 @@ def _struct_info(low, g: Graph) -> _StructInfo:
     if hit is not None and hit.names is names:
         _STRUCT_INFO.move_to_end(key)
         return hit
-    info = _STRUCT_INFO[key] = _StructInfo(names, g)
+    info = _STRUCT_INFO[key] = _StructInfo(low, g)
     if len(_STRUCT_INFO) > _CACHE_CAP:
         _STRUCT_INFO.popitem(last=False)
     return info
@@ -387,7 +415,7 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str
     offs = np.asarray(low.op_offsets, np.int64)
     counts = np.diff(offs)
     info = _struct_info(low, g)
-    op_phase = info.op_phase
+    op_phase = info.op_phase(g)
     phase = np.repeat(op_phase, counts)
     tagged = tuple(np.unique(np.repeat(np.arange(len(counts)), counts)[mb >= 0]).tolist())
     bar = info.barriers.get(tagged)

@@ -139,7 +139,7 @@ class Lowered:
 
     __slots__ = ("kind", "dev", "dst", "dur", "lat", "alloc", "succ_ptr", "succ_idx", "resident", "n_devices",
                  "op_names", "program", "_ints", "_flts", "link", "part_ptr", "part_dev", "part_alloc", "contention",
-                 "acc")
+                 "acc", "flow")
 
     def __init__(self, kind, i32, f64, succ_ptr, succ_idx, resident, ints, flts, n_devices: int,
                  op_names: tuple[str, ...], program: int = 0, link=None, part_ptr=None, part_dev=None,
@@ -152,6 +152,9 @@ class Lowered:
         self.link, self.part_ptr, self.part_dev, self.part_alloc = link, part_ptr, part_dev, part_alloc
         self.contention = 1.0  # the hardware's compute slowdown under communication (set by Lowerer.lower)
         self.acc = None  # bool[n]: accumulate nodes, whose local inputs are added in place (set by Lowerer.lower)
+        # (producer op, reader CSR, state flag) of each group of the structure, ``op_names`` numbering
+        # (``_Structure.g_prod, g_rptr, g_rop, g_state``; set by Lowerer.lower): the data flow between ops
+        self.flow = None
 
     def simulate(self, ctl=None, contention: float | None = None):
         """The schedule of these arrays (``costmodel.simulate.simulate_arrays``, ports and
@@ -1106,6 +1109,7 @@ class Lowerer:
         acc = np.zeros(kind.shape[0], np.bool_)
         acc[:ints[len(st.order)]] = np.repeat(st.op_acc, op_sizes)
         low.acc = acc
+        low.flow = (st.g_prod, st.g_rptr, st.g_rop, st.g_state)
         low.contention = self.hw.contention
         return low
 

@@ -75,3 +75,30 @@ def test_lookahead_makes_recomputation_save_memory():
             peaks[label, w] = s.peak_mem.max()
     assert peaks["recompute", 4] < 0.6 * peaks["plain", 4]  # checkpointing every layer pays
     assert peaks["recompute", 0] > 0.8 * peaks["plain", 0]  # unbounded: copies run early, no saving
+
+
+@pytest.mark.parametrize("plan", ["mlp-forward", "gpt-zero3", "llama-3d-recompute"])
+def test_fetch_readers_from_the_lowering_flow_equal_the_graph_walk(plan):
+    """The vectorised first-reader positions (from ``Lowered.flow``) equal the walk over the
+    graph's consumers, for forward programs, sharded state and recomputed pipelines."""
+    from costmodel.lookahead import _fetch_readers, _fetch_readers_flow
+    from costmodel.lowering import lower
+    from costmodel.presets import preset
+    from optimizer.search.baselines import megatron_3d, recompute_layers, zero3
+
+    if plan == "mlp-forward":
+        g = workloads.build("mlp", batch=64, widths=[32, 64, 32])
+    elif plan == "gpt-zero3":
+        g = zero3(workloads.build("gpt", mode="train", layers=2, d_model=64, heads=4, vocab=50, seq=32, batch=8,
+                                  dtype="bfloat16"), 8)
+    else:
+        step = workloads.build("llama", mode="train", layers=4, d_model=64, heads=4, kv_heads=2, d_ff=128,
+                               vocab=50, seq=32, batch=16, dtype="bfloat16")
+        g = recompute_layers(megatron_3d(step, 8, 8))
+    low = lower(g, preset("h100-sxm-8"))
+    names = low.op_names
+    walk = _fetch_readers(g, names)
+    flow = _fetch_readers_flow(low.flow, [bool(g.ops[n].inputs) for n in names])
+    assert np.array_equal(flow, walk)
+    if plan != "mlp-forward":  # bf16 weights' casts: fetched for their first reader, which comes later
+        assert (walk >= 0).sum() >= 4 and (walk[walk >= 0] > np.nonzero(walk >= 0)[0]).all()

@@ -272,7 +272,7 @@ def test_recomputed_forward_runs_in_the_backward_units():
     ev = Evaluator("h100-sxm-8")
     e_keep, e_rec = ev(plan, keep=True), ev(rec, keep=True)
     low = e_rec.lowered
-    phase = _struct_info(low, rec).op_phase
+    phase = _struct_info(low, rec).op_phase(rec)
     re_ops = [i for i, n in enumerate(low.op_names) if n.endswith(".re")]
     assert re_ops and all(phase[i] == 1 for i in re_ops)
     units, _policy = pipeline_units(low, rec)
