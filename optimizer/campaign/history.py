@@ -47,7 +47,8 @@ def progress_report(row: dict[str, Any], stats: dict[str, Any] | None,
                     now: datetime | None = None) -> dict[str, Any]:
     """Plain-data progress of a campaign row (``Archive.get_campaign``) and its storage stats."""
     c = row["counters"]
-    budget = (row.get("config") or {}).get("config", {}).get("budget", {})
+    # the running (or last) driver's budget: a resume may have changed the config's
+    budget = c.get("budget") or (row.get("config") or {}).get("config", {}).get("budget", {})
     wall = float(c.get("wall_seconds") or 0.0)
     evaluations = int(c.get("evaluations") or 0)
     points = _points(c)
@@ -73,6 +74,9 @@ def progress_report(row: dict[str, Any], stats: dict[str, Any] | None,
         "archive_bytes": None if stats is None else stats.get("bytes"),
         "archive_rows": None if stats is None else stats.get("rows"),
         "retention": c.get("retention"),
+        # processes replaced on their lifetimes (``cluster.driver_lifetime``, ``worker_lifetime``)
+        "driver_restarts": int(c.get("driver_restarts") or 0),
+        "worker_restarts": int(c.get("worker_restarts") or 0),
     }
 
 
@@ -133,6 +137,9 @@ def progress_lines(report: dict[str, Any]) -> list[str]:
         lines[-1] += f" ({per})"
     lines.append(f"last improvement: {fmt_duration(report['seconds_since_improvement'])} ago; "
                  f"ETA: {fmt_duration(report['eta_seconds'])}")
+    if report.get("driver_restarts") or report.get("worker_restarts"):
+        lines.append(f"restarted on their lifetimes: the driver {report['driver_restarts']} times, "
+                     f"workers {report['worker_restarts']} times")
     rows = report["archive_rows"] or {}
     size = report["archive_bytes"]
     lines.append(f"archive: {fmt_bytes(size) if size is not None else '-'}; "
