@@ -187,8 +187,11 @@ def plot(samples: list[dict[str, Any]], summary: dict[str, Any], path: str, titl
 
 
 def _title(result: dict[str, Any]) -> str:
+    life = ", ".join(f"{who} lifetime {result[k]:g} s" for who, k in (("driver", "driver_lifetime"),
+                                                                      ("worker", "worker_lifetime"))
+                     if result.get(k) and result[k] < result["minutes"] * 60.0)
     return (f"soak: {result['minutes']:g} min, {result['backend']}, {result['workers']} workers, retention "
-            f"{'on' if result['retention'] else 'off'}")
+            f"{'on' if result['retention'] else 'off'}" + (f", {life}" if life else ""))
 
 
 def report(result: dict[str, Any], warmup_minutes: float) -> None:
