@@ -57,7 +57,12 @@ def _replace_with_resume(res: dict, options: list[str]) -> None:
     console.print(f"restarting the driver: tapestry resume {res['campaign']} {' '.join(options)}".rstrip())
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, argv, {**os.environ, "TAPESTRY_DB": res["url"]})
+    try:
+        os.execve(sys.executable, argv, {**os.environ, "TAPESTRY_DB": res["url"]})
+    except OSError as e:  # the campaign is paused and checkpointed: nothing is lost
+        sys.stderr.write(f"error: the driver could not replace itself ({e}); continue the campaign with "
+                         f"'tapestry resume {res['campaign']}' and the same --db\n")
+        raise typer.Exit(1) from None
 
 
 def _report(res: dict) -> None:

@@ -73,3 +73,21 @@ def test_cli_driver_replaces_itself_until_the_budget_is_spent(tmp_path) -> None:
     seq = json.loads(cli("sql", "SELECT count(*) AS n, count(DISTINCT seq) AS d FROM evaluations", "--db", db,
                          "--format", "json", check=True).stdout)[0]
     assert seq["n"] == seq["d"] > 0
+
+
+def test_a_failed_replacement_says_how_to_resume(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    import os
+
+    import typer
+
+    from optimizer.cli.campaign_cmds import _replace_with_resume
+
+    def refuse(*_a, **_k):
+        raise OSError("exec format error")
+
+    monkeypatch.setattr(os, "execve", refuse)
+    with pytest.raises(typer.Exit) as e:
+        _replace_with_resume({"campaign": "c9", "url": "x.db"}, ["--quiet"])
+    assert e.value.exit_code == 1
+    err = capsys.readouterr().err
+    assert "could not replace itself (exec format error)" in err and "tapestry resume c9" in err
