@@ -63,7 +63,7 @@ from costmodel import _kernels as K
 from costmodel import collectives as C
 from costmodel import efficiency as E
 from costmodel.hardware import Hardware, HardwareError, class_family
-from ir.graph import SOURCE_ROLES, STATE_ROLES, Graph, Op
+from ir.graph import SOURCE_ROLES, Graph, Op
 from ir.kernels import ITEMSIZE, get_kernel
 from ir.kernels.base import Signature
 
@@ -692,10 +692,8 @@ class Lowerer:
         owner, number = _entry(o, g)
         if owner is None:
             return None
-        # which inputs are loop-carried (the entry has their roles; ``g.carried`` costs a pass over
-        # a new graph's tensors, so it is asked only about parameters and states)
-        ts = g.tensors
-        return ("ope", number, tuple([ts[t].role in STATE_ROLES and t in g.carried for _, t in o.inputs]))
+        # which inputs are loop-carried (``g.carried`` costs a pass over a new graph's tensors)
+        return ("ope", number, tuple([g.is_carried(t) for _, t in o.inputs]))
 
     def _op_piece(self, g: Graph, o: Op, like: OpPiece | None = None) -> OpPiece:
         if like is not None:
@@ -705,9 +703,8 @@ class Lowerer:
             kclass = kernel_class_of(o)
             dtype = g.tensors[o.output].dtype
             ins = o.input_map
-            carried = g.carried
-            src_port = np.array([g.tensors[ins[p]].role in SOURCE_ROLES and ins[p] not in carried for p in pk.ports],
-                                np.bool_)
+            src_port = np.array([g.tensors[ins[p]].role in SOURCE_ROLES and not g.is_carried(ins[p])
+                                 for p in pk.ports], np.bool_)
         check_op_size(o.name, pk.sig.extents)
         sh = o.shards
         if sh.lo.shape[1] != pk.n_dims:

@@ -241,6 +241,19 @@ class Graph:
         return {n: next_name(n) for n, t in self.tensors.items()
                 if t.role in STATE_ROLES and next_name(n) in self.producers}
 
+    def is_carried(self, tensor: str) -> bool:
+        """``tensor in self.carried``, without building the map on a new graph: a parameter or
+        state whose next value is a produced tensor (in a valid graph every tensor that is not a
+        source is produced)."""
+        if "carried" in self.__dict__:
+            return tensor in self.__dict__["carried"]
+        ts = self.tensors
+        t = ts.get(tensor)
+        if t is None or t.role not in STATE_ROLES:
+            return False
+        nxt = ts.get(next_name(tensor))
+        return nxt is not None and nxt.role not in SOURCE_ROLES
+
     @cached_property
     def topo_order(self) -> tuple[str, ...]:
         """Operations in dependency order: *program order*, the order that always takes the

@@ -60,3 +60,26 @@ def test_shard_arrays_are_read_only(base):
     h = place(base, "ff1", [5, 6])
     assert h.ops["ff1"].shards.lo is sh.lo and not h.ops["ff1"].shards.device.flags.writeable
     assert np.array_equal(sh.device, [0, 0])
+
+
+@pytest.mark.parametrize("program", ["mlp", "gpt-train", "llama-train-sgd"])
+def test_is_carried_agrees_with_the_carried_map(program):
+    """``Graph.is_carried`` (no pass over the graph) answers as ``Graph.carried`` for every tensor,
+    on fresh graphs, forward and training programs alike."""
+    from ir import workloads
+    from ir.graph import Graph
+
+    if program == "mlp":
+        g = workloads.build("mlp", batch=8, widths=[16, 32, 16])
+    elif program == "gpt-train":
+        g = workloads.build("gpt", mode="train", layers=2, d_model=32, heads=2, vocab=20, seq=8, batch=2,
+                            dtype="bfloat16")
+    else:
+        g = workloads.build("llama", mode="train", optimizer="sgd", layers=1, d_model=32, heads=2, kv_heads=1,
+                            d_ff=64, vocab=20, seq=8, batch=2)
+    fresh = Graph(g.tensors, g.ops)
+    answers = {t: fresh.is_carried(t) for t in g.tensors}  # before the map exists
+    assert "carried" not in fresh.__dict__
+    assert {t for t, c in answers.items() if c} == set(g.carried)
+    assert all(g.is_carried(t) == (t in g.carried) for t in g.tensors)  # after it exists
+    assert (len(g.carried) > 0) == (program != "mlp") and not fresh.is_carried("no-such-tensor")
