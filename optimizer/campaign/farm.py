@@ -413,6 +413,10 @@ class Farm:
                     self.stop_reason = self.exhausted()
                 else:
                     self.counters["driver_restarts"] = int(self.counters.get("driver_restarts", 0)) + 1
+                    if self.compactor is not None and self.compactor.enabled:
+                        # the next process compacts only ``every_seconds`` after its start: without
+                        # this, candidates pile up across the restart (a step in the archive's size)
+                        self.compact()
             self.counters["wall_seconds"] = self._wall0 + (time.monotonic() - self._t0)
             self.archive.update_counters(self.campaign, self.counters)
             self.checkpoint()

@@ -37,7 +37,8 @@ def test_campaign_pauses_at_the_driver_lifetime_and_resumes(tmp_path) -> None:
     from optimizer.campaign.lifecycle import resume_campaign, run_campaign
 
     db = str(tmp_path / "life.db")
-    cfg = parse_config(small_config("dl", db, budget={"evaluations": None, "wall_time": 60}))
+    cfg = parse_config(small_config("dl", db, budget={"evaluations": None, "wall_time": 60},
+                                    retention={"enabled": True, "every_seconds": 3600}))
     cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"driver_lifetime": 10.0})})
     res = run_campaign(cfg, quiet=True)
     assert res["restart"] and res["status"] == "paused" and res["reason"] == DRIVER_RESTART
@@ -47,6 +48,7 @@ def test_campaign_pauses_at_the_driver_lifetime_and_resumes(tmp_path) -> None:
     with Archive.open(db, readonly=True) as a:
         c = a.get_campaign("dl")["counters"]
         assert c["driver_restarts"] == 1 and 10.0 <= c["wall_seconds"] < 60.0
+        assert c["retention"]["runs"] == 1  # compacted on the way out (the hour had not come)
         assert a.latest_checkpoint("dl") is not None
     res2 = resume_campaign("dl", db, quiet=True)  # the stored config: 10 s again
     assert res2["restart"] and res2["evaluations"] > res["evaluations"]
