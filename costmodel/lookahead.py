@@ -69,8 +69,7 @@ class _StructInfo:
         # ops with split params: within a structure always the same ones (splitting a reduction
         # adds an accumulate op, a new structure), only their params may change
         self.split_ops = [n for n in names if "split" in gops[n].params]
-        self.fetch_reader = (_fetch_readers_flow(low.flow, [bool(gops[n].inputs) for n in names])
-                             if low.flow is not None else _fetch_readers(g, names))
+        self.fetch_reader = _fetch_readers(low.flow, [bool(gops[n].inputs) for n in names])
 
     def op_phase(self, g: Graph) -> np.ndarray:
         """``_backward_phase`` of the structure's ops (only pipelines need it: found on first use)."""
@@ -79,10 +78,11 @@ class _StructInfo:
         return self._phase
 
 
-def _fetch_readers_flow(flow: tuple, has_inputs: list[bool]) -> np.ndarray:
-    """``_fetch_readers`` from a lowering's data flow (``Lowered.flow``), vectorised: an op that
-    reads no produced tensor (it reads no ordinary group) and reads something, with the first
-    reader of its output's group."""
+def _fetch_readers(flow: tuple, has_inputs: list[bool]) -> np.ndarray:
+    """Per op (``op_names`` order): for an op fed by sources only (a weight's cast, an embedding
+    lookup), the program position of its output's first reader; else -1. From the lowering's
+    data flow (``Lowered.flow``), vectorised: an op that reads something but no produced tensor
+    (it reads no ordinary group), with the first reader of its output's group."""
     g_prod, rptr, rop, g_state = flow
     out = np.full(len(has_inputs), -1, np.int64)
     ordinary = np.nonzero(g_state == 0)[0]
@@ -95,21 +95,6 @@ def _fetch_readers_flow(flow: tuple, has_inputs: list[bool]) -> np.ndarray:
     prod = g_prod[ordinary]
     ok = np.asarray(has_inputs, np.bool_)[prod] & ~fed[prod]
     out[prod[ok]] = first[ok]
-    return out
-
-
-def _fetch_readers(g: Graph, names: tuple) -> np.ndarray:
-    """Per op (``names`` order): for an op fed by sources only (a weight's cast, an embedding
-    lookup), the program position of its output's first reader; else -1."""
-    pos = {n: i for i, n in enumerate(names)}
-    ops, producers, consumers = g.ops, g.producers, g.consumers
-    out = np.full(len(names), -1, np.int64)
-    for i, n in enumerate(names):
-        o = ops[n]
-        if o.inputs and not any(t in producers for _, t in o.inputs):
-            readers = [pos[r] for r, _port in consumers.get(o.output, ()) if r in pos]
-            if readers:
-                out[i] = min(readers)
     return out
 
 

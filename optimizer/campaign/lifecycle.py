@@ -197,7 +197,8 @@ def run_campaign(cfg: CampaignConfig, db: str | None = None, scheduler: str | No
 def _drive(cfg: CampaignConfig, archive: Any, client: Any, url: str, hw: Any, base: Any,
            seed_records: list[dict] | None, ref: np.ndarray, resume: dict | None, quiet: bool) -> dict[str, Any]:
     """Run the farm on an open archive and client; the campaign is ``running`` while it does,
-    ``failed`` if anything raises, else ``paused`` (a signal) or ``finished``."""
+    ``failed`` if anything raises, else ``paused`` (a signal, or the driver's lifetime: then the
+    result's ``restart`` is true and the command line resumes in a fresh process) or ``finished``."""
     from optimizer.campaign.farm import DRIVER_RESTART, Farm
     from optimizer.campaign.progress import Progress
     from optimizer.realrun.sampling import make_sampler
