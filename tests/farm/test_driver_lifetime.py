@@ -1,5 +1,6 @@
-"""The driver's lifetime (``cluster.driver_lifetime``): past it, the driver drains its tasks,
-checkpoints, and the command line replaces the process with ``tapestry resume``."""
+"""Lifetimes: the config of ``cluster.driver_lifetime`` and ``worker_lifetime``; past its
+lifetime the driver drains its tasks, checkpoints, and the command line replaces the process with
+``tapestry resume``."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ from optimizer.cli.campaign_cmds import _options
 from tests.farm.conftest import cli, popen_cli, small_config, write_config
 
 
-def test_driver_lifetime_config() -> None:
+@pytest.mark.parametrize("field,too_short", [("driver_lifetime", 1), ("worker_lifetime", 5)])
+def test_lifetime_config(field: str, too_short: float) -> None:
     base = {"name": "x", "workload": {"name": "mlp"}, "hardware": "h100-sxm-8"}
-    assert parse_config(base).cluster.driver_lifetime == 21600.0  # on by default: 6 hours
-    assert parse_config({**base, "cluster": {"driver_lifetime": None}}).cluster.driver_lifetime is None
-    with pytest.raises(ConfigError, match="driver_lifetime"):
-        parse_config({**base, "cluster": {"driver_lifetime": 1}})
-    with pytest.raises(ConfigError, match="cluster.driver_lifetme"):
-        parse_config({**base, "cluster": {"driver_lifetme": 100}})  # a typo is named, not ignored
+    assert getattr(parse_config(base).cluster, field) == 21600.0  # on by default: 6 hours
+    assert getattr(parse_config({**base, "cluster": {field: None}}).cluster, field) is None
+    with pytest.raises(ConfigError, match=field):
+        parse_config({**base, "cluster": {field: too_short}})
+    with pytest.raises(ConfigError, match=f"cluster.{field[:-1]}"):
+        parse_config({**base, "cluster": {field[:-1]: 100}})  # a typo is named, not ignored
 
 
 def test_resume_options_repeat_what_was_given() -> None:

@@ -154,16 +154,6 @@ def test_local_cluster_keeps_short_diagnostic_logs() -> None:
             assert remote.scheduler_comm.recent_message_log.maxlen == n
 
 
-def test_worker_lifetime_config() -> None:
-    from optimizer.campaign.config import ConfigError, parse_config
-
-    base = {"name": "x", "workload": {"name": "mlp"}, "hardware": "h100-sxm-8"}
-    assert parse_config(base).cluster.worker_lifetime == 21600.0  # on by default: 6 hours
-    assert parse_config({**base, "cluster": {"worker_lifetime": None}}).cluster.worker_lifetime is None
-    with pytest.raises(ConfigError, match="worker_lifetime"):
-        parse_config({**base, "cluster": {"worker_lifetime": 5}})
-
-
 class _RestartClient:
     """The two calls ``Farm.restart_old_workers`` makes, recorded."""
 
