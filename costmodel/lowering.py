@@ -39,9 +39,11 @@ the last few lowered plans (*states*) and, for a new plan with the same operatio
 finds the state it differs least from (by ``is`` on the ops), recomputes only the touched ops,
 the tensors they read or write and the inputs they read, and re-assembles the arrays in one
 compiled pass. Pieces are also cached by the identity of the ops they depend on (the cache keeps
-those ops alive, so their ids stay unique), so plans reached by other paths reuse them too; a
-structural rewrite (fusion, reduction split) takes its structure (topological order, data flow)
-from a cache keyed by op names, kernels and data flow, and its unchanged pieces from the caches. The
+those ops alive, so their ids stay unique), so plans reached by other paths reuse them too. A
+structural rewrite (fusion, reduction split) builds its structure (``costmodel.structure``:
+program order, data flow, as arrays; cached by op names, kernels and data flow) and takes from
+the recent state closest to it (usually its parent) every piece whose ops it kept, matched by
+arrays rather than by cache keys, and runs of its concatenated arrays as slices (``_derive``). The
 pieces are deterministic functions of their ops, and fresh and incremental lowering run the same
 assembly, so both give bit-identical arrays (``tests/costmodel/test_lowering.py`` checks this on
 random rewrite sequences).
@@ -52,8 +54,6 @@ from __future__ import annotations
 import itertools
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass
-from functools import cached_property
 from operator import attrgetter
 from typing import Any, Callable, Mapping
 
@@ -63,6 +63,7 @@ from costmodel import _kernels as K
 from costmodel import collectives as C
 from costmodel import efficiency as E
 from costmodel.hardware import Hardware, HardwareError, class_family
+from costmodel.structure import Structure, build_structure
 from ir.graph import SOURCE_ROLES, Graph, Op
 from ir.kernels import ITEMSIZE, get_kernel
 from ir.kernels.base import Signature
@@ -153,7 +154,7 @@ class Lowered:
         self.contention = 1.0  # the hardware's compute slowdown under communication (set by Lowerer.lower)
         self.acc = None  # bool[n]: accumulate nodes, whose local inputs are added in place (set by Lowerer.lower)
         # (producer op, reader CSR, state flag) of each group of the structure, ``op_names`` numbering
-        # (``_Structure.g_prod, g_rptr, g_rop, g_state``; set by Lowerer.lower): the data flow between ops
+        # (``Structure.g_prod, g_rptr, g_rop, g_state``; set by Lowerer.lower): the data flow between ops
         self.flow = None
 
     def simulate(self, ctl=None, contention: float | None = None):
@@ -448,32 +449,6 @@ _CATS = (("op", attrgetter("f"), np.zeros((0, 5))),
          ("source", _same_rows, np.zeros(0)))
 
 
-@dataclass(eq=False)
-class _Structure:
-    """What a plan's lowering depends on besides shards: ops, their order and data flow."""
-
-    keys: tuple[str, ...]                      # op names in dict order
-    order: tuple[str, ...]                     # topological order
-    groups: list[tuple[int, str, tuple[tuple[int, str], ...]]]  # producer, tensor, readers (op, port)
-    sources: list[tuple[str, tuple[tuple[int, str], ...]]]      # tensor, readers
-    source_home: list[int]                     # per source: -1, or the producer of its P.next (state home)
-    g_state: np.ndarray                        # int8 per group: 1 = reads of a loop-carried state
-    op_inplace: np.ndarray                     # int8 per op: 1 = produces some P.next (writes P's buffer)
-    op_acc: np.ndarray                         # bool per op: an accumulate (its local inputs are added in place)
-    op_groups: list[tuple[int, ...]]
-    op_sources: list[tuple[int, ...]]
-    g_prod: np.ndarray
-    g_item: list[float]                        # itemsize of each group's tensor
-    g_rptr: np.ndarray
-    g_rop: np.ndarray
-    program: int
-
-    @cached_property
-    def position(self) -> dict[str, int]:
-        """Op name -> its index in ``order``."""
-        return {n: i for i, n in enumerate(self.order)}
-
-
 def same_data_flow(o: Op | None, old: Op) -> bool:
     """Whether ``o`` may replace ``old`` in a lowering structure (only shards differ)."""
     return o is not None and o.inputs == old.inputs and o.output == old.output and o.kernel == old.kernel and (
@@ -482,7 +457,14 @@ def same_data_flow(o: Op | None, old: Op) -> bool:
 
 class _State:
     __slots__ = ("ops_map", "tensors", "struct", "ops", "op_pieces", "group_pieces", "source_pieces", "op_sizes",
-                 "g_counts", "lowered", "cats")
+                 "g_counts", "lowered", "cats", "_index")
+
+    def index(self) -> dict[int, int]:
+        """id of each of its ops -> the op's position (the state keeps its ops alive)."""
+        idx = getattr(self, "_index", None)
+        if idx is None:
+            idx = self._index = dict(zip(map(id, self.ops), range(len(self.ops))))
+        return idx
 
 
 class _Cat:
@@ -508,8 +490,8 @@ class _Cat:
         plain concatenation is cheaper (few pieces: NumPy's per-call costs dominate)."""
         if not changes:
             return self
-        if pieces is not None and len(pieces) <= 64:  # rebuilt whole each time: no offsets needed
-            return _Cat(np.concatenate(pieces) if pieces else self.arr[:0], self.off)
+        if pieces is not None and len(pieces) <= 64:  # rebuilt whole
+            return _Cat.of(pieces, self.arr[:0])
         off = self.off
         keys = sorted(changes)
         if all(changes[i].shape[0] == off[i + 1] - off[i] for i in keys):
@@ -529,38 +511,34 @@ class _Cat:
         np.cumsum(sizes, out=new_off[1:])
         return _Cat(np.concatenate(parts), new_off)
 
-    def reuse(self, base_pieces: list, pieces: list, rows: Callable[[Any], np.ndarray], empty: np.ndarray,
-              pos: dict[int, int] | None = None) -> "_Cat":
-        """The concatenation of ``rows(p)`` for ``p`` in ``pieces``, where ``self`` holds that of
-        ``base_pieces``: runs of pieces that follow each other in both (the same objects) are
-        copied as one slice of ``self.arr``. A structural rewrite keeps most pieces of its parent in
-        order, so this is a few slices instead of thousands of small arrays. ``pos``: id of each
-        base piece -> its index (``{id(p): j ...}``), when the caller has it."""
-        if len(pieces) <= 64 or not base_pieces:
-            return _Cat.of([rows(p) for p in pieces], empty)
-        if pos is None:
-            pos = {id(p): j for j, p in enumerate(base_pieces)}
-        off, nb, n = self.off, len(base_pieces), len(pieces)
+    def remap(self, m: np.ndarray, pieces: list, rows: Callable[[Any], np.ndarray], empty: np.ndarray) -> "_Cat":
+        """The concatenation of ``rows(p)`` for ``p`` in ``pieces``, where ``self`` is that of an
+        earlier list and ``m[i]`` the index there of ``pieces[i]`` (-1: a new piece). A structural
+        rewrite keeps most pieces of its parent in order: runs of consecutive indices are copied
+        as one slice of ``self.arr``, so this is a few slices instead of thousands of small arrays."""
+        n = len(pieces)
+        if n == 0:
+            return _Cat(empty, np.zeros(1, np.int64))
+        off = self.off
+        brk = np.ones(n, np.bool_)
+        brk[1:] = (m[1:] != m[:-1] + 1) | (m[1:] < 0) | (m[:-1] < 0)
+        starts = np.nonzero(brk)[0]
+        ends = np.append(starts[1:], n)
         parts: list[np.ndarray] = []
-        sizes: list[np.ndarray] = []
-        i = 0
-        while i < n:
-            j = pos.get(id(pieces[i]))
-            if j is None:
-                a = rows(pieces[i])
-                parts.append(a)
-                sizes.append(np.array([a.shape[0]], np.int64))
-                i += 1
-                continue
-            k = 1
-            while i + k < n and j + k < nb and base_pieces[j + k] is pieces[i + k]:
-                k += 1
-            parts.append(self.arr[off[j]:off[j + k]])
-            sizes.append(np.diff(off[j:j + k + 1]))
-            i += k
+        sizes = np.empty(n, np.int64)
+        kept = m >= 0
+        sizes[kept] = (off[1:] - off[:-1])[m[kept]]
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            j = int(m[a])
+            if j < 0:  # a new piece (a run of one)
+                r = rows(pieces[a])
+                parts.append(r)
+                sizes[a] = r.shape[0]
+            else:
+                parts.append(self.arr[off[j]:off[j + b - a]])
         new_off = np.zeros(n + 1, np.int64)
-        np.cumsum(np.concatenate(sizes), out=new_off[1:])
-        return _Cat(np.concatenate(parts), new_off)
+        np.cumsum(sizes, out=new_off[1:])
+        return _Cat(np.concatenate(parts) if len(parts) > 1 else parts[0].copy(), new_off)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -602,7 +580,7 @@ class Lowerer:
         self._den: dict[tuple[str, str], tuple[float, float, float]] = {}
         self._states: deque[_State] = deque(maxlen=max(1, states))
         self._programs: dict[tuple, int] = {}
-        self._structures: dict[tuple, _Structure] = {}
+        self._structures: dict[tuple, Structure] = {}
         self._logical: OrderedDict[int, tuple] = OrderedDict()
         self._unsubstituted: OrderedDict[int, tuple] = OrderedDict()
         self._io: dict[tuple, tuple] = {}
@@ -722,7 +700,7 @@ class Lowerer:
             f[:, 1] = E.staged_fused_seconds(self.hw, pk.sig, o.params, kclass, dtype, f)
         return OpPiece(o, f, out_lo, out_hi, in_lo, in_hi, pk, kclass, dtype, src_port, res)
 
-    def _group_piece(self, g: Graph, st: _Structure, gi: int, ops: list[Op], pieces: list[OpPiece]) -> GroupPiece:
+    def _group_piece(self, g: Graph, st: Structure, gi: int, ops: list[Op], pieces: list[OpPiece]) -> GroupPiece:
         prod, tensor, readers = st.groups[gi]
         tag = "sgrp" if st.g_state[gi] else "grp"  # state reads: the producer's boxes are the home
         # keyed by the pieces, not the ops: equal layers share their pieces, and so these too
@@ -801,7 +779,7 @@ class Lowerer:
         coll = np.array([cost.bandwidth_s, cost.latency_s, epb, mask])
         return coll, parts, cost
 
-    def _source_piece(self, g: Graph, st: _Structure, si: int, ops: list[Op], pieces: list[OpPiece]) -> np.ndarray:
+    def _source_piece(self, g: Graph, st: Structure, si: int, ops: list[Op], pieces: list[OpPiece]) -> np.ndarray:
         tensor, readers = st.sources[si]
         home = st.source_home[si]
         if home >= 0:  # a loop-carried state: resident where its next value's producer writes it
@@ -840,7 +818,7 @@ class Lowerer:
         return self._cached(key, compute)[0]
 
     # -- structure -------------------------------------------------------------------------
-    def _structure(self, g: Graph) -> _Structure:
+    def _structure(self, g: Graph) -> Structure:
         """The structure of ``g``, shared by plans with the same ops, kernels and data flow and the
         same program (cached: structural rewrites and their inverses revisit a few structures)."""
         key = tuple([(o.name, o.kernel, o.inputs, o.output) for o in g.ops.values()])
@@ -867,7 +845,7 @@ class Lowerer:
                 self._programs.pop(next(iter(self._programs)))
         return number
 
-    def _new_structure(self, g: Graph, program: int) -> _Structure:
+    def _new_structure(self, g: Graph, program: int) -> Structure:
         sized = self._sized  # tensors already checked (shared between plans; the dict keeps them alive)
         for t in g.tensors.values():
             if id(t) not in sized:
@@ -875,75 +853,7 @@ class Lowerer:
                 sized[id(t)] = t
         if len(sized) > 4 * self.cache_size:
             sized.clear()
-        order = g.topo_order
-        gops = g.ops
-        ops = [gops[n] for n in order]
-        readers: dict[str, list[tuple[int, str]]] = {}
-        for i, o in enumerate(ops):
-            for port, t in o.inputs:
-                rd = readers.get(t)
-                if rd is None:
-                    readers[t] = [(i, port)]
-                else:
-                    rd.append((i, port))
-        outputs = {o.output for o in ops}
-        carried = g.carried
-        state_of = {nxt: p for p, nxt in carried.items()}  # P.next -> P
-        groups: list[tuple[int, str, tuple[tuple[int, str], ...]]] = []
-        g_state: list[int] = []
-        op_groups: list[list[int]] = [[] for _ in ops]
-        for i, o in enumerate(ops):  # produced tensors in producer order
-            rd = readers.get(o.output)
-            if rd:
-                gi = len(groups)
-                groups.append((i, o.output, tuple(rd)))
-                g_state.append(0)
-        homes = []
-        for i, o in enumerate(ops):  # loop-carried state, in the order of its next value's producer
-            p = state_of.get(o.output)
-            if p is not None:
-                homes.append((p, i))
-                if p in readers:
-                    groups.append((i, p, tuple(readers[p])))
-                    g_state.append(1)
-        for gi, (i, _t, rd) in enumerate(groups):
-            op_groups[i].append(gi)
-            for r, _ in rd:
-                og = op_groups[r]
-                if not og or og[-1] != gi:  # groups are visited in order: a repeat is the last entry
-                    og.append(gi)
-        op_inplace = np.zeros(len(ops), np.int8)
-        for _p, i in homes:
-            op_inplace[i] = 1
-        sources, source_home = [], []
-        op_sources: list[list[int]] = [[] for _ in ops]
-        tensors = g.tensors
-        for t, rd in readers.items():  # ordinary sources in first-reader order
-            if t in outputs or t in carried or tensors[t].role not in SOURCE_ROLES:
-                continue
-            si = len(sources)
-            sources.append((t, tuple(rd)))
-            source_home.append(-1)
-            for r, _ in rd:
-                os_ = op_sources[r]
-                if not os_ or os_[-1] != si:
-                    os_.append(si)
-        for p, i in homes:  # then the homes of the states
-            si = len(sources)
-            sources.append((p, ()))
-            source_home.append(i)
-            op_sources[i].append(si)
-        rptr = np.zeros(len(groups) + 1, np.int64)
-        rop: list[int] = []
-        for gi, (_p, _t, rd) in enumerate(groups):
-            rop.extend([r for r, _ in rd])
-            rptr[gi + 1] = len(rop)
-        return _Structure(tuple(gops), order, groups, sources, source_home, np.array(g_state, np.int8), op_inplace,
-                          np.array([o.kernel == "accumulate" for o in ops], np.bool_),
-                          [tuple(x) for x in op_groups],
-                          [tuple(x) for x in op_sources], np.array([p for p, _, _ in groups], np.int64),
-                          [float(ITEMSIZE[tensors[t].dtype]) for _, t, _ in groups], rptr,
-                          np.array(rop, np.int64), program)
+        return build_structure(g, program)
 
     def _program_key(self, g: Graph) -> tuple:
         """``program_key(g)`` with per-op and per-tensors-mapping memos (ids kept alive)."""
@@ -1030,21 +940,20 @@ class Lowerer:
             st = self._structure(g)
             ops = [g.ops[n] for n in st.order]
             get = self._cache.get
-            op_pieces = [get(("op", id(o))) or self.op_piece(g, o) for o in ops]
-            group_pieces = [self._group_piece(g, st, gi, ops, op_pieces) for gi in range(len(st.groups))]
-            source_pieces = [self._source_piece(g, st, si, ops, op_pieces) for si in range(len(st.sources))]
-            op_sizes = np.array([p.n for p in op_pieces], np.int64)
-            g_counts = (np.stack([p.counts for p in group_pieces]) if group_pieces
-                        else np.zeros((0, 4), np.int64))
-            now = {"op": op_pieces, "group": group_pieces, "source": source_pieces}
-            last = self._states[-1] if self._states else None
-            if last is None:
+            # the recent state closest in size (usually this plan's parent: most pieces are its
+            # pieces; with layers="repeat" states alternate between two truncations)
+            last = min(reversed(self._states), key=lambda S: abs(len(S.ops) - len(ops)), default=None)
+            if last is not None:
+                op_pieces, group_pieces, source_pieces, op_sizes, g_counts, cats = self._derive(g, st, ops, last)
+            else:
+                op_pieces = [get(("op", id(o))) or self.op_piece(g, o) for o in ops]
+                group_pieces = [self._group_piece(g, st, gi, ops, op_pieces) for gi in range(len(st.g_prod))]
+                source_pieces = [self._source_piece(g, st, si, ops, op_pieces) for si in range(len(st.s_home))]
+                op_sizes = np.array([p.n for p in op_pieces], np.int64)
+                g_counts = (np.stack([p.counts for p in group_pieces]) if group_pieces
+                            else np.zeros((0, 4), np.int64))
+                now = {"op": op_pieces, "group": group_pieces, "source": source_pieces}
                 cats = tuple(_Cat.of([rows(p) for p in now[k]], empty) for k, rows, empty in _CATS)
-            else:  # the latest plan (usually this one's parent) holds most of these pieces, in order
-                base = {"op": last.op_pieces, "group": last.group_pieces, "source": last.source_pieces}
-                pos = {"group": {id(p): j for j, p in enumerate(last.group_pieces)}}  # shared by four arrays
-                cats = tuple(c.reuse(base[k], now[k], rows, empty, pos.get(k))
-                             for c, (k, rows, empty) in zip(last.cats, _CATS))
         else:
             self.stats["incremental"] += 1
             st = base.struct
@@ -1062,10 +971,10 @@ class Lowerer:
                 op_pieces[i] = p
                 op_sizes[i] = p.n
             if len(changed) == 1:
-                tg, ts = st.op_groups[changed[0]], st.op_sources[changed[0]]
+                tg, ts = st.op_groups(changed[0]), st.op_sources(changed[0])
             else:
-                tg = sorted({x for i in changed for x in st.op_groups[i]})
-                ts = sorted({x for i in changed for x in st.op_sources[i]})
+                tg = sorted({x for i in changed for x in st.op_groups(i)})
+                ts = sorted({x for i in changed for x in st.op_sources(i)})
             for gi in tg:
                 group_pieces[gi] = p = self._group_piece(g, st, gi, ops, op_pieces)
                 g_counts[gi] = p.counts
@@ -1088,6 +997,59 @@ class Lowerer:
         self._push(g, st, ops, op_pieces, group_pieces, source_pieces, op_sizes, g_counts, low, cats)
         return low
 
+    def _derive(self, g: Graph, st: Structure, ops: list[Op], last: _State) -> tuple:
+        """A fresh structure's pieces and arrays, taken from ``last`` (a recent state, usually the
+        parent) wherever they are the same: an op kept (the same object) keeps its piece; a group
+        with the same producer, state flag and readers (kept ops, same ports, in order) keeps its
+        piece and counts; a state's home source whose home op is kept keeps its piece. The rest is
+        looked up or computed as in a fresh lowering, so the arrays are bit-identical to one."""
+        P = last.struct
+        get = self._cache.get
+        c2p = np.fromiter(map(last.index().get, map(id, ops), itertools.repeat(-1)), np.int64, len(ops))
+        pp = last.op_pieces
+        op_pieces = [pp[j] if j >= 0 else (get(("op", id(o))) or self.op_piece(g, o))
+                     for o, j in zip(ops, c2p.tolist())]
+        # groups: the parent's group of the same producer (or home), checked reader by reader
+        pos = c2p[st.g_prod]
+        safe = np.maximum(pos, 0)
+        pg = np.where(st.g_state == 1, P.group_of_home[safe], P.group_of_producer[safe])
+        pg[pos < 0] = -1
+        cnt_c, cnt_p = np.diff(st.g_rptr), np.diff(P.g_rptr)
+        idx = np.nonzero(pg >= 0)[0]
+        idx = idx[(cnt_c[idx] == cnt_p[pg[idx]]) & (st.g_item[idx] == P.g_item[pg[idx]])
+                  & (st.g_tensor[idx] == P.g_tensor[pg[idx]]).astype(np.bool_)]
+        if idx.size:
+            cnt = cnt_c[idx]
+            first = np.cumsum(cnt) - cnt
+            within = np.arange(int(cnt.sum())) - np.repeat(first, cnt)
+            ce = np.repeat(st.g_rptr[idx], cnt) + within
+            pe = np.repeat(P.g_rptr[pg[idx]], cnt) + within
+            same = (c2p[st.g_rop[ce]] == P.g_rop[pe]) & (st.g_rport[ce] == P.g_rport[pe]).astype(np.bool_)
+            idx = idx[np.logical_and.reduceat(same, first)]
+        gmap = np.full(len(st.g_prod), -1, np.int64)
+        gmap[idx] = pg[idx]
+        gp = last.group_pieces
+        group_pieces = [gp[j] if j >= 0 else self._group_piece(g, st, gi, ops, op_pieces)
+                        for gi, j in enumerate(gmap.tolist())]
+        g_counts = np.empty((len(group_pieces), 4), np.int64)
+        kept = gmap >= 0
+        g_counts[kept] = last.g_counts[gmap[kept]]
+        for gi in np.nonzero(~kept)[0].tolist():
+            g_counts[gi] = group_pieces[gi].counts
+        # sources: a state's home piece follows its home op and tensor
+        hpos = c2p[np.maximum(st.s_home, 0)]
+        smap = np.where((st.s_home >= 0) & (hpos >= 0), P.source_of_home[np.maximum(hpos, 0)], -1)
+        ok = smap >= 0
+        ok[ok] = (st.s_tensor[ok] == P.s_tensor[smap[ok]]).astype(np.bool_)
+        smap[~ok] = -1
+        sp = last.source_pieces
+        source_pieces = [sp[j] if j >= 0 else self._source_piece(g, st, si, ops, op_pieces)
+                         for si, j in enumerate(smap.tolist())]
+        op_sizes = np.fromiter(map(attrgetter("n"), op_pieces), np.int64, len(op_pieces))
+        now = {"op": (op_pieces, c2p), "group": (group_pieces, gmap), "source": (source_pieces, smap)}
+        cats = tuple(c.remap(now[k][1], now[k][0], rows, empty) for c, (k, rows, empty) in zip(last.cats, _CATS))
+        return op_pieces, group_pieces, source_pieces, op_sizes, g_counts, cats
+
     def _push(self, g, st, ops, op_pieces, group_pieces, source_pieces, op_sizes, g_counts, low, cats) -> None:
         S = _State()
         S.ops_map, S.tensors, S.struct, S.ops, S.op_pieces = g.ops, g.tensors, st, ops, op_pieces
@@ -1095,7 +1057,7 @@ class Lowerer:
             group_pieces, source_pieces, op_sizes, g_counts, low, cats)
         self._states.append(S)
 
-    def _assemble(self, st: _Structure, cats: tuple, op_sizes, g_counts) -> Lowered:
+    def _assemble(self, st: Structure, cats: tuple, op_sizes, g_counts) -> Lowered:
         n_dev = self.hw.n_devices
         op_f, g_ints, g_flts, g_coll, c_parts, res = (c.arr for c in cats)
         kind, i32, f64, ptr, idx, resident, ints, flts, link, pptr, pdev, palloc = K.assemble(

@@ -297,7 +297,7 @@ def test_incremental_equals_fresh_on_random_walks(name, n_dev):
 
 def test_structural_children_of_a_training_step_equal_fresh_lowerings():
     """A training step has hundreds of pieces: a structural child (fusion, reduction split,
-    substitution) reuses runs of its parent's concatenated arrays (``_Cat.reuse``)."""
+    substitution) reuses its parent's pieces and runs of its concatenated arrays (``Lowerer._derive``)."""
     hw = PRESETS["h100-sxm-8"]
     rng = np.random.default_rng(3)
     g0 = workloads.build("gpt", mode="train", batch=4, seq=8, layers=2, d_model=16, heads=2, vocab=32)
