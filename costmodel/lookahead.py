@@ -32,7 +32,8 @@ Edges only point forward in that order, so no cycle can appear. ``window=0`` dis
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from operator import is_not
 
 import numpy as np
 from numba import njit
@@ -55,7 +56,7 @@ class _StructInfo:
     tuple, shared by every plan lowered with it): ops' program positions and phases, and the
     batch column of each op per set of split-reduction params (``_batch_cols``)."""
 
-    __slots__ = ("names", "op_pos", "_phase", "batch", "barriers", "split_ops", "fetch_reader")
+    __slots__ = ("names", "op_pos", "_phase", "batch", "barriers", "split_ops", "fetch_reader", "_flow", "_out_group")
 
     def __init__(self, low, g: Graph) -> None:
         names = low.op_names
@@ -70,6 +71,19 @@ class _StructInfo:
         # adds an accumulate op, a new structure), only their params may change
         self.split_ops = [n for n in names if "split" in gops[n].params]
         self.fetch_reader = _fetch_readers(low.flow, [bool(gops[n].inputs) for n in names])
+        self._flow = low.flow
+        self._out_group = None
+
+    def readers(self, i: int) -> list[int]:
+        """Positions of the readers of op ``i``'s output (from the lowering's data flow)."""
+        g_prod, rptr, rop, g_state = self._flow
+        if self._out_group is None:
+            og = np.full(len(self.names), -1, np.int64)
+            plain = np.nonzero(g_state == 0)[0]
+            og[g_prod[plain]] = plain
+            self._out_group = og
+        gi = self._out_group[i]
+        return rop[rptr[gi]:rptr[gi + 1]].tolist() if gi >= 0 else []
 
     def op_phase(self, g: Graph) -> np.ndarray:
         """``_backward_phase`` of the structure's ops (only pipelines need it: found on first use)."""
@@ -118,19 +132,44 @@ def _batch_cols(low, g: Graph, info: _StructInfo) -> np.ndarray:
     """Index dim of each op (``low.op_names`` order) the batch runs through, -1 where none
     (``ir.rewrites.pipeline.batch_dims``). Within one structure and program only the split
     params of split reductions can change it (which reduction is split), so those key it."""
-    from ir.rewrites.pipeline import batch_dims
-
     gops = g.ops
     key = tuple([gops[n].params_key for n in info.split_ops])
     cols = info.batch.get(key)
     if cols is None:
-        bd = batch_dims(g)
+        bd = _batch_flow(low, g, info)[0]
         cols = np.array([b[1] if (b := bd.get(n)) is not None and b[0] == "dim" else -1 for n in info.names],
                         np.int64)
         if len(info.batch) > 16:
             info.batch.clear()
         info.batch[key] = cols
     return cols
+
+
+_FLOWS: deque = deque(maxlen=6)  # (graph, its batch flow) of recent plans
+
+
+def _batch_flow(low, g: Graph, info: _StructInfo):
+    """``ir.rewrites.pipeline.batch_flow(g)``, updated from the recent plan that shares the most
+    ops with ``g`` (usually its parent: a structural move changes a few ops, and the walk over
+    every op took ~1.7 ms of each of them on a gpt-2 step)."""
+    from ir.rewrites.pipeline import batch_flow, batch_flow_update
+
+    gops = g.ops
+    names = list(gops)
+    best, fewest = None, len(names) // 4 + 1
+    for base, flow in reversed(_FLOWS):
+        if base is g:
+            return flow
+        n = sum(map(is_not, map(base.ops.get, names), gops.values()))
+        if n < fewest:
+            best, fewest = (base, flow), n
+    flow = None
+    if best is not None:
+        flow = batch_flow_update(g, best[0], best[1], info.names, info.readers)
+    if flow is None:
+        flow = batch_flow(g)
+    _FLOWS.append((g, flow))
+    return flow
 
 
 def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW,

@@ -202,7 +202,9 @@ def build_structure(g: Graph, program: int) -> Structure:
     prod_of = np.full(T, -1, np.int64)
     prod_of[out_t] = np.arange(n, dtype=np.int64)
     order = keys
-    if not (prod_of[in_t] < in_op).all():  # op order is not topological: program order repairs it
+    if (prod_of[in_t] < in_op).all():  # op order is program order (``Graph.topo_order``'s first test)
+        g.__dict__.setdefault("topo_order", keys)  # (its cached_property's slot: found here, O(reads) in C)
+    else:  # not topological: program order repairs it
         order = g.topo_order
         ops = [gops[n_] for n_ in order]
         lens, ports, tens = _flat_inputs(ops)

@@ -31,7 +31,12 @@ by up to ``(m - 1)`` × the stage's weight-gradient bytes.
 
 from __future__ import annotations
 
+import heapq
 import re
+from itertools import compress
+from operator import is_not
+from typing import Callable, Iterable
+
 import numpy as np
 
 from ir.graph import STATE_ROLES, Graph, Shards
@@ -193,14 +198,35 @@ def batch_dims(g: Graph) -> dict[str, tuple[str, int | str]]:
     hit = _BATCH_CACHE.get(key)
     if hit is not None:
         return hit
-    T: dict[str, frozenset[int]] = {n: frozenset((0,)) for n, t in g.tensors.items() if t.role == "input" and t.shape}
+    out = batch_flow(g)[0]
+    if len(_BATCH_CACHE) > 32:
+        _BATCH_CACHE.clear()
+    _BATCH_CACHE[key] = out
+    return out
+
+
+BatchFlow = tuple[dict[str, tuple[str, int | str]], dict[str, frozenset[int]]]
+
+
+def batch_flow(g: Graph) -> BatchFlow:
+    """``(batch_dims(g), the batch rows of each tensor the batch reaches)`` (uncached)."""
+    T: dict[str, frozenset[int]] = {n: _BATCH_ROWS for n, t in g.tensors.items() if t.role == "input" and t.shape}
     out: dict[str, tuple[str, int | str]] = {}
     ops = g.ops
     for n in g.topo_order:
-        o = ops[n]
-        tin = tuple([T.get(t) for _, t in o.inputs])
-        if not any(tin):
-            continue  # the batch does not reach this op
+        _visit(g, ops[n], T, out)
+    return out, T
+
+
+_BATCH_ROWS = frozenset((0,))
+
+
+def _visit(g: Graph, o, T: dict, out: dict) -> frozenset[int] | None:
+    """Op ``o``'s batch dims into ``out`` and its output's rows into ``T``, from ``T`` of its
+    inputs; returns the output's rows (None: the batch does not leave it)."""
+    tin = tuple([T.get(t) for _, t in o.inputs])
+    found = tout = None
+    if any(tin):
         sig = g.signature(o)
         # memo on the op (ops are shared by the plans of a search): same signature, same batch rows in
         memo = o.__dict__.get("_batch")
@@ -209,15 +235,53 @@ def batch_dims(g: Graph) -> dict[str, tuple[str, int | str]]:
         else:
             found, tout = _op_batch(o, sig, tin)
             o.__dict__["_batch"] = (sig, tin, found, tout)
-        if found is None:
+    if found is None:
+        out.pop(o.name, None)
+        T.pop(o.output, None)
+        return None
+    out[o.name] = found
+    if tout is None:
+        T.pop(o.output, None)
+    else:
+        T[o.output] = tout
+    return tout
+
+
+def batch_flow_update(g: Graph, base: Graph, flow: BatchFlow, order: tuple[str, ...],
+                      readers: Callable[[int], Iterable[int]]) -> BatchFlow | None:
+    """``batch_flow(g)`` from ``flow = batch_flow(base)``, where ``g`` and ``base`` share most op
+    objects (a rewrite's child and its parent): only the ops that are not ``base``'s, and the
+    readers of tensors whose rows change, are visited, in program order. ``order``: ``g``'s
+    program order; ``readers(i)``: positions in it of the readers of op ``i``'s output. None when
+    the graphs differ in their sources (then compute it whole)."""
+    gops, bops = g.ops, base.ops
+    names = list(gops)
+    dirty = list(compress(names, map(is_not, map(bops.get, names), gops.values())))
+    if g.tensors is not base.tensors:
+        gt, bt = g.tensors, base.tensors
+        tn = list(gt)
+        changed = set(compress(tn, map(is_not, map(bt.get, tn), gt.values())))
+        if changed - {gops[n].output for n in dirty}:
+            return None  # a source or another tensor changed under kept ops
+    out, T = dict(flow[0]), dict(flow[1])
+    old = flow[1]
+    for n in bops.keys() - gops.keys():  # removed ops: the new producers of their outputs are dirty
+        out.pop(n, None)
+        T.pop(bops[n].output, None)
+    pos = {n: i for i, n in enumerate(order)} if dirty else {}
+    heap = [pos[n] for n in dirty]
+    heapq.heapify(heap)
+    seen: set[int] = set()
+    while heap:
+        i = heapq.heappop(heap)
+        if i in seen:
             continue
-        out[n] = found
-        if tout is not None:
-            T[o.output] = tout
-    if len(_BATCH_CACHE) > 32:
-        _BATCH_CACHE.clear()
-    _BATCH_CACHE[key] = out
-    return out
+        seen.add(i)
+        o = gops[order[i]]
+        if _visit(g, o, T, out) != old.get(o.output):  # its readers saw other rows in base
+            for r in readers(i):
+                heapq.heappush(heap, r)
+    return out, T
 
 
 _BATCH_CACHE: dict[tuple, dict[str, tuple[str, int | str]]] = {}
@@ -364,4 +428,4 @@ def microbatch(g: Graph, ops: str, m: int) -> Graph:
     return g
 
 
-__all__ = ["LAYER_RE", "batch_dims", "microbatch", "microbatch_bounds", "op_layers", "pipeline", "stage", "stage_of_layers"]
+__all__ = ["LAYER_RE", "batch_dims", "batch_flow", "batch_flow_update", "microbatch", "microbatch_bounds", "op_layers", "pipeline", "stage", "stage_of_layers"]

@@ -99,3 +99,10 @@ def test_a_state_read_without_a_reader_still_has_its_home():
     homes = [st.sources[si][0] for si in range(len(st.sources)) if st.source_home[si] >= 0]
     assert sorted(homes) == sorted(g.carried)
     assert_matches(g)
+
+
+def test_building_a_structure_leaves_the_graphs_program_order_as_the_graph_finds_it():
+    g = workloads.build("transformer", batch=2, seq=8, d_model=16, heads=2, d_ff=32)
+    fresh = Graph(g.tensors, dict(g.ops))
+    build_structure(fresh, 1)
+    assert "topo_order" in fresh.__dict__ and fresh.topo_order == Graph(g.tensors, dict(g.ops)).topo_order
