@@ -33,7 +33,8 @@ Edges only point forward in that order, so no cycle can appear. ``window=0`` dis
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from operator import is_not
+from itertools import compress, repeat
+from operator import attrgetter, contains, is_not
 
 import numpy as np
 from numba import njit
@@ -44,6 +45,8 @@ from ir.rewrites.recompute import SUFFIX as RE
 DEFAULT_WINDOW = 16  # compute nodes per device: about a transformer sub-layer's forward or backward
 
 _CACHE_CAP = 64
+
+_params = attrgetter("params")
 
 
 def program_positions(g: Graph) -> dict[str, int]:
@@ -69,7 +72,8 @@ class _StructInfo:
         gops = g.ops
         # ops with split params: within a structure always the same ones (splitting a reduction
         # adds an accumulate op, a new structure), only their params may change
-        self.split_ops = [n for n in names if "split" in gops[n].params]
+        self.split_ops = list(compress(names, map(contains, map(_params, map(gops.__getitem__, names)),
+                                                  repeat("split"))))
         self.fetch_reader = _fetch_readers(low.flow, [bool(gops[n].inputs) for n in names])
         self._flow = low.flow
         self._out_group = None
@@ -163,6 +167,8 @@ def _batch_flow(low, g: Graph, info: _StructInfo):
         n = sum(map(is_not, map(base.ops.get, names), gops.values()))
         if n < fewest:
             best, fewest = (base, flow), n
+            if n <= 8:  # (a few ops: as good as any)
+                break
     flow = None
     if best is not None:
         flow = batch_flow_update(g, best[0], best[1], info.names, info.readers)
@@ -362,15 +368,25 @@ def _mb_parts(info: _StructInfo, g: Graph, cols: np.ndarray, counts: np.ndarray,
     names, gops = info.names, g.ops
     sel = np.nonzero(cols >= 0)[0]
     ops = [gops[names[i]] for i in sel.tolist()]
+    sel_cols = cols[sel].tolist()
     key = (id(info), total)
     hit = _MB_PARTS.get(key)
     if hit is not None and hit[0] is info and hit[1] is cols:
-        _info, _cols, prev_ops, prev = hit
-        parts = [p if o is q else _op_microbatches(o, g, int(cols[i]), int(counts[i]), total)
-                 for o, q, p, i in zip(ops, prev_ops, prev, sel.tolist())]
-    else:
-        parts = [_op_microbatches(o, g, int(cols[i]), int(counts[i]), total) for o, i in zip(ops, sel.tolist())]
-    _MB_PARTS[key] = (info, cols, ops, parts)
+        prev_ops, prev = hit[2], hit[3]
+        parts = [p if o is q else _op_microbatches(o, g, c, int(counts[i]), total)
+                 for o, q, p, i, c in zip(ops, prev_ops, prev, sel.tolist(), sel_cols)]
+    else:  # a new structure: the latest plan's parts, op by op (a structural move keeps most ops)
+        last = next((h for h in reversed(_MB_PARTS.values()) if h[4] == total), None)
+        parts = []
+        if last is not None:
+            _info, _cols, prev_ops, prev, _total, prev_cols = last
+            index = dict(zip(map(id, prev_ops), range(len(prev_ops))))
+            for o, j, i, c in zip(ops, map(index.get, map(id, ops), repeat(-1)), sel.tolist(), sel_cols):
+                parts.append(prev[j] if j >= 0 and prev_ops[j] is o and prev_cols[j] == c
+                             else _op_microbatches(o, g, c, int(counts[i]), total))
+        else:
+            parts = [_op_microbatches(o, g, c, int(counts[i]), total) for o, i, c in zip(ops, sel.tolist(), sel_cols)]
+    _MB_PARTS[key] = (info, cols, ops, parts, total, sel_cols)
     _MB_PARTS.move_to_end(key)
     if len(_MB_PARTS) > 4:
         _MB_PARTS.popitem(last=False)

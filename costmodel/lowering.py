@@ -54,8 +54,8 @@ from __future__ import annotations
 import itertools
 
 from collections import OrderedDict, deque
-from itertools import chain
-from operator import attrgetter, itemgetter
+from itertools import chain, compress, repeat
+from operator import attrgetter, itemgetter, ne
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -441,6 +441,7 @@ def _same_rows(a: np.ndarray) -> np.ndarray:
 
 
 _second = itemgetter(1)
+_role = attrgetter("role")
 
 #: the lowering's six concatenated arrays (``_Cat``): which pieces (op, group or source), the rows
 #: each piece contributes, and the empty array
@@ -872,29 +873,22 @@ class Lowerer:
         # room for a few whole models: a 70B training step keys ~9,500 ops, more than the piece
         # cache's size (set by the truncations it lowers), and a memo smaller than one model misses always
         cap = max(self.cache_size, 3 * len(g.ops))
-        if entries is _logical_entries:  # every op memoised: looked up in bulk
-            ops = list(g.ops.values())
-            hits = list(map(memo.get, map(id, ops)))
-            for i in [i for i, (h, o) in enumerate(zip(hits, ops)) if h is None or h[0] is not o]:
-                hits[i] = memo[id(ops[i])] = (ops[i], entries(ops[i], g))
-                if len(memo) > cap:
-                    memo.popitem(last=False)
-            logical = list(chain.from_iterable(map(_second, hits)))
-        else:
-            logical = []
-            for o in g.ops.values():
-                if _entries_read_graph(o):  # depend on g: no memo
-                    if not _attention_grad_of_fused(o, g):
-                        logical.extend(entries(o, g))
-                    continue
-                hit = memo.get(id(o))
-                if hit is None or hit[0] is not o:
-                    hit = memo[id(o)] = (o, entries(o, g))
-                    if len(memo) > cap:
-                        memo.popitem(last=False)
-                logical.extend(hit[1])
+        ops = list(g.ops.values())
+        hits = list(map(memo.get, map(id, ops)))  # (op, its entries or None: they depend on g)
+        for i in [i for i, (h, o) in enumerate(zip(hits, ops)) if h is None or h[0] is not o]:
+            o = ops[i]
+            dyn = entries is not _logical_entries and _entries_read_graph(o)
+            hits[i] = memo[id(o)] = (o, None if dyn else entries(o, g))
+            if len(memo) > cap:
+                memo.popitem(last=False)
+        logical = list(chain.from_iterable(filter(None, map(_second, hits))))
+        if entries is not _logical_entries:
+            for o in [h[0] for h in hits if h[1] is None]:
+                if not _attention_grad_of_fused(o, g):
+                    logical.extend(entries(o, g))
         # sources and outputs: rewrites copy the tensors mapping but share these Tensor objects
-        ends = tuple([t for t in g.tensors.values() if t.role != "intermediate"])
+        values = list(g.tensors.values())
+        ends = tuple(compress(values, map(ne, map(_role, values), repeat("intermediate"))))
         key = tuple(map(id, ends))
         io = self._io.get(key)
         if io is None:
