@@ -59,7 +59,7 @@ class _StructInfo:
     tuple, shared by every plan lowered with it): ops' program positions and phases, and the
     batch column of each op per set of split-reduction params (``_batch_cols``)."""
 
-    __slots__ = ("names", "op_pos", "_phase", "batch", "barriers", "split_ops", "fetch_reader", "_flow", "_out_group")
+    __slots__ = ("names", "op_pos", "_phase", "batch", "barrier_memo", "split_ops", "fetch_reader", "_flow", "_out_group")
 
     def __init__(self, low, g: Graph) -> None:
         names = low.op_names
@@ -68,7 +68,7 @@ class _StructInfo:
         self.op_pos = np.arange(len(names), dtype=np.int64)
         self._phase = None
         self.batch: dict = {}
-        self.barriers: dict = {}
+        self.barrier_memo: dict = {}
         gops = g.ops
         # ops with split params: within a structure always the same ones (splitting a reduction
         # adds an accumulate op, a new structure), only their params may change
@@ -76,24 +76,85 @@ class _StructInfo:
                                                   repeat("split"))))
         self.fetch_reader = _fetch_readers(low.flow, [bool(gops[n].inputs) for n in names])
         self._flow = low.flow
-        self._out_group = None
+        g_prod, _rptr, _rop, g_state = low.flow
+        self._out_group = np.full(len(names), -1, np.int64)  # per op: the group of its output, or -1
+        plain = np.nonzero(g_state == 0)[0]
+        self._out_group[g_prod[plain]] = plain
 
     def readers(self, i: int) -> list[int]:
         """Positions of the readers of op ``i``'s output (from the lowering's data flow)."""
-        g_prod, rptr, rop, g_state = self._flow
-        if self._out_group is None:
-            og = np.full(len(self.names), -1, np.int64)
-            plain = np.nonzero(g_state == 0)[0]
-            og[g_prod[plain]] = plain
-            self._out_group = og
+        _g_prod, rptr, rop, _g_state = self._flow
         gi = self._out_group[i]
         return rop[rptr[gi]:rptr[gi + 1]].tolist() if gi >= 0 else []
 
     def op_phase(self, g: Graph) -> np.ndarray:
-        """``_backward_phase`` of the structure's ops (only pipelines need it: found on first use)."""
+        """1 per op of the backward, else 0 (only pipelines need it: found on first use). The
+        backward starts at ``loss.grad`` (``ir.autodiff.step``) and at the recomputed forward
+        ops (``<op>.re``, ``ir.rewrites.recompute``: they run when the backward needs them, so a
+        pipeline places them in its backward units), and holds every op computed from them."""
         if self._phase is None:
-            self._phase = _backward_phase(g, self.names)
+            ops, k = g.ops, len(RE)
+            seed = np.zeros(len(self.names), np.bool_)
+            for i in [i for i, n in enumerate(self.names) if n.startswith("loss.grad") or n.endswith(RE)]:
+                n = self.names[i]
+                seed[i] = n == "loss.grad" or n.startswith("loss.grad.") or (n.endswith(RE) and n[:-k] in ops)
+            _g_prod, rptr, rop, _g_state = self._flow
+            self._phase = _phase_kernel(seed, self._out_group, rptr, rop)
         return self._phase
+
+    def barriers(self, tag: np.ndarray) -> tuple[bool, bool, np.ndarray]:
+        """``_barrier_kernel`` over this structure's data flow."""
+        _g_prod, rptr, rop, _g_state = self._flow
+        return _barrier_kernel(tag, self._out_group, rptr, rop)
+
+
+@njit(cache=True, nogil=True)
+def _phase_kernel(seed, out_group, rptr, rop):
+    """int64 per op: 1 if a seed or computed from one (program order: readers follow producers)."""
+    phase = seed.astype(np.int64)
+    for u in range(seed.shape[0]):
+        if phase[u] and out_group[u] >= 0:
+            gi = out_group[u]
+            for e in range(rptr[gi], rptr[gi + 1]):
+                phase[rop[e]] = 1
+    return phase
+
+
+@njit(cache=True, nogil=True)
+def _barrier_kernel(tag, out_group, rptr, rop):
+    """``(within, across, after)`` for ops tagged with their phase (``tag``: 0 forward, 1
+    backward, -1 not microbatched): ``within``, an untagged op lies between tagged ops of one
+    phase (no pipeline order is possible: it needs every microbatch); ``across``, one lies
+    between the forward and the backward (1F1B impossible: the backward of microbatch 0 waits
+    for every forward); ``after``, per op, untagged and computed from tagged ops (gradient
+    accumulation, the optimizer step: they run after the pipeline drains, as in Megatron-LM).
+    One pass in program order, pushing to readers the phases that reach them through untagged
+    ops only (``mask``) and those of their tagged producers (``direct``)."""
+    n = tag.shape[0]
+    mask = np.zeros(n, np.int64)
+    direct = np.zeros(n, np.int64)
+    after = np.zeros(n, np.bool_)
+    within = False
+    across = False
+    for u in range(n):
+        gi = out_group[u]
+        if tag[u] >= 0:
+            bit = 1 << tag[u]
+            if mask[u] & bit:
+                within = True
+            if tag[u] == 1 and mask[u] & 1:
+                across = True
+            if gi >= 0:
+                for e in range(rptr[gi], rptr[gi + 1]):
+                    direct[rop[e]] |= bit
+        else:
+            r = mask[u] | direct[u]
+            if r:
+                after[u] = True
+                if gi >= 0:
+                    for e in range(rptr[gi], rptr[gi + 1]):
+                        mask[rop[e]] |= r
+    return within, across, after
 
 
 def _fetch_readers(flow: tuple, has_inputs: list[bool]) -> np.ndarray:
@@ -286,23 +347,6 @@ def _window_edges(low, g: Graph, window: int, skip: np.ndarray | None) -> tuple[
 # ---------------------------------------------------------------------------------------------
 
 POLICIES = ("auto", "gpipe", "1f1b", "off")
-def _backward_phase(g: Graph, order: tuple[str, ...]) -> np.ndarray:
-    """1 per op of the backward (``order``: program order): ``loss.grad`` (``ir.autodiff.step``),
-    the recomputed forward ops (``<op>.re``, ``ir.rewrites.recompute``: they run when the backward
-    needs them, so a pipeline places them in its backward units) and every op computed from
-    them; else 0. One pass in program order."""
-    ops = g.ops
-    back_t: set[str] = set()  # tensors the backward produced
-    phase = np.zeros(len(order), np.int64)
-    for i, n in enumerate(order):
-        o = ops[n]
-        if n == "loss.grad" or n.startswith("loss.grad.") or (n.endswith(RE) and n[:-len(RE)] in ops) \
-                or any(t in back_t for _, t in o.inputs):
-            phase[i] = 1
-            back_t.add(o.output)
-    return phase
-
-
 def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
     """Microbatch index of each compute node (-1: not microbatched), or None when no op has
     several shards along its batch dim on one device.
@@ -440,36 +484,6 @@ def _global_ids(o, col: int, ext: int, total: int) -> np.ndarray | None:
     return _op_memo(o, "_mbids", (col, ext, total), run)
 
 
-def _barriers(g: Graph, tagged: dict[str, int]) -> tuple[bool, bool, set[str]]:
-    """``(within, across)``: an op without microbatches lies between microbatched ops of one
-    phase (no pipeline order is possible: it needs every microbatch), or between the forward and
-    the backward (1F1B impossible: the backward of microbatch 0 waits for every forward); and
-    the ops without microbatches computed from microbatched ones (gradient accumulation, the
-    optimizer step: they run after the pipeline drains, as in Megatron-LM)."""
-    reach: dict[str, int] = {}  # untagged op -> bitmask of phases (1: F, 2: B) it is reached from
-    within = across = False
-    prod = g.producers
-    for n in g.topo_order:
-        mask = 0  # phases that reach n through untagged ops only
-        direct = 0  # phases of n's tagged producers
-        for _, t in g.ops[n].inputs:
-            p = prod.get(t)
-            if p is None:
-                continue
-            if p in tagged:
-                direct |= 1 << tagged[p]
-            else:
-                mask |= reach.get(p, 0)
-        if n in tagged:
-            if mask & (1 << tagged[n]):
-                within = True
-            if tagged[n] == 1 and mask & 1:
-                across = True
-        elif mask | direct:
-            reach[n] = mask | direct
-    return within, across, set(reach)
-
-
 def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str] | None:
     """``(unit position of each compute node in its device's pipeline order (-1: outside the
     pipeline), policy used)``, or None when the plan has no microbatches or none can be ordered.
@@ -491,13 +505,14 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str
     op_phase = info.op_phase(g)
     phase = np.repeat(op_phase, counts)
     tagged = tuple(np.unique(np.repeat(np.arange(len(counts)), counts)[mb >= 0]).tolist())
-    bar = info.barriers.get(tagged)
+    bar = info.barrier_memo.get(tagged)
     if bar is None:
-        bar = _barriers(g, {low.op_names[i]: int(op_phase[i]) for i in tagged})
-        bar = (bar[0], bar[1], np.array([n in bar[2] for n in low.op_names], bool))
-        if len(info.barriers) > 16:
-            info.barriers.clear()
-        info.barriers[tagged] = bar
+        tag = np.full(len(counts), -1, np.int64)
+        tag[list(tagged)] = op_phase[list(tagged)]
+        bar = info.barriers(tag)
+        if len(info.barrier_memo) > 16:
+            info.barrier_memo.clear()
+        info.barrier_memo[tagged] = bar
     within, across, after_op = bar
     if within:
         return None

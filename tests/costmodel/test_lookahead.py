@@ -116,3 +116,72 @@ def test_fetch_readers_from_the_lowering_flow_equal_the_graph_walk(plan):
     assert np.array_equal(flow, walk)
     if plan != "mlp-forward":  # bf16 weights' casts: fetched for their first reader, which comes later
         assert (walk >= 0).sum() >= 4 and (walk[walk >= 0] > np.nonzero(walk >= 0)[0]).all()
+
+
+def _phase_by_walk(g, names) -> np.ndarray:
+    """The reference: 1 for ``loss.grad``, a recomputed copy and every op reading an output of one."""
+    from ir.rewrites.recompute import SUFFIX as RE
+
+    back_t: set[str] = set()
+    phase = np.zeros(len(names), np.int64)
+    for i, n in enumerate(names):
+        o = g.ops[n]
+        if n == "loss.grad" or n.startswith("loss.grad.") or (n.endswith(RE) and n[:-len(RE)] in g.ops) \
+                or any(t in back_t for _, t in o.inputs):
+            phase[i] = 1
+            back_t.add(o.output)
+    return phase
+
+
+def _barriers_by_walk(g, names, tagged: dict[str, int]):
+    """The reference, producer by producer: (within, across, the untagged ops reached from tagged ones)."""
+    reach: dict[str, int] = {}
+    within = across = False
+    for n in names:
+        mask = direct = 0
+        for _, t in g.ops[n].inputs:
+            p = g.producers.get(t)
+            if p is None:
+                continue
+            if p in tagged:
+                direct |= 1 << tagged[p]
+            else:
+                mask |= reach.get(p, 0)
+        if n in tagged:
+            within |= bool(mask & (1 << tagged[n]))
+            across |= tagged[n] == 1 and bool(mask & 1)
+        elif mask | direct:
+            reach[n] = mask | direct
+    return within, across, np.array([n in reach for n in names])
+
+
+@pytest.mark.parametrize("plan", ["gpt-zero3", "llama-3d", "llama-3d-recompute"])
+def test_phases_and_barriers_from_the_lowering_flow_equal_the_graph_walk(plan):
+    """The compiled passes over ``Lowered.flow`` equal walks over the graph: the backward phase of
+    every op, and the barriers for the microbatched ops a pipeline tags, and for random tags."""
+    from costmodel.lookahead import _struct_info, pipeline_units
+    from costmodel.lowering import lower
+    from costmodel.presets import preset
+    from optimizer.search.baselines import megatron_3d, recompute_layers, zero3
+
+    step = workloads.build("llama", mode="train", layers=4, d_model=64, heads=4, kv_heads=2, d_ff=128,
+                           vocab=50, seq=32, batch=16, dtype="bfloat16")
+    g = {"gpt-zero3": lambda: zero3(workloads.build("gpt", mode="train", layers=2, d_model=64, heads=4, vocab=50,
+                                                    seq=32, batch=8, dtype="bfloat16"), 8),
+         "llama-3d": lambda: megatron_3d(step, 8, 8),
+         "llama-3d-recompute": lambda: recompute_layers(megatron_3d(step, 8, 8))}[plan]()
+    low = lower(g, preset("h100-sxm-8"))
+    names = low.op_names
+    info = _struct_info(low, g)
+    phase = info.op_phase(g)
+    assert np.array_equal(phase, _phase_by_walk(g, names)) and 0 < phase.sum() < len(names)
+    rng = np.random.default_rng(2)
+    for density in (0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 0.9, 1.0) * 2:
+        tag = np.full(len(names), -1, np.int64)
+        pick = rng.random(len(names)) < density
+        tag[pick] = phase[pick]
+        within, across, after = info.barriers(tag)
+        ref = _barriers_by_walk(g, names, {names[i]: int(tag[i]) for i in np.nonzero(tag >= 0)[0]})
+        assert (within, across) == ref[:2] and np.array_equal(after, ref[2])
+    if plan != "gpt-zero3":
+        assert pipeline_units(low, g) is not None  # the pipelines' own tags pass the barriers
