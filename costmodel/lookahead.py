@@ -74,7 +74,7 @@ class _StructInfo:
         # adds an accumulate op, a new structure), only their params may change
         self.split_ops = list(compress(names, map(contains, map(_params, map(gops.__getitem__, names)),
                                                   repeat("split"))))
-        self.fetch_reader = _fetch_readers(low.flow, [bool(gops[n].inputs) for n in names])
+        self.fetch_reader = _fetch_readers(low.flow, low.op_reads > 0)
         self._flow = low.flow
         g_prod, _rptr, _rop, g_state = low.flow
         self._out_group = np.full(len(names), -1, np.int64)  # per op: the group of its output, or -1
@@ -157,7 +157,7 @@ def _barrier_kernel(tag, out_group, rptr, rop):
     return within, across, after
 
 
-def _fetch_readers(flow: tuple, has_inputs: list[bool]) -> np.ndarray:
+def _fetch_readers(flow: tuple, has_inputs: np.ndarray | list[bool]) -> np.ndarray:
     """Per op (``op_names`` order): for an op fed by sources only (a weight's cast, an embedding
     lookup), the program position of its output's first reader; else -1. From the lowering's
     data flow (``Lowered.flow``), vectorised: an op that reads something but no produced tensor

@@ -141,7 +141,7 @@ class Lowered:
 
     __slots__ = ("kind", "dev", "dst", "dur", "lat", "alloc", "succ_ptr", "succ_idx", "resident", "n_devices",
                  "op_names", "program", "_ints", "_flts", "link", "part_ptr", "part_dev", "part_alloc", "contention",
-                 "acc", "flow")
+                 "acc", "flow", "op_reads")
 
     def __init__(self, kind, i32, f64, succ_ptr, succ_idx, resident, ints, flts, n_devices: int,
                  op_names: tuple[str, ...], program: int = 0, link=None, part_ptr=None, part_dev=None,
@@ -157,6 +157,7 @@ class Lowered:
         # (producer op, reader CSR, state flag) of each group of the structure, ``op_names`` numbering
         # (``Structure.g_prod, g_rptr, g_rop, g_state``; set by Lowerer.lower): the data flow between ops
         self.flow = None
+        self.op_reads = None  # int64 per op: how many inputs it reads (set with ``flow``)
 
     def simulate(self, ctl=None, contention: float | None = None):
         """The schedule of these arrays (``costmodel.simulate.simulate_arrays``, ports and
@@ -442,6 +443,7 @@ def _same_rows(a: np.ndarray) -> np.ndarray:
 
 _second = itemgetter(1)
 _role = attrgetter("role")
+_flow_key = attrgetter("flow_key")
 
 #: the lowering's six concatenated arrays (``_Cat``): which pieces (op, group or source), the rows
 #: each piece contributes, and the empty array
@@ -825,7 +827,7 @@ class Lowerer:
     def _structure(self, g: Graph) -> Structure:
         """The structure of ``g``, shared by plans with the same ops, kernels and data flow and the
         same program (cached: structural rewrites and their inverses revisit a few structures)."""
-        key = tuple([(o.name, o.kernel, o.inputs, o.output) for o in g.ops.values()])
+        key = tuple(map(_flow_key, g.ops.values()))
         program = self.program_of(g)
         st = self._structures.get((key, program))
         if st is None:
@@ -944,7 +946,7 @@ class Lowerer:
         if base is None:
             self.stats["fresh"] += 1
             st = self._structure(g)
-            ops = [g.ops[n] for n in st.order]
+            ops = list(g.ops.values()) if st.order is st.keys else list(map(g.ops.__getitem__, st.order))
             get = self._cache.get
             # the recent state closest in size (usually this plan's parent: most pieces are its
             # pieces; with layers="repeat" states alternate between two truncations)
@@ -1075,6 +1077,7 @@ class Lowerer:
         acc[:ints[len(st.order)]] = np.repeat(st.op_acc, op_sizes)
         low.acc = acc
         low.flow = (st.g_prod, st.g_rptr, st.g_rop, st.g_state)
+        low.op_reads = st.op_reads
         low.contention = self.hw.contention
         return low
 

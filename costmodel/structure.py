@@ -95,6 +95,7 @@ class Structure:
     s_rport: np.ndarray
     op_inplace: np.ndarray         # int8 per op: 1 = produces some P.next (writes P's buffer)
     op_acc: np.ndarray             # bool per op: an accumulate (its local inputs are added in place)
+    op_reads: np.ndarray           # int64 per op: how many inputs it reads
 
     @property
     def groups(self) -> _Groups:
@@ -271,7 +272,7 @@ def build_structure(g: Graph, program: int) -> Structure:
     op_inplace[home_ops] = 1
     op_acc = np.array(list(map(_kernel, ops)), object) == "accumulate"
     return Structure(keys, order, program, g_prod, names[g_tid], g_state, item_of, g_rptr, in_op[o], port_arr[o],
-                     s_tensor, s_home, s_rptr, in_op[se], port_arr[se], op_inplace, op_acc)
+                     s_tensor, s_home, s_rptr, in_op[se], port_arr[se], op_inplace, op_acc, lens)
 
 
 def _itemsizes(tensors: Any, names: np.ndarray, ids: np.ndarray) -> np.ndarray:

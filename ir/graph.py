@@ -146,6 +146,11 @@ class Op:
     def params_key(self) -> str:
         return json.dumps(self.params, sort_keys=True, separators=(",", ":"))
 
+    @cached_property
+    def flow_key(self) -> tuple:
+        """``(name, kernel, inputs, output)``: what the op is in the data flow, shards and params aside."""
+        return (self.name, self.kernel, self.inputs, self.output)
+
     @property
     def input_map(self) -> dict[str, str]:
         return dict(self.inputs)
@@ -160,6 +165,9 @@ class Op:
             mine, theirs = self.__dict__, new.__dict__
             if "params_key" in mine:
                 theirs["params_key"] = mine["params_key"]
+            if new.inputs == self.inputs and new.name == self.name and new.output == self.output \
+                    and "flow_key" in mine:
+                theirs["flow_key"] = mine["flow_key"]
             if new.inputs == self.inputs:
                 for memo in ("_sig", "_batch"):
                     if memo in mine:

@@ -83,3 +83,15 @@ def test_is_carried_agrees_with_the_carried_map(program):
     assert {t for t, c in answers.items() if c} == set(g.carried)
     assert all(g.is_carried(t) == (t in g.carried) for t in g.tensors)  # after it exists
     assert (len(g.carried) > 0) == (program != "mlp") and not fresh.is_carried("no-such-tensor")
+
+
+def test_flow_key_carries_over_only_while_the_data_flow_is_the_same(base):
+    o = next(iter(base.ops.values()))
+    key = o.flow_key
+    assert key == (o.name, o.kernel, o.inputs, o.output)
+    moved = o.replace(shards=o.shards)
+    assert moved.flow_key is key  # a shard move keeps the memo
+    renamed = o.replace(output=o.output + "_x")
+    assert renamed.flow_key == (o.name, o.kernel, o.inputs, o.output + "_x")
+    rewired = o.replace(inputs=tuple((p, t + "_y") for p, t in o.inputs))
+    assert rewired.flow_key[2] == tuple((p, t + "_y") for p, t in o.inputs)
