@@ -55,7 +55,7 @@ import itertools
 
 from collections import OrderedDict, deque
 from itertools import chain, compress, repeat
-from operator import attrgetter, itemgetter, ne
+from operator import attrgetter, is_not, itemgetter, ne
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -308,6 +308,15 @@ def _unsubstituted_entries(o: Op, g: Graph) -> list[tuple]:
                 if not (s["kernel"] in ("accumulate", "attention_combine") and s["op"].endswith(".acc")
                         and s["op"][:-4] in g.ops)]
     return _logical_entries(o, g)
+
+
+def _same_ends(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two tensor tables differ only in intermediates (the same sources and outputs)."""
+    names = list(a)
+    changed = [b.get(n) for n in compress(names, map(is_not, map(b.get, names), a.values()))]
+    changed += [a[n] for n in compress(names, map(is_not, map(b.get, names), a.values()))]
+    changed += [b[n] for n in b.keys() - a.keys()]
+    return all(t is None or t.role == "intermediate" for t in changed)
 
 
 def _io_key(g: Graph) -> tuple:
@@ -841,7 +850,41 @@ class Lowerer:
 
     def program_of(self, g: Graph) -> int:
         """The number of ``g``'s program (equal numbers: equal programs; ``Lowered.program``)."""
-        return self._program_number(self._program_key(g))
+        number = self._program_of_recent(g)
+        return number if number is not None else self._program_number(self._program_key(g))
+
+    def _program_of_recent(self, g: Graph) -> int | None:
+        """The program of one of the last two states when ``g`` differs from it by a few ops that
+        stand for the same logical entries, with the same sources and outputs (a fusion, a
+        reduction split, a substitution: they rewrite the plan, not the program), else None.
+        Keying a whole model's program took ~1 ms of every structural move of a gpt-2 step."""
+        gops, memo = g.ops, self._logical
+        names, vals = list(gops), list(gops.values())
+        for S in list(self._states)[-2:][::-1]:
+            P = S.ops_map
+            mask = list(map(is_not, map(P.get, names), vals))
+            n = mask.count(True)
+            if n > 64 or 4 * n > len(names):
+                continue
+            if g.tensors is not S.tensors and not _same_ends(g.tensors, S.tensors):
+                continue
+            gone = [P[k] for k in compress(names, mask) if k in P] + [P[k] for k in P.keys() - gops.keys()]
+            before = []
+            for o in gone:  # their entries as keyed with the parent (a miss: key g whole)
+                hit = memo.get(id(o))
+                if hit is None or hit[0] is not o:
+                    return None
+                before.extend(hit[1])
+            after = []
+            for o in compress(vals, mask):
+                hit = memo.get(id(o))
+                if hit is None or hit[0] is not o:
+                    hit = memo[id(o)] = (o, _logical_entries(o, g))
+                after.extend(hit[1])
+            if sorted(before) == sorted(after):
+                return S.struct.program
+            return None
+        return None
 
     def _program_number(self, key: tuple) -> int:
         number = self._programs.get(key)

@@ -80,3 +80,35 @@ def test_a_split_reductions_combine_fused_with_its_consumer_keeps_the_key():
     f = fuse(h, acc, consumer)
     assert low.unsubstituted_key(f) == low.unsubstituted_key(h) == low.unsubstituted_key(g)
     assert unshard(f).digest == unshard(g).digest
+
+
+@pytest.mark.parametrize("name,kw", [("gpt", dict(batch=2, seq=8, layers=2)),
+                                     ("llama", dict(batch=2, seq=8, kv_heads=2, layers=2))])
+def test_a_child_takes_its_parents_program_only_when_their_keys_are_equal(name, kw):
+    """``Lowerer.program_of`` gives a structural child its parent's program number without keying
+    the child (``_program_of_recent``): only when keying both whole gives equal keys."""
+    g0 = workloads.build(name, mode="train", **kw)
+    low, ref = Lowerer(HW), Lowerer(HW)
+    rng = np.random.default_rng(4)
+    g, taken, refused = g0, 0, 0
+    low.lower(g0)
+    for _ in range(120):
+        try:
+            child, _m = random_rewrite(g, rng, 8, max_shards_per_op=8)
+        except RewriteError:
+            g = g0
+            low.lower(g)
+            continue
+        number = low._program_of_recent(child)
+        same = ref._program_key(child) == ref._program_key(g)
+        if number is not None:
+            assert same and number == low._states[-1].struct.program
+            taken += 1
+        elif not same:
+            refused += 1
+        low.lower(child)
+        if rng.random() < 0.7:
+            g = child
+        else:
+            low.lower(g)  # the parent is the latest state again
+    assert taken >= 20 and refused >= 3
