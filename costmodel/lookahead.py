@@ -222,9 +222,13 @@ def _batch_flow(low, g: Graph, info: _StructInfo):
     gops = g.ops
     names = list(gops)
     best, fewest = None, len(names) // 4 + 1
+    origin = g.origin() if g.origin is not None else None
     for base, flow in reversed(_FLOWS):
         if base is g:
             return flow
+        if base is origin:  # the plan g was made from
+            best = (base, flow)
+            break
         n = sum(map(is_not, map(base.ops.get, names), gops.values()))
         if n < fewest:
             best, fewest = (base, flow), n

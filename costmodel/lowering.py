@@ -313,10 +313,9 @@ def _unsubstituted_entries(o: Op, g: Graph) -> list[tuple]:
 def _same_ends(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether two tensor tables differ only in intermediates (the same sources and outputs)."""
     names = list(a)
-    changed = [b.get(n) for n in compress(names, map(is_not, map(b.get, names), a.values()))]
-    changed += [a[n] for n in compress(names, map(is_not, map(b.get, names), a.values()))]
-    changed += [b[n] for n in b.keys() - a.keys()]
-    return all(t is None or t.role == "intermediate" for t in changed)
+    changed = list(compress(names, map(is_not, map(b.get, names), a.values())))
+    return all(a[n].role == "intermediate" and (n not in b or b[n].role == "intermediate") for n in changed) \
+        and all(b[n].role == "intermediate" for n in b.keys() - a.keys())
 
 
 def _io_key(g: Graph) -> tuple:
@@ -853,21 +852,26 @@ class Lowerer:
         number = self._program_of_recent(g)
         return number if number is not None else self._program_number(self._program_key(g))
 
+    def _origin_state(self, g: Graph) -> _State | None:
+        """The recent state of the plan ``g`` was made from (``Graph.origin``), or None."""
+        parent = g.origin() if g.origin is not None else None
+        if parent is None:
+            return None
+        return next((S for S in reversed(self._states) if S.ops_map is parent.ops), None)
+
     def _program_of_recent(self, g: Graph) -> int | None:
-        """The program of one of the last two states when ``g`` differs from it by a few ops that
+        """The program of the state of ``g``'s origin when ``g`` differs from it by a few ops that
         stand for the same logical entries, with the same sources and outputs (a fusion, a
         reduction split, a substitution: they rewrite the plan, not the program), else None.
         Keying a whole model's program took ~1 ms of every structural move of a gpt-2 step."""
-        gops, memo = g.ops, self._logical
-        names, vals = list(gops), list(gops.values())
-        for S in list(self._states)[-2:][::-1]:
+        S = self._origin_state(g)
+        if S is not None:
+            gops, memo = g.ops, self._logical
+            names, vals = list(gops), list(gops.values())
+            mask = list(map(is_not, map(S.ops_map.get, names), vals))
             P = S.ops_map
-            mask = list(map(is_not, map(P.get, names), vals))
-            n = mask.count(True)
-            if n > 64 or 4 * n > len(names):
-                continue
             if g.tensors is not S.tensors and not _same_ends(g.tensors, S.tensors):
-                continue
+                return None
             gone = [P[k] for k in compress(names, mask) if k in P] + [P[k] for k in P.keys() - gops.keys()]
             before = []
             for o in gone:  # their entries as keyed with the parent (a miss: key g whole)
@@ -883,7 +887,6 @@ class Lowerer:
                 after.extend(hit[1])
             if sorted(before) == sorted(after):
                 return S.struct.program
-            return None
         return None
 
     def _program_number(self, key: tuple) -> int:
@@ -991,9 +994,10 @@ class Lowerer:
             st = self._structure(g)
             ops = list(g.ops.values()) if st.order is st.keys else list(map(g.ops.__getitem__, st.order))
             get = self._cache.get
-            # the recent state closest in size (usually this plan's parent: most pieces are its
-            # pieces; with layers="repeat" states alternate between two truncations)
-            last = min(reversed(self._states), key=lambda S: abs(len(S.ops) - len(ops)), default=None)
+            # the state of the plan this one was made from, else the recent one closest in size
+            # (most pieces are its pieces; with layers="repeat" states alternate between two truncations)
+            last = self._origin_state(g) or min(reversed(self._states), key=lambda S: abs(len(S.ops) - len(ops)),
+                                                default=None)
             if last is not None:
                 op_pieces, group_pieces, source_pieces, op_sizes, g_counts, cats = self._derive(g, st, ops, last)
             else:

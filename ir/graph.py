@@ -210,10 +210,14 @@ class Graph:
         self.tensors: Mapping[str, Tensor] = tensors
         self.ops: Mapping[str, Op] = ops
         self.edit: Edit | None = None
+        #: the graph ``with_ops`` made this one from (a weak reference), or None: lineage for
+        #: consumers that derive a child's facts from its parent's (the cost model)
+        self.origin: weakref.ref | None = None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["edit"] = None  # lineage is local to a process (a weak reference)
+        state["origin"] = None
         return state
 
     # -- derived views (cached per graph; cheap: O(ops), never O(shards)) ------------------
@@ -330,6 +334,7 @@ class Graph:
                 else:
                     t[name] = v
         child = Graph(t, ops)
+        child.origin = weakref.ref(self)
         if in_place and not tensors and all(v is not None and k in self.ops for k, v in replace.items()):
             child.edit = Edit(weakref.ref(self), tuple(replace))
         return child
