@@ -594,6 +594,7 @@ class Lowerer:
         self._den: dict[tuple[str, str], tuple[float, float, float]] = {}
         self._states: deque[_State] = deque(maxlen=max(1, states))
         self._programs: dict[tuple, int] = {}
+        self._keys: dict[int, tuple] = {}  # program number -> its key (for as long as _programs has it)
         self._structures: dict[tuple, Structure] = {}
         self._logical: OrderedDict[int, tuple] = OrderedDict()
         self._unsubstituted: OrderedDict[int, tuple] = OrderedDict()
@@ -860,10 +861,12 @@ class Lowerer:
         return next((S for S in reversed(self._states) if S.ops_map is parent.ops), None)
 
     def _program_of_recent(self, g: Graph) -> int | None:
-        """The program of the state of ``g``'s origin when ``g`` differs from it by a few ops that
-        stand for the same logical entries, with the same sources and outputs (a fusion, a
-        reduction split, a substitution: they rewrite the plan, not the program), else None.
-        Keying a whole model's program took ~1 ms of every structural move of a gpt-2 step."""
+        """``g``'s program from that of the state of its origin, when they have the same sources
+        and outputs: the same program when the ops ``g`` changed stand for the same logical entries
+        as those they replaced (a fusion, a reduction split: they rewrite the plan, not the program),
+        else the parent's key less the replaced ops' entries plus the new ones' (a substitution).
+        None when that cannot be told. Keying a whole model's program took ~1 ms of every
+        structural move of a gpt-2 step."""
         S = self._origin_state(g)
         if S is not None:
             gops, memo = g.ops, self._logical
@@ -887,14 +890,20 @@ class Lowerer:
                 after.extend(hit[1])
             if sorted(before) == sorted(after):
                 return S.struct.program
+            key = self._keys.get(S.struct.program)
+            if key is not None and isinstance(key[0], frozenset):  # the parent's entries, all distinct
+                entries = key[0].difference(before).union(after)
+                if len(entries) == len(key[0]) - len(before) + len(after):  # still all distinct
+                    return self._program_number((entries, key[1]))
         return None
 
     def _program_number(self, key: tuple) -> int:
         number = self._programs.get(key)
         if number is None:
             number = self._programs[key] = next(_PROGRAM_SEQ)
+            self._keys[number] = key
             if len(self._programs) > self.PROGRAMS_CAP:
-                self._programs.pop(next(iter(self._programs)))
+                self._keys.pop(self._programs.pop(next(iter(self._programs))), None)
         return number
 
     def _new_structure(self, g: Graph, program: int) -> Structure:
