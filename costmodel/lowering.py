@@ -64,7 +64,7 @@ from costmodel import _kernels as K
 from costmodel import collectives as C
 from costmodel import efficiency as E
 from costmodel.hardware import Hardware, HardwareError, class_family
-from costmodel.structure import Structure, build_structure
+from costmodel.structure import Structure, build_structure, derive_structure
 from ir.graph import SOURCE_ROLES, Graph, Op
 from ir.kernels import ITEMSIZE, get_kernel
 from ir.kernels.base import Signature
@@ -596,6 +596,7 @@ class Lowerer:
         self._programs: dict[tuple, int] = {}
         self._keys: dict[int, tuple] = {}  # program number -> its key (for as long as _programs has it)
         self._structures: dict[tuple, Structure] = {}
+        self._link: tuple | None = None  # (plan, state, op map, group map) of the last derived structure
         self._logical: OrderedDict[int, tuple] = OrderedDict()
         self._unsubstituted: OrderedDict[int, tuple] = OrderedDict()
         self._io: dict[tuple, tuple] = {}
@@ -914,6 +915,12 @@ class Lowerer:
                 sized[id(t)] = t
         if len(sized) > 4 * self.cache_size:
             sized.clear()
+        S = self._origin_state(g)
+        if S is not None:  # derived from the structure of the plan g was made from
+            out = derive_structure(g, S.struct, S.ops, S.index(), S.tensors, program)
+            if out is not None:
+                self._link = (g, S, out[1], out[2])
+                return out[0]
         return build_structure(g, program)
 
     def _program_key(self, g: Graph) -> tuple:
@@ -1061,19 +1068,10 @@ class Lowerer:
         self._push(g, st, ops, op_pieces, group_pieces, source_pieces, op_sizes, g_counts, low, cats)
         return low
 
-    def _derive(self, g: Graph, st: Structure, ops: list[Op], last: _State) -> tuple:
-        """A fresh structure's pieces and arrays, taken from ``last`` (a recent state, usually the
-        parent) wherever they are the same: an op kept (the same object) keeps its piece; a group
-        with the same producer, state flag and readers (kept ops, same ports, in order) keeps its
-        piece and counts; a state's home source whose home op is kept keeps its piece. The rest is
-        looked up or computed as in a fresh lowering, so the arrays are bit-identical to one."""
-        P = last.struct
-        get = self._cache.get
-        c2p = np.fromiter(map(last.index().get, map(id, ops), itertools.repeat(-1)), np.int64, len(ops))
-        pp = last.op_pieces
-        op_pieces = [pp[j] if j >= 0 else (get(("op", id(o))) or self.op_piece(g, o))
-                     for o, j in zip(ops, c2p.tolist())]
-        # groups: the parent's group of the same producer (or home), checked reader by reader
+    @staticmethod
+    def _group_map(st: Structure, P: Structure, c2p: np.ndarray) -> np.ndarray:
+        """Per group of ``st``: the group of ``P`` with the same producer (or home), state flag,
+        tensor, itemsize and readers (the same ops, ports, in order), or -1."""
         pos = c2p[st.g_prod]
         safe = np.maximum(pos, 0)
         pg = np.where(st.g_state == 1, P.group_of_home[safe], P.group_of_producer[safe])
@@ -1092,6 +1090,25 @@ class Lowerer:
             idx = idx[np.logical_and.reduceat(same, first)]
         gmap = np.full(len(st.g_prod), -1, np.int64)
         gmap[idx] = pg[idx]
+        return gmap
+
+    def _derive(self, g: Graph, st: Structure, ops: list[Op], last: _State) -> tuple:
+        """A fresh structure's pieces and arrays, taken from ``last`` (a recent state, usually the
+        parent) wherever they are the same: an op kept (the same object) keeps its piece; a group
+        with the same producer, state flag and readers (kept ops, same ports, in order) keeps its
+        piece and counts; a state's home source whose home op is kept keeps its piece. The rest is
+        looked up or computed as in a fresh lowering, so the arrays are bit-identical to one."""
+        P = last.struct
+        get = self._cache.get
+        link, self._link = self._link, None
+        if link is not None and link[0] is g and link[1] is last:  # the structure was derived from last's
+            c2p, gmap = link[2], link[3]
+        else:
+            c2p = np.fromiter(map(last.index().get, map(id, ops), itertools.repeat(-1)), np.int64, len(ops))
+            gmap = self._group_map(st, P, c2p)
+        pp = last.op_pieces
+        op_pieces = [pp[j] if j >= 0 else (get(("op", id(o))) or self.op_piece(g, o))
+                     for o, j in zip(ops, c2p.tolist())]
         gp = last.group_pieces
         group_pieces = [gp[j] if j >= 0 else self._group_piece(g, st, gi, ops, op_pieces)
                         for gi, j in enumerate(gmap.tolist())]

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import chain
-from operator import attrgetter, itemgetter
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_not, itemgetter
 from typing import Any
 
 import numpy as np
@@ -96,6 +96,7 @@ class Structure:
     op_inplace: np.ndarray         # int8 per op: 1 = produces some P.next (writes P's buffer)
     op_acc: np.ndarray             # bool per op: an accumulate (its local inputs are added in place)
     op_reads: np.ndarray           # int64 per op: how many inputs it reads
+    op_out: np.ndarray             # object per op: its output tensor's name
 
     @property
     def groups(self) -> _Groups:
@@ -139,6 +140,17 @@ class Structure:
         """The sources op ``i`` reads or is the home of, in source order."""
         ptr, idx = self._op_sources
         return idx[ptr[i]:ptr[i + 1]].tolist()
+
+    @cached_property
+    def _lookups(self) -> tuple[dict, dict, dict, dict]:
+        """(tensor -> producer position, -> ordinary group, -> state group, -> ordinary source)."""
+        plain = np.nonzero(self.g_state == 0)[0]
+        state = np.nonzero(self.g_state == 1)[0]
+        src = np.nonzero(self.s_home < 0)[0]
+        return (dict(zip(self.op_out.tolist(), range(len(self.op_out)))),
+                dict(zip(self.g_tensor[plain].tolist(), plain.tolist())),
+                dict(zip(self.g_tensor[state].tolist(), state.tolist())),
+                dict(zip(self.s_tensor[src].tolist(), src.tolist())))
 
     @cached_property
     def group_of_producer(self) -> np.ndarray:
@@ -272,10 +284,181 @@ def build_structure(g: Graph, program: int) -> Structure:
     op_inplace[home_ops] = 1
     op_acc = np.array(list(map(_kernel, ops)), object) == "accumulate"
     return Structure(keys, order, program, g_prod, names[g_tid], g_state, item_of, g_rptr, in_op[o], port_arr[o],
-                     s_tensor, s_home, s_rptr, in_op[se], port_arr[se], op_inplace, op_acc, lens)
+                     s_tensor, s_home, s_rptr, in_op[se], port_arr[se], op_inplace, op_acc, lens, names[out_t])
 
 
 def _itemsizes(tensors: Any, names: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Itemsize of each tensor in ``ids``."""
     return np.fromiter(map(ITEMSIZE.__getitem__, map(_dtype, map(tensors.__getitem__, names[ids].tolist()))),
                        np.float64, len(ids))
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(s, s + c)`` for each (start, count)."""
+    total = int(counts.sum())
+    first = np.cumsum(counts) - counts
+    return np.repeat(starts - first, counts) + np.arange(total, dtype=np.int64)
+
+
+def _objects(values: list) -> np.ndarray:
+    a = np.empty(len(values), object)
+    a[:] = values
+    return a
+
+
+def derive_structure(g: Graph, P: Structure, p_ops: list, p_index: dict[int, int], p_tensors: Any,
+                     program: int) -> tuple[Structure, np.ndarray, np.ndarray] | None:
+    """``build_structure(g, program)`` from the structure ``P`` of a plan ``g`` was made from (its
+    ops ``p_ops`` in ``P.order``, ``p_index``: id of each -> position, its tensors ``p_tensors``),
+    looking only at the ops ``g`` changed and the tensors they touch; with the child-to-parent
+    position of each op (-1: new) and each group (-1: rebuilt). None where it cannot (the parent's
+    op order was not program order, the child's is not, or too much changed): build it whole."""
+    if P.order is not P.keys:
+        return None
+    gops, tensors = g.ops, g.tensors
+    vals = list(gops.values())
+    n, Pn = len(vals), len(P.order)
+    c2p = np.fromiter(map(p_index.get, map(id, vals), repeat(-1)), np.int64, n)
+    kept = c2p >= 0
+    kp = c2p[kept]
+    if kp.size > 1 and not (kp[1:] > kp[:-1]).all():
+        return None
+    p2c = np.full(Pn, -1, np.int64)
+    p2c[kp] = np.nonzero(kept)[0]
+    new = np.nonzero(~kept)[0].tolist()
+    gone = np.nonzero(p2c < 0)[0].tolist()
+    if len(new) + len(gone) > max(16, n // 8):
+        return None
+    new_ops = [vals[i] for i in new]
+    dirty: set[str] = set()
+    for o in chain(new_ops, (p_ops[j] for j in gone)):
+        dirty.add(o.output)
+        dirty.update(map(_second, o.inputs))
+    if tensors is not p_tensors:  # a tensor changed under a kept op: build whole
+        tn = list(tensors)
+        changed = set(compress(tn, map(is_not, map(p_tensors.get, tn), tensors.values())))
+        if not changed <= dirty or not (p_tensors.keys() - tensors.keys()) <= dirty:
+            return None
+    k = len(NEXT_SUFFIX)
+    dirty.update([t[:-k] for t in dirty if t.endswith(NEXT_SUFFIX)])  # a state whose next value moved
+    p_prod, p_plain, p_state, p_src = P._lookups
+    new_out = {o.output: i for i, o in zip(new, new_ops)}
+
+    def producer(t: str) -> int:
+        i = new_out.get(t)
+        if i is not None:
+            return i
+        j = p_prod.get(t)
+        return int(p2c[j]) if j is not None else -1
+
+    def readers(t: str) -> tuple[list[int], list[str]]:
+        """Child readers of ``t`` in program order: the parent's kept ones and the new ops'."""
+        rows: list[tuple[int, int, str]] = []
+        for table, ptr, rop, rport in ((p_plain, P.g_rptr, P.g_rop, P.g_rport), (p_state, P.g_rptr, P.g_rop, P.g_rport),
+                                       (p_src, P.s_rptr, P.s_rop, P.s_rport)):
+            x = table.get(t)
+            if x is not None:
+                a, b = ptr[x], ptr[x + 1]
+                rows += [(int(p2c[r]), q, port) for q, (r, port) in enumerate(zip(rop[a:b].tolist(),
+                                                                                  rport[a:b].tolist()))
+                         if p2c[r] >= 0]
+        for i, o in zip(new, new_ops):
+            rows += [(i, q, port) for q, (port, tt) in enumerate(o.inputs) if tt == t]
+        rows.sort()
+        return [r for r, _q, _p in rows], [p for _r, _q, p in rows]
+
+    # groups: the parent's whose tensor is clean, remapped; those of dirty tensors rebuilt
+    clean = np.nonzero(~np.fromiter(map(dirty.__contains__, P.g_tensor.tolist()), np.bool_, len(P.g_prod)))[0]
+    c_counts = np.diff(P.g_rptr)[clean]
+    c_entries = _ranges(P.g_rptr[clean], c_counts)
+    keys = [np.where(P.g_state[clean] == 1, n + p2c[P.g_prod[clean]], p2c[P.g_prod[clean]])]
+    new_groups = []  # (key, tensor, state, readers, ports)
+    homes_new = []  # (home, P) of dirty carried states
+    for t in sorted(dirty):
+        tt = tensors.get(t)
+        if tt is None:
+            continue
+        pr = producer(t)
+        if pr >= 0:
+            rd, ports = readers(t)
+            if rd:
+                if min(rd) <= pr:
+                    return None  # not in program order
+                new_groups.append((pr, t, 0, rd, ports))
+            continue
+        home = producer(t + NEXT_SUFFIX) if tt.role in STATE_ROLES else -1
+        if home >= 0:
+            homes_new.append((home, t))
+            rd, ports = readers(t)
+            if rd:
+                new_groups.append((n + home, t, 1, rd, ports))
+    keys.append(np.array([x[0] for x in new_groups], np.int64))
+    all_keys = np.concatenate(keys)
+    perm = np.argsort(all_keys, kind="stable")
+    counts = np.concatenate([c_counts, np.array([len(x[3]) for x in new_groups], np.int64)])
+    flat_rop = np.concatenate([p2c[P.g_rop[c_entries]],
+                               np.array([r for x in new_groups for r in x[3]], np.int64)])
+    flat_port = np.concatenate([P.g_rport[c_entries], _objects([p for x in new_groups for p in x[4]])])
+    starts = np.cumsum(counts) - counts
+    take = _ranges(starts[perm], counts[perm])
+    g_rptr = np.zeros(len(perm) + 1, np.int64)
+    np.cumsum(counts[perm], out=g_rptr[1:])
+    g_state = np.concatenate([P.g_state[clean], np.array([x[2] for x in new_groups], np.int8)])[perm]
+    gk = all_keys[perm]
+    g_prod = np.where(g_state == 1, gk - n, gk)
+    g_tensor = np.concatenate([P.g_tensor[clean], _objects([x[1] for x in new_groups])])[perm]
+    g_item = np.concatenate([P.g_item[clean], np.array([float(ITEMSIZE[tensors[x[1]].dtype]) for x in new_groups],
+                                                       np.float64)])[perm]
+    gmap = np.concatenate([clean, np.full(len(new_groups), -1, np.int64)])[perm]
+
+    # sources: ordinary ones in first-reader order, then the states' homes in home order
+    ordinary = []  # (first reader, index of its first read there, tensor, readers, ports)
+    for si in np.nonzero(P.s_home < 0)[0].tolist():
+        t = P.s_tensor[si]
+        if t in dirty:
+            continue
+        a, b = P.s_rptr[si], P.s_rptr[si + 1]
+        rd = p2c[P.s_rop[a:b]].tolist()
+        ordinary.append((rd[0], t, rd, P.s_rport[a:b].tolist()))
+    for t in sorted(dirty):
+        tt = tensors.get(t)
+        if tt is None or producer(t) >= 0 or tt.role not in SOURCE_ROLES or \
+                (tt.role in STATE_ROLES and producer(t + NEXT_SUFFIX) >= 0):
+            continue
+        rd, ports = readers(t)
+        if rd:
+            ordinary.append((rd[0], t, rd, ports))
+    ordinary.sort(key=lambda x: (x[0], [tt for _p, tt in vals[x[0]].inputs].index(x[1])))
+    p_homes = np.nonzero(P.s_home >= 0)[0]
+    keep_home = ~np.fromiter(map(dirty.__contains__, P.s_tensor[p_homes].tolist()), np.bool_, len(p_homes))
+    h_pos = np.concatenate([p2c[P.s_home[p_homes[keep_home]]], np.array([h for h, _ in homes_new], np.int64)])
+    h_t = np.concatenate([P.s_tensor[p_homes[keep_home]], _objects([t for _, t in homes_new])])
+    ho = np.argsort(h_pos, kind="stable")
+    h_pos, h_t = h_pos[ho], h_t[ho]
+    n_src = len(ordinary)
+    s_counts = np.array([len(x[2]) for x in ordinary] + [0] * len(h_pos), np.int64)
+    s_rptr = np.zeros(len(s_counts) + 1, np.int64)
+    np.cumsum(s_counts, out=s_rptr[1:])
+    s_tensor = np.concatenate([_objects([x[1] for x in ordinary]), h_t])
+    s_home = np.concatenate([np.full(n_src, -1, np.int64), h_pos])
+
+    # per op: kept ops' values, the new ops' own
+    def per_op(parent: np.ndarray, fresh: list, dtype: Any) -> np.ndarray:
+        out = np.empty(n, dtype)
+        out[kept] = parent[kp]
+        if new:
+            out[new] = np.array(fresh, dtype) if dtype is not object else _objects(fresh)
+        return out
+
+    op_inplace = np.zeros(n, np.int8)
+    op_inplace[h_pos] = 1
+    keys_ = tuple(gops)
+    st = Structure(keys_, keys_, program, g_prod, g_tensor, g_state, g_item, g_rptr, flat_rop[take],
+                   flat_port[take], s_tensor, s_home, s_rptr,
+                   np.array([r for x in ordinary for r in x[2]], np.int64),
+                   _objects([p for x in ordinary for p in x[3]]), op_inplace,
+                   per_op(P.op_acc, [o.kernel == "accumulate" for o in new_ops], np.bool_),
+                   per_op(P.op_reads, [len(o.inputs) for o in new_ops], np.int64),
+                   per_op(P.op_out, [o.output for o in new_ops], object))
+    g.__dict__.setdefault("topo_order", st.keys)
+    return st, c2p, gmap

@@ -106,3 +106,49 @@ def test_building_a_structure_leaves_the_graphs_program_order_as_the_graph_finds
     fresh = Graph(g.tensors, dict(g.ops))
     build_structure(fresh, 1)
     assert "topo_order" in fresh.__dict__ and fresh.topo_order == Graph(g.tensors, dict(g.ops)).topo_order
+
+
+FIELDS = ("g_prod", "g_tensor", "g_state", "g_item", "g_rptr", "g_rop", "g_rport", "s_tensor", "s_home", "s_rptr",
+          "s_rop", "s_rport", "op_inplace", "op_acc", "op_reads", "op_out")
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("gpt", dict(mode="train", batch=4, seq=8, layers=2, d_model=16, heads=2, vocab=32)),
+    ("llama", dict(mode="train", batch=2, seq=8, layers=2, d_model=16, heads=4, kv_heads=2, d_ff=32, vocab=32)),
+    ("mlp", dict(mode="train", batch=8, widths=[8, 16, 8], optimizer="sgd")),
+])
+def test_a_childs_structure_derived_from_its_parents_equals_the_one_built_whole(name, kw):
+    from costmodel.structure import derive_structure
+
+    rng = np.random.default_rng(8)
+    g0 = workloads.build(name, **kw)
+    g, derived = g0, 0
+    for step in range(150):
+        try:
+            child, _m = random_rewrite(g, rng, 8, max_shards_per_op=8)
+        except RewriteError:
+            g = g0
+            continue
+        if step % 10 == 0:  # (a merge_matmuls leaves its descendants' op order unprogrammed: built whole)
+            g = g0
+            continue
+        P = build_structure(g, 1)
+        p_ops = [g.ops[n] for n in P.order]
+        out = derive_structure(child, P, p_ops, {id(o): i for i, o in enumerate(p_ops)}, g.tensors, 1)
+        if out is not None:
+            st, c2p, gmap = out
+            ref = build_structure(child, 1)
+            assert st.keys == ref.keys and st.order == ref.order and st.order is st.keys
+            for f in FIELDS:
+                a, b = getattr(st, f), getattr(ref, f)
+                assert a.dtype == b.dtype and a.tolist() == b.tolist(), f
+            ops = list(child.ops.values())
+            assert all(j < 0 or ops[i] is p_ops[j] for i, j in enumerate(c2p.tolist()))
+            for gi, j in enumerate(gmap.tolist()):  # a kept group: the same tensor, kind and readers
+                if j >= 0:
+                    assert P.g_tensor[j] == st.g_tensor[gi] and P.g_state[j] == st.g_state[gi]
+                    assert c2p[st.groups[gi][0]] == P.groups[j][0]
+                    assert [(c2p[r], p) for r, p in st.groups[gi][2]] == list(P.groups[j][2])
+            derived += 1
+        g = child if rng.random() < 0.7 else g
+    assert derived >= 60
