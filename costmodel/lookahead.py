@@ -281,69 +281,108 @@ def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW,
 
 def _window_edges(low, g: Graph, window: int, skip: np.ndarray | None) -> tuple[list, list]:
     """The program-order window over compute nodes (those not in ``skip``: pipeline units
-    have their own order)."""
+    have their own order); see ``_window_kernel``."""
     nc = low.n_compute
-    offs = np.asarray(low.op_offsets)
     info = _struct_info(low, g)
-    op_pos = info.op_pos
-    counts = np.diff(offs)
-    node_pos = np.repeat(op_pos, counts)  # program position of each compute node's op
-    dev = np.asarray(low.dev[:nc], np.int64).copy()
-    if skip is not None:
-        dev[skip] = low.n_devices  # a device of their own, never gating nor gated
-    # ops fed by sources only (weights' casts: programs build them all first) are fetched just in
-    # time: out of the window's order, each gated by the node `window` places before its first
-    # reader (FSDP gathers a layer's weights a layer or so ahead, not the whole model at once)
-    fetch_pos = np.repeat(info.fetch_reader, counts)
-    fetch = np.nonzero((fetch_pos >= 0) & (dev < low.n_devices))[0]
-    fetch_dev = dev[fetch]
-    dev[fetch] = low.n_devices
-    # by device, then program order: nodes are numbered in program order (op by op, ``op_pos`` is
-    # the identity), so a stable sort on the device alone (a radix sort on int16 keys) gives it
-    order = np.argsort(dev.astype(np.int16 if low.n_devices < 2**15 else np.int32), kind="stable")
-    dev_sorted = dev[order]
-    starts = np.searchsorted(dev_sorted, np.arange(low.n_devices + 2))
-    rank = np.empty(nc, np.int64)  # rank of a compute node within its device's program order
-    rank[order] = np.arange(nc) - starts[dev_sorted]
-    src, dst = [], []
-    same = np.nonzero((rank[order] >= window) & (dev_sorted < low.n_devices))[0]
-    if same.size:
-        src.append(order[same - window])
-        dst.append(order[same])
-    # Transfers without predecessors: gated by the node `window` places before their first reader.
-    n = low.kind.shape[0]
-    ptr, idx = low.succ_ptr, low.succ_idx
-    indeg = np.bincount(idx, minlength=n)
-    free = np.nonzero(indeg[nc:] == 0)[0] + nc  # point-to-point and collective (kind 2) gathers
-    if free.size:
-        counts = ptr[free + 1] - ptr[free]
-        t_of = np.repeat(free, counts)
-        lo = np.repeat(ptr[free], counts)
-        within = np.arange(t_of.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        v = np.asarray(idx)[lo + within].astype(np.int64)
-        keep = v < nc
-        t_of, v = t_of[keep], v[keep]
-        if t_of.size:
-            o = np.lexsort((node_pos[v], t_of))  # per transfer, its reader earliest in program order first
-            t_sorted, v_sorted = t_of[o], v[o]
-            first = np.ones(t_sorted.size, bool)
-            first[1:] = t_sorted[1:] != t_sorted[:-1]
-            t_first, reader = t_sorted[first], v_sorted[first]
-            r = rank[reader] - window
-            ok = (r >= 0) & (dev[reader] < low.n_devices)
-            if ok.any():
-                src.append(order[starts[dev[reader[ok]]] + r[ok]])
-                dst.append(t_first[ok])
-    if fetch.size:  # on its own device: the windowed nodes before its first reader's position
-        span = int(node_pos.max()) + 2  # (device, position) as one sortable key
-        key = dev_sorted * span + node_pos[order]
-        before = np.searchsorted(key, fetch_dev * span + fetch_pos[fetch]) - starts[fetch_dev]
-        r = before - window
-        ok = r >= 0
-        if ok.any():
-            src.append(order[starts[fetch_dev[ok]] + r[ok]])
-            dst.append(fetch[ok])
-    return src, dst
+    offs = np.asarray(low.op_offsets, np.int64)
+    has_skip = skip is not None
+    src, dst = _window_kernel(np.asarray(low.dev[:nc]), offs, info.fetch_reader, skip if has_skip else _NO_SKIP,
+                              has_skip, window, low.n_devices, low.kind.shape[0], low.succ_ptr, low.succ_idx)
+    return ([src], [dst]) if src.size else ([], [])
+
+
+_NO_SKIP = np.zeros(0, np.bool_)
+
+
+@njit(cache=True, nogil=True)
+def _window_kernel(dev_in, offs, fetch_reader, skip, has_skip, window, nd, n, succ_ptr, succ_idx):
+    """Control edges ``(src, dst)`` of the window, in three runs:
+
+    - per device, in program order (nodes are numbered op by op in program order), each compute
+      node after the one ``window`` places before it;
+    - each transfer or collective with no predecessors (a gather of a loop-carried state) after
+      the node ``window`` places before its first reader (the reader earliest in program order,
+      the first such successor on ties) on that reader's device;
+    - each node of an op fed by sources only (``fetch_reader[op] >= 0``: a weight's cast) leaves
+      the window's order, after the node ``window`` places before the first node of its first
+      reader's op on its own device.
+
+    Nodes in ``skip`` (pipeline units, with their own order) and fetched nodes are on a device of
+    their own (``nd``), never gating nor gated."""
+    nc = dev_in.shape[0]
+    n_ops = offs.shape[0] - 1
+    node_op = np.empty(nc, np.int64)
+    for o in range(n_ops):
+        for i in range(offs[o], offs[o + 1]):
+            node_op[i] = o
+    dev = np.empty(nc, np.int64)
+    n_fetch = 0
+    fetch = np.empty(nc, np.int64)
+    fetch_dev = np.empty(nc, np.int64)
+    for i in range(nc):
+        d = dev_in[i]
+        if has_skip and skip[i]:
+            d = nd
+        if fetch_reader[node_op[i]] >= 0 and d < nd:
+            fetch[n_fetch] = i
+            fetch_dev[n_fetch] = d
+            n_fetch += 1
+            d = nd
+        dev[i] = d
+    # a stable counting sort by device: ``order`` holds each device's nodes in program order
+    starts = np.zeros(nd + 2, np.int64)
+    for i in range(nc):
+        starts[dev[i] + 1] += 1
+    for d in range(nd + 1):
+        starts[d + 1] += starts[d]
+    fill = starts.copy()
+    order = np.empty(nc, np.int64)
+    rank = np.empty(nc, np.int64)
+    for i in range(nc):
+        d = dev[i]
+        order[fill[d]] = i
+        rank[i] = fill[d] - starts[d]
+        fill[d] += 1
+    src = np.empty(2 * nc + n, np.int64)
+    dst = np.empty(2 * nc + n, np.int64)
+    m = 0
+    for k in range(nc):
+        i = order[k]
+        if dev[i] < nd and rank[i] >= window:
+            src[m] = order[k - window]
+            dst[m] = i
+            m += 1
+    indeg = np.zeros(n, np.int64)
+    for e in range(succ_idx.shape[0]):
+        indeg[succ_idx[e]] += 1
+    for t in range(nc, n):
+        if indeg[t] != 0:
+            continue
+        best = -1
+        for e in range(succ_ptr[t], succ_ptr[t + 1]):
+            v = succ_idx[e]
+            if v < nc and (best < 0 or node_op[v] < node_op[best]):
+                best = v
+        if best >= 0 and dev[best] < nd and rank[best] >= window:
+            src[m] = order[starts[dev[best]] + rank[best] - window]
+            dst[m] = t
+            m += 1
+    for j in range(n_fetch):
+        d = fetch_dev[j]
+        target = fetch_reader[node_op[fetch[j]]]
+        lo, hi = starts[d], starts[d + 1]
+        while lo < hi:  # the first of d's nodes at or after the reader's op
+            mid = (lo + hi) >> 1
+            if node_op[order[mid]] < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        r = lo - starts[d] - window
+        if r >= 0:
+            src[m] = order[starts[d] + r]
+            dst[m] = fetch[j]
+            m += 1
+    return src[:m], dst[:m]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -185,3 +185,110 @@ def test_phases_and_barriers_from_the_lowering_flow_equal_the_graph_walk(plan):
         assert (within, across) == ref[:2] and np.array_equal(after, ref[2])
     if plan != "gpt-zero3":
         assert pipeline_units(low, g) is not None  # the pipelines' own tags pass the barriers
+
+
+
+def _window_edges_reference(low, g, window: int, skip):
+    """The window's edges as NumPy array passes (the implementation ``_window_kernel`` replaced)."""
+    nc = low.n_compute
+    offs = np.asarray(low.op_offsets)
+    from costmodel.lookahead import _struct_info
+
+    info = _struct_info(low, g)
+    op_pos = info.op_pos
+    counts = np.diff(offs)
+    node_pos = np.repeat(op_pos, counts)  # program position of each compute node's op
+    dev = np.asarray(low.dev[:nc], np.int64).copy()
+    if skip is not None:
+        dev[skip] = low.n_devices  # a device of their own, never gating nor gated
+    # ops fed by sources only (weights' casts: programs build them all first) are fetched just in
+    # time: out of the window's order, each gated by the node `window` places before its first
+    # reader (FSDP gathers a layer's weights a layer or so ahead, not the whole model at once)
+    fetch_pos = np.repeat(info.fetch_reader, counts)
+    fetch = np.nonzero((fetch_pos >= 0) & (dev < low.n_devices))[0]
+    fetch_dev = dev[fetch]
+    dev[fetch] = low.n_devices
+    # by device, then program order: nodes are numbered in program order (op by op, ``op_pos`` is
+    # the identity), so a stable sort on the device alone (a radix sort on int16 keys) gives it
+    order = np.argsort(dev.astype(np.int16 if low.n_devices < 2**15 else np.int32), kind="stable")
+    dev_sorted = dev[order]
+    starts = np.searchsorted(dev_sorted, np.arange(low.n_devices + 2))
+    rank = np.empty(nc, np.int64)  # rank of a compute node within its device's program order
+    rank[order] = np.arange(nc) - starts[dev_sorted]
+    src, dst = [], []
+    same = np.nonzero((rank[order] >= window) & (dev_sorted < low.n_devices))[0]
+    if same.size:
+        src.append(order[same - window])
+        dst.append(order[same])
+    # Transfers without predecessors: gated by the node `window` places before their first reader.
+    n = low.kind.shape[0]
+    ptr, idx = low.succ_ptr, low.succ_idx
+    indeg = np.bincount(idx, minlength=n)
+    free = np.nonzero(indeg[nc:] == 0)[0] + nc  # point-to-point and collective (kind 2) gathers
+    if free.size:
+        counts = ptr[free + 1] - ptr[free]
+        t_of = np.repeat(free, counts)
+        lo = np.repeat(ptr[free], counts)
+        within = np.arange(t_of.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        v = np.asarray(idx)[lo + within].astype(np.int64)
+        keep = v < nc
+        t_of, v = t_of[keep], v[keep]
+        if t_of.size:
+            o = np.lexsort((node_pos[v], t_of))  # per transfer, its reader earliest in program order first
+            t_sorted, v_sorted = t_of[o], v[o]
+            first = np.ones(t_sorted.size, bool)
+            first[1:] = t_sorted[1:] != t_sorted[:-1]
+            t_first, reader = t_sorted[first], v_sorted[first]
+            r = rank[reader] - window
+            ok = (r >= 0) & (dev[reader] < low.n_devices)
+            if ok.any():
+                src.append(order[starts[dev[reader[ok]]] + r[ok]])
+                dst.append(t_first[ok])
+    if fetch.size:  # on its own device: the windowed nodes before its first reader's position
+        span = int(node_pos.max()) + 2  # (device, position) as one sortable key
+        key = dev_sorted * span + node_pos[order]
+        before = np.searchsorted(key, fetch_dev * span + fetch_pos[fetch]) - starts[fetch_dev]
+        r = before - window
+        ok = r >= 0
+        if ok.any():
+            src.append(order[starts[fetch_dev[ok]] + r[ok]])
+            dst.append(fetch[ok])
+    return src, dst
+
+
+@pytest.mark.parametrize("plan", ["gpt-zero3", "llama-3d", "llama-3d-recompute", "walk"])
+def test_the_window_kernel_equals_the_array_passes(plan):
+    """``_window_kernel`` gives the edges the NumPy passes it replaced gave, in the same order,
+    with and without pipeline units to skip, on fixed plans and random walks."""
+    from costmodel.lookahead import _window_edges, pipeline_units
+    from costmodel.lowering import Lowerer
+    from costmodel.presets import preset
+    from ir.rewrites import RewriteError, random_rewrite
+    from optimizer.search.baselines import megatron_3d, recompute_layers, zero3
+
+    step = workloads.build("llama", mode="train", layers=4, d_model=64, heads=4, kv_heads=2, d_ff=128,
+                           vocab=50, seq=32, batch=16, dtype="bfloat16")
+    gpt = workloads.build("gpt", mode="train", layers=2, d_model=64, heads=4, vocab=50, seq=32, batch=8,
+                          dtype="bfloat16")
+    starts = {"gpt-zero3": [zero3(gpt, 8)], "llama-3d": [megatron_3d(step, 8, 8)],
+              "llama-3d-recompute": [recompute_layers(megatron_3d(step, 8, 8))]}
+    lowerer = Lowerer(preset("h100-sxm-8"), collectives=True)
+    plans = starts.get(plan)
+    if plans is None:
+        rng = np.random.default_rng(6)
+        g, plans = zero3(gpt, 8), []
+        for _ in range(40):
+            try:
+                g, _m = random_rewrite(g, rng, 8, max_shards_per_op=16)
+            except RewriteError:
+                continue
+            plans.append(g)
+    for g in plans:
+        low = lowerer.lower(g)
+        pipe = pipeline_units(low, g)
+        for skip in (None, pipe[0] >= 0 if pipe is not None else None):
+            for window in (0, 1, 4, 16):
+                a = _window_edges(low, g, window, skip)
+                b = _window_edges_reference(low, g, window, skip)
+                flat = [np.concatenate(x) if x else np.zeros(0, np.int64) for x in (*a, *b)]
+                assert np.array_equal(flat[0], flat[2]) and np.array_equal(flat[1], flat[3])
