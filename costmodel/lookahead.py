@@ -33,8 +33,8 @@ Edges only point forward in that order, so no cycle can appear. ``window=0`` dis
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from itertools import compress, repeat
-from operator import attrgetter, contains, is_not
+from itertools import repeat
+from operator import is_not
 
 import numpy as np
 from numba import njit
@@ -45,8 +45,6 @@ from ir.rewrites.recompute import SUFFIX as RE
 DEFAULT_WINDOW = 16  # compute nodes per device: about a transformer sub-layer's forward or backward
 
 _CACHE_CAP = 64
-
-_params = attrgetter("params")
 
 
 def program_positions(g: Graph) -> dict[str, int]:
@@ -69,11 +67,9 @@ class _StructInfo:
         self._phase = None
         self.batch: dict = {}
         self.barrier_memo: dict = {}
-        gops = g.ops
         # ops with split params: within a structure always the same ones (splitting a reduction
         # adds an accumulate op, a new structure), only their params may change
-        self.split_ops = list(compress(names, map(contains, map(_params, map(gops.__getitem__, names)),
-                                                  repeat("split"))))
+        self.split_ops = [names[i] for i in np.nonzero(low.op_split)[0].tolist()]
         self.fetch_reader = _fetch_readers(low.flow, low.op_reads > 0)
         self._flow = low.flow
         g_prod, _rptr, _rop, g_state = low.flow

@@ -141,7 +141,7 @@ class Lowered:
 
     __slots__ = ("kind", "dev", "dst", "dur", "lat", "alloc", "succ_ptr", "succ_idx", "resident", "n_devices",
                  "op_names", "program", "_ints", "_flts", "link", "part_ptr", "part_dev", "part_alloc", "contention",
-                 "acc", "flow", "op_reads")
+                 "acc", "flow", "op_reads", "op_split")
 
     def __init__(self, kind, i32, f64, succ_ptr, succ_idx, resident, ints, flts, n_devices: int,
                  op_names: tuple[str, ...], program: int = 0, link=None, part_ptr=None, part_dev=None,
@@ -158,6 +158,7 @@ class Lowered:
         # (``Structure.g_prod, g_rptr, g_rop, g_state``; set by Lowerer.lower): the data flow between ops
         self.flow = None
         self.op_reads = None  # int64 per op: how many inputs it reads (set with ``flow``)
+        self.op_split = None  # bool per op: a split reduction's partial op (set with ``flow``)
 
     def simulate(self, ctl=None, contention: float | None = None):
         """The schedule of these arrays (``costmodel.simulate.simulate_arrays``, ports and
@@ -1150,7 +1151,7 @@ class Lowerer:
         acc[:ints[len(st.order)]] = np.repeat(st.op_acc, op_sizes)
         low.acc = acc
         low.flow = (st.g_prod, st.g_rptr, st.g_rop, st.g_state)
-        low.op_reads = st.op_reads
+        low.op_reads, low.op_split = st.op_reads, st.op_split
         low.contention = self.hw.contention
         return low
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_not, itemgetter
+from operator import attrgetter, contains, is_not, itemgetter
 from typing import Any
 
 import numpy as np
@@ -97,6 +97,7 @@ class Structure:
     op_acc: np.ndarray             # bool per op: an accumulate (its local inputs are added in place)
     op_reads: np.ndarray           # int64 per op: how many inputs it reads
     op_out: np.ndarray             # object per op: its output tensor's name
+    op_split: np.ndarray           # bool per op: a split reduction's partial op (its params have "split")
 
     @property
     def groups(self) -> _Groups:
@@ -179,6 +180,7 @@ class Structure:
 
 _first, _second = itemgetter(0), itemgetter(1)
 _output, _kernel, _role, _dtype = attrgetter("output"), attrgetter("kernel"), attrgetter("role"), attrgetter("dtype")
+_params = attrgetter("params")
 
 
 def _carried(tensors: Any, tid: dict, prod_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -283,8 +285,10 @@ def build_structure(g: Graph, program: int) -> Structure:
     op_inplace = np.zeros(n, np.int8)
     op_inplace[home_ops] = 1
     op_acc = np.array(list(map(_kernel, ops)), object) == "accumulate"
+    op_split = np.fromiter(map(contains, map(_params, ops), repeat("split")), np.bool_, n)
     return Structure(keys, order, program, g_prod, names[g_tid], g_state, item_of, g_rptr, in_op[o], port_arr[o],
-                     s_tensor, s_home, s_rptr, in_op[se], port_arr[se], op_inplace, op_acc, lens, names[out_t])
+                     s_tensor, s_home, s_rptr, in_op[se], port_arr[se], op_inplace, op_acc, lens, names[out_t],
+                     op_split)
 
 
 def _itemsizes(tensors: Any, names: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -459,6 +463,7 @@ def derive_structure(g: Graph, P: Structure, p_ops: list, p_index: dict[int, int
                    _objects([p for x in ordinary for p in x[3]]), op_inplace,
                    per_op(P.op_acc, [o.kernel == "accumulate" for o in new_ops], np.bool_),
                    per_op(P.op_reads, [len(o.inputs) for o in new_ops], np.int64),
-                   per_op(P.op_out, [o.output for o in new_ops], object))
+                   per_op(P.op_out, [o.output for o in new_ops], object),
+                   per_op(P.op_split, ["split" in o.params for o in new_ops], np.bool_))
     g.__dict__.setdefault("topo_order", st.keys)
     return st, c2p, gmap

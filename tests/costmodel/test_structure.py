@@ -42,7 +42,7 @@ def reference(g: Graph) -> dict:
                   for i in range(len(ops))]
     return {"order": order, "groups": groups, "sources": sources, "op_groups": op_groups,
             "op_sources": op_sources, "inplace": [int(any(h == i for _, h in homes)) for i in range(len(ops))],
-            "acc": [o.kernel == "accumulate" for o in ops],
+            "acc": [o.kernel == "accumulate" for o in ops], "split": ["split" in o.params for o in ops],
             "item": [float(ITEMSIZE[g.tensors[t].dtype]) for _, t, _, _ in groups]}
 
 
@@ -54,6 +54,7 @@ def assert_matches(g: Graph) -> None:
     assert [st.op_groups(i) for i in range(len(st.order))] == ref["op_groups"]
     assert [st.op_sources(i) for i in range(len(st.order))] == ref["op_sources"]
     assert st.op_inplace.tolist() == ref["inplace"] and st.op_acc.tolist() == ref["acc"]
+    assert st.op_split.tolist() == ref["split"]
     assert st.g_item.tolist() == ref["item"]
     for gi in range(len(st.groups)):  # the per-op lookups agree with the groups
         kind = st.group_of_home if st.g_state[gi] else st.group_of_producer
@@ -109,7 +110,7 @@ def test_building_a_structure_leaves_the_graphs_program_order_as_the_graph_finds
 
 
 FIELDS = ("g_prod", "g_tensor", "g_state", "g_item", "g_rptr", "g_rop", "g_rport", "s_tensor", "s_home", "s_rptr",
-          "s_rop", "s_rport", "op_inplace", "op_acc", "op_reads", "op_out")
+          "s_rop", "s_rport", "op_inplace", "op_acc", "op_reads", "op_out", "op_split")
 
 
 @pytest.mark.parametrize("name,kw", [
