@@ -242,19 +242,23 @@ def _radix_argsort(keys):
     """Stable argsort (int32 permutation) of uint64 keys: LSD radix sort, 11-bit digits, passes
     whose digit is the same for all keys skipped. Non-negative float64 values sort like their
     bit patterns (``t.view(np.uint64)``); bitwise NOT of those gives descending order. Several
-    times faster than numba's np.argsort at the sizes seen here."""
+    times faster than numba's np.argsort at the sizes seen here.
+
+    Only the three high digits (bits 33-63) are passes over all keys; runs of keys equal there
+    (equal times, mostly) are then put in order by their low 33 bits, by insertion for a short
+    run and by three radix passes over the run for a long one: the same stable order as six
+    passes over everything, at about half the work."""
     n = keys.shape[0]
-    n_pass = 6
     mask = np.uint64(2047)
-    counts = np.zeros((n_pass, 2048), np.int64)
+    counts = np.zeros((6, 2048), np.int64)
     for i in range(n):
         k = keys[i]
-        for p in range(n_pass):
+        for p in range(3, 6):
             counts[p, (k >> np.uint64(11 * p)) & mask] += 1
     idx = np.arange(n).astype(np.int32)
     tmp = np.empty(n, np.int32)
     pos = np.empty(2048, np.int64)
-    for p in range(n_pass):
+    for p in range(3, 6):
         sh = np.uint64(11 * p)
         if n == 0 or counts[p, (keys[0] >> sh) & mask] == n:
             continue
@@ -268,7 +272,56 @@ def _radix_argsort(keys):
             tmp[pos[b]] = j
             pos[b] += 1
         idx, tmp = tmp, idx
+    high = np.uint64(33)
+    low = np.uint64((1 << 33) - 1)
+    a = 0
+    while a < n:
+        top = keys[idx[a]] >> high
+        e = a + 1
+        while e < n and keys[idx[e]] >> high == top:
+            e += 1
+        if e - a > 1:
+            if e - a <= 32:  # insertion, stable (only strictly greater keys move)
+                for i in range(a + 1, e):
+                    j = idx[i]
+                    kl = keys[j] & low
+                    m = i - 1
+                    while m >= a and keys[idx[m]] & low > kl:
+                        idx[m + 1] = idx[m]
+                        m -= 1
+                    idx[m + 1] = j
+            else:
+                _radix_run(keys, idx, tmp, a, e)
+        a = e
     return idx
+
+
+@njit(cache=True, nogil=True)
+def _radix_run(keys, idx, tmp, a, e):
+    """Stable LSD passes over the low digits (0-2) of ``idx[a:e]``, in place."""
+    mask = np.uint64(2047)
+    pos = np.empty(2048, np.int64)
+    src = idx[a:e].copy()
+    dst = tmp[a:e]
+    for p in range(3):
+        sh = np.uint64(11 * p)
+        pos[:] = 0
+        for i in range(e - a):
+            pos[(keys[src[i]] >> sh) & mask] += 1
+        if pos[(keys[src[0]] >> sh) & mask] == e - a:
+            continue
+        acc = 0
+        for b in range(2048):
+            c = pos[b]
+            pos[b] = acc
+            acc += c
+        for i in range(e - a):
+            j = src[i]
+            b = (keys[j] >> sh) & mask
+            dst[pos[b]] = j
+            pos[b] += 1
+        src, dst = dst.copy(), src
+    idx[a:e] = src
 
 
 @njit(cache=True, nogil=True)

@@ -473,3 +473,20 @@ def test_partials_are_accumulated_in_place():
 def test_acc_flags_must_match_the_nodes():
     with pytest.raises(SimulationError, match="acc: length"):
         _acc_case(np.zeros(3, bool))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 31, 33, 1000, 30000])
+def test_radix_argsort_is_numpys_stable_argsort(n):
+    """The simulator's sort (three passes over the high digits, then runs equal there put in
+    order by their low bits) equals a stable argsort, on times with ties, with long runs that
+    differ only in low bits, on descending keys (priorities) and on arbitrary integers."""
+    from costmodel.simulate import _radix_argsort
+
+    rng = np.random.default_rng(n)
+    t = rng.random(n)
+    cases = [t.view(np.uint64), np.round(t, 2).view(np.uint64),
+             np.where(rng.random(n) < 0.5, t, 0.5).view(np.uint64),
+             (0.25 + rng.integers(0, 1000, n) * 1e-15).view(np.uint64),  # equal in bits 33-63
+             ~t.view(np.uint64), rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64)]
+    for keys in cases:
+        assert np.array_equal(_radix_argsort(keys), np.argsort(keys, kind="stable"))
