@@ -197,9 +197,8 @@ def _batch_cols(low, g: Graph, info: _StructInfo) -> np.ndarray:
     key = tuple([gops[n].params_key for n in info.split_ops])
     cols = info.batch.get(key)
     if cols is None:
-        bd = _batch_flow(low, g, info)[0]
-        cols = np.array([b[1] if (b := bd.get(n)) is not None and b[0] == "dim" else -1 for n in info.names],
-                        np.int64)
+        dims = {n: b[1] for n, b in _batch_flow(low, g, info)[0].items() if b[0] == "dim"}
+        cols = np.fromiter(map(dims.get, info.names, repeat(-1)), np.int64, len(info.names))
         if len(info.batch) > 16:
             info.batch.clear()
         info.batch[key] = cols

@@ -836,18 +836,22 @@ class Lowerer:
 
     # -- structure -------------------------------------------------------------------------
     def _structure(self, g: Graph) -> Structure:
-        """The structure of ``g``, shared by plans with the same ops, kernels and data flow and the
-        same program (cached: structural rewrites and their inverses revisit a few structures)."""
-        key = tuple(map(_flow_key, g.ops.values()))
+        """The structure of ``g``: derived from that of the plan ``g`` was made from when that plan
+        is a recent state (``derive_structure``), else shared by plans with the same ops, kernels
+        and data flow and the same program (cached: plans reached by other paths revisit a few)."""
         program = self.program_of(g)
-        st = self._structures.get((key, program))
+        st = self._derived_structure(g, program)
         if st is None:
-            st = self._structures[(key, program)] = self._new_structure(g, program)
-            # the piece cache must hold a few plans' worth of pieces, or a model larger than the
-            # cap (a 32-layer training step has ~9,000) would be lowered afresh at every step
-            self.cache_size = max(self.cache_size, 3 * (len(st.order) + len(st.groups) + len(st.sources)))
-            if len(self._structures) > 512:
-                self._structures.pop(next(iter(self._structures)))
+            key = (tuple(map(_flow_key, g.ops.values())), program)
+            st = self._structures.get(key)
+            if st is None:
+                self._check_sizes(g)
+                st = self._structures[key] = build_structure(g, program)
+                if len(self._structures) > 512:
+                    self._structures.pop(next(iter(self._structures)))
+        # the piece cache must hold a few plans' worth of pieces, or a model larger than the
+        # cap (a 32-layer training step has ~9,000) would be lowered afresh at every step
+        self.cache_size = max(self.cache_size, 3 * (len(st.order) + len(st.g_prod) + len(st.s_home)))
         return st
 
     def program_of(self, g: Graph) -> int:
@@ -908,21 +912,29 @@ class Lowerer:
                 self._keys.pop(self._programs.pop(next(iter(self._programs))), None)
         return number
 
-    def _new_structure(self, g: Graph, program: int) -> Structure:
-        sized = self._sized  # tensors already checked (shared between plans; the dict keeps them alive)
-        for t in g.tensors.values():
-            if id(t) not in sized:
-                check_tensor_size(t)
-                sized[id(t)] = t
+    def _check_sizes(self, g: Graph) -> None:
+        """``check_tensor_size`` of every tensor of ``g`` not checked before (tensors are shared
+        between plans; the dict keeps them alive, so ids stay unique)."""
+        sized = self._sized
+        vals = list(g.tensors.values())
+        for t in compress(vals, map(is_not, map(sized.get, map(id, vals)), vals)):
+            check_tensor_size(t)
+            sized[id(t)] = t
         if len(sized) > 4 * self.cache_size:
             sized.clear()
+
+    def _derived_structure(self, g: Graph, program: int) -> Structure | None:
+        """``g``'s structure derived from the state of its origin (``derive_structure``), with the
+        op and group maps kept for ``_derive``; None when there is no such state or it cannot."""
         S = self._origin_state(g)
-        if S is not None:  # derived from the structure of the plan g was made from
-            out = derive_structure(g, S.struct, S.ops, S.index(), S.tensors, program)
-            if out is not None:
-                self._link = (g, S, out[1], out[2])
-                return out[0]
-        return build_structure(g, program)
+        if S is None:
+            return None
+        out = derive_structure(g, S.struct, S.ops, S.index(), S.tensors, program)
+        if out is None:
+            return None
+        self._check_sizes(g)
+        self._link = (g, S, out[1], out[2])
+        return out[0]
 
     def _program_key(self, g: Graph) -> tuple:
         """``program_key(g)`` with per-op and per-tensors-mapping memos (ids kept alive)."""
