@@ -345,7 +345,12 @@ def truncate(g: Graph, kept: tuple[int, ...]) -> Graph | None:
                 return None
     if any(o.output not in tensors for o in ops.values()):
         return None
-    return _TRUNCS.put(g, Graph(tensors, ops), kept)
+    out = Graph(tensors, ops)
+    origin = g.origin() if g.origin is not None else None
+    base = _TRUNCS.get(origin, kept) if origin is not None else None
+    if base is not None:  # the truncation of the plan g was made from: this one's origin
+        out.origin = weakref.ref(base)
+    return _TRUNCS.put(g, out, kept)
 
 
 _TRUNCS = GraphMemo(32)

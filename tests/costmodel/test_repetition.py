@@ -213,3 +213,26 @@ def test_a_tied_proxy_lineage_replays_on_the_model():
     e = Evaluator("h100-sxm-8")(full)
     assert _close(e.makespan, proxy.makespan, 0.05), (e.makespan, proxy.makespan)
     assert verify(full, reference=unshard(g8)).ok
+
+
+def test_a_structural_childs_truncation_comes_from_its_parents():
+    """A truncation of a tied structural child has the parent's truncation as its origin, so the
+    lowerer derives its structure and pieces from the parent's (``Lowerer._derive``)."""
+    from costmodel.lowering import Lowerer
+    from costmodel.presets import PRESETS
+
+    g = zero3(workloads.build("llama", layers=6, **TINY), 4)
+    child, _move = _middle_layer_move(g, np.random.default_rng(8), 4, True)
+    tied = tie(g, child)
+    kept = (0, 1, 2, 5)
+    base, small = truncate(g, kept), truncate(tied, kept)
+    assert small.origin is not None and small.origin() is base
+    low = Lowerer(PRESETS["h100-sxm-8"])
+    low.lower(base)
+    derived = low._derived_structure(small, low.program_of(small))
+    assert derived is not None and low._link[1].ops_map is base.ops
+    low._link = None
+    fresh = Lowerer(PRESETS["h100-sxm-8"]).lower(small)
+    inc = low.lower(small)
+    assert inc.kind.tobytes() == fresh.kind.tobytes() and inc.dur.tobytes() == fresh.dur.tobytes()
+    assert inc.succ_idx.tobytes() == fresh.succ_idx.tobytes()
