@@ -40,10 +40,11 @@ finds the state it differs least from (by ``is`` on the ops), recomputes only th
 the tensors they read or write and the inputs they read, and re-assembles the arrays in one
 compiled pass. Pieces are also cached by the identity of the ops they depend on (the cache keeps
 those ops alive, so their ids stay unique), so plans reached by other paths reuse them too. A
-structural rewrite (fusion, reduction split) builds its structure (``costmodel.structure``:
-program order, data flow, as arrays; cached by op names, kernels and data flow) and takes from
-the recent state closest to it (usually its parent) every piece whose ops it kept, matched by
-arrays rather than by cache keys, and runs of its concatenated arrays as slices (``_derive``). The
+structural rewrite (fusion, reduction split) gets its structure (``costmodel.structure``: program
+order and data flow as arrays) derived from that of the plan it was made from (``Graph.origin``)
+when that plan is a recent state, else built (and cached by op names, kernels and data flow); it
+takes from that state (or the recent one closest in size) every piece whose ops it kept, matched
+by arrays rather than cache keys, and runs of its concatenated arrays as slices (``_derive``). The
 pieces are deterministic functions of their ops, and fresh and incremental lowering run the same
 assembly, so both give bit-identical arrays (``tests/costmodel/test_lowering.py`` checks this on
 random rewrite sequences).
