@@ -57,7 +57,8 @@ class _StructInfo:
     tuple, shared by every plan lowered with it): ops' program positions and phases, and the
     batch column of each op per set of split-reduction params (``_batch_cols``)."""
 
-    __slots__ = ("names", "op_pos", "_phase", "batch", "barrier_memo", "split_ops", "fetch_reader", "_flow", "_out_group")
+    __slots__ = ("names", "op_pos", "_phase", "batch", "barrier_memo", "split_ops", "fetch_reader", "_flow",
+                 "_out_group")
 
     def __init__(self, low, g: Graph) -> None:
         names = low.op_names
