@@ -162,26 +162,25 @@ class Structure:
     @cached_property
     def group_of_producer(self) -> np.ndarray:
         """int64 per op: its ordinary group (of its output), or -1."""
-        out = np.full(len(self.order), -1, np.int64)
-        plain = np.nonzero(self.g_state == 0)[0]
-        out[self.g_prod[plain]] = plain
-        return out
+        return _inverse(len(self.order), self.g_prod, self.g_state == 0)
 
     @cached_property
     def group_of_home(self) -> np.ndarray:
         """int64 per op: the state group it is the home of, or -1."""
-        out = np.full(len(self.order), -1, np.int64)
-        st = np.nonzero(self.g_state == 1)[0]
-        out[self.g_prod[st]] = st
-        return out
+        return _inverse(len(self.order), self.g_prod, self.g_state == 1)
 
     @cached_property
     def source_of_home(self) -> np.ndarray:
         """int64 per op: the state source it is the home of, or -1."""
-        out = np.full(len(self.order), -1, np.int64)
-        homes = np.nonzero(self.s_home >= 0)[0]
-        out[self.s_home[homes]] = homes
-        return out
+        return _inverse(len(self.order), self.s_home, self.s_home >= 0)
+
+
+def _inverse(n: int, at: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """int64[n] of -1, with each index ``i`` that ``mask`` selects written at ``at[i]``."""
+    out = np.full(n, -1, np.int64)
+    sel = np.nonzero(mask)[0]
+    out[at[sel]] = sel
+    return out
 
 
 _first, _second = itemgetter(0), itemgetter(1)
