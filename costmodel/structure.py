@@ -184,7 +184,7 @@ def _inverse(n: int, at: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 _first, _second = itemgetter(0), itemgetter(1)
-_output, _kernel, _role, _dtype = attrgetter("output"), attrgetter("kernel"), attrgetter("role"), attrgetter("dtype")
+_output, _kernel, _dtype = attrgetter("output"), attrgetter("kernel"), attrgetter("dtype")
 _params = attrgetter("params")
 
 
