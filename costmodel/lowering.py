@@ -53,6 +53,7 @@ random rewrite sequences).
 from __future__ import annotations
 
 import itertools
+import weakref
 
 from collections import OrderedDict, deque
 from itertools import chain, compress, repeat
@@ -483,6 +484,14 @@ class _State:
         return idx
 
 
+class _Sketch:
+    """What a lowered plan leaves for its children once its state has left the recent ones: its
+    ops, tensors and structure (all that ``derive_structure`` and ``_program_of_recent`` read)."""
+
+    __slots__ = ("ops_map", "tensors", "struct", "ops", "_index")
+    index = _State.index
+
+
 class _Cat:
     """The row-wise concatenation of per-piece arrays, with each piece's first row (``off``).
     A child plan splices its changed pieces into its parent's (fast when few pieces change);
@@ -575,6 +584,7 @@ class Lowerer:
     PACKS_CAP = 4096
     #: logical programs numbered (oldest forgotten first; a forgotten program gets a new number)
     PROGRAMS_CAP = 1024
+    SKETCHES = 256  # plans whose structures children may derive from (~0.5 MB each for a gpt-2 step)
 
     def __init__(self, hw: Hardware, cache_size: int = 8000, states: int = 6, collectives: bool = False,
                  curves: E.Curves | None = None, cache_bytes: float = 2e9) -> None:
@@ -598,6 +608,9 @@ class Lowerer:
         self._programs: dict[tuple, int] = {}
         self._keys: dict[int, tuple] = {}  # program number -> its key (for as long as _programs has it)
         self._structures: dict[tuple, Structure] = {}
+        # (weak reference, structure, ops) of plans lowered lately, by id: a search mutates a few
+        # good plans over and over, long after their states left the recent ones
+        self._sketches: OrderedDict[int, tuple] = OrderedDict()
         self._link: tuple | None = None  # (plan, state, op map, group map) of the last derived structure
         self._logical: OrderedDict[int, tuple] = OrderedDict()
         self._unsubstituted: OrderedDict[int, tuple] = OrderedDict()
@@ -865,7 +878,40 @@ class Lowerer:
         parent = g.origin() if g.origin is not None else None
         if parent is None:
             return None
-        return next((S for S in reversed(self._states) if S.ops_map is parent.ops), None)
+        S = next((S for S in reversed(self._states) if S.ops_map is parent.ops), None)
+        if S is not None:
+            self._touch(S)
+        return S
+
+    def _origin_sketch(self, g: Graph) -> _State | _Sketch | None:
+        """The state of the plan ``g`` was made from, else its sketch (``_Sketch``), or None."""
+        S = self._origin_state(g)
+        if S is not None or g.origin is None:
+            return S
+        parent = g.origin()
+        hit = self._sketches.get(id(parent))
+        if parent is None or hit is None or hit[0]() is not parent:
+            return None
+        K = _Sketch()
+        K.ops_map, K.tensors, K.struct, K.ops = parent.ops, parent.tensors, hit[1], hit[2]
+        return K
+
+    def _sketch(self, g: Graph, st: Structure, ops: list) -> None:
+        sk, key = self._sketches, id(g)
+        hit = sk.get(key)
+        if hit is not None and hit[0]() is g:
+            sk.move_to_end(key)
+            return
+        sk[key] = (weakref.ref(g, lambda _r, key=key, sk=sk: sk.pop(key, None)), st, ops)
+        if len(sk) > self.SKETCHES:
+            sk.popitem(last=False)
+
+    def _touch(self, S: _State) -> None:
+        """Keep state ``S`` as the most recent: a plan whose children are lowered one after
+        another (a search keeps mutating a good parent) must not lose its state to them."""
+        if self._states[-1] is not S:
+            self._states.remove(S)
+            self._states.append(S)
 
     def _program_of_recent(self, g: Graph) -> int | None:
         """``g``'s program from that of the state of its origin, when they have the same sources
@@ -874,7 +920,7 @@ class Lowerer:
         else the parent's key less the replaced ops' entries plus the new ones' (a substitution).
         None when that cannot be told. Keying a whole model's program took ~1 ms of every
         structural move of a gpt-2 step."""
-        S = self._origin_state(g)
+        S = self._origin_sketch(g)
         if S is not None:
             gops, memo = g.ops, self._logical
             names, vals = list(gops), list(gops.values())
@@ -927,7 +973,7 @@ class Lowerer:
     def _derived_structure(self, g: Graph, program: int) -> Structure | None:
         """``g``'s structure derived from the state of its origin (``derive_structure``), with the
         op and group maps kept for ``_derive``; None when there is no such state or it cannot."""
-        S = self._origin_state(g)
+        S = self._origin_sketch(g)
         if S is None:
             return None
         out = derive_structure(g, S.struct, S.ops, S.index(), S.tensors, program)
@@ -988,6 +1034,7 @@ class Lowerer:
         if parent is not None and parent.tensors is g.tensors:
             for S in reversed(self._states):
                 if S.ops_map is parent.ops:
+                    self._touch(S)
                     pos = S.struct.position
                     changed = sorted(pos[n] for n in g.edit.replaced if gops[n] is not S.ops[pos[n]])
                     if all(same_data_flow(gops[S.struct.order[i]], S.ops[i]) for i in changed):
@@ -1151,6 +1198,7 @@ class Lowerer:
         S.group_pieces, S.source_pieces, S.op_sizes, S.g_counts, S.lowered, S.cats = (
             group_pieces, source_pieces, op_sizes, g_counts, low, cats)
         self._states.append(S)
+        self._sketch(g, st, ops)
 
     def _assemble(self, st: Structure, cats: tuple, op_sizes, g_counts) -> Lowered:
         n_dev = self.hw.n_devices

@@ -339,6 +339,16 @@ class Graph:
             child.edit = Edit(weakref.ref(self), tuple(replace))
         return child
 
+    def in_program_order(self) -> Graph:
+        """This graph with its ops in program order (``topo_order``): itself when they are, else a
+        copy with the same origin. For rewrites whose new ops cannot simply be placed in order."""
+        order = self.topo_order
+        if order == tuple(self.ops):
+            return self
+        child = Graph(self.tensors, {n: self.ops[n] for n in order})
+        child.origin = self.origin
+        return child
+
     def _rebuilt_ops(self, replace: dict[str, Op | None], insert_after: Mapping[str, list[Op]] | None) -> dict:
         ops: dict[str, Op] = {}
         for name, o in self.ops.items():

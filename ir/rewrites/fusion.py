@@ -69,7 +69,16 @@ def fuse(g: Graph, producer: str, consumer: str) -> Graph:
         if port != chain:
             inputs[stage_port(i, port)] = t
     fused = Op(f"{producer}+{consumer}", "fused", tuple(inputs.items()), c.output, {"stages": stages}, p.shards)
-    return g.with_ops({producer: fused, consumer: None}, tensors={p.output: None})
+    # placed right after the last op it waits for (the producer, or the last producer of the
+    # consumer's other inputs): where program order (``Graph.topo_order``) runs it, so op order
+    # stays program order (consumers rely on that; the cost model derives structures from it)
+    pos = {n: i for i, n in enumerate(g.ops)}
+    prods = g.producers
+    after = max((prods[t] for port, t in c.inputs if port != chain and t in prods), key=pos.__getitem__,
+                default=producer)
+    if pos[after] < pos[producer]:
+        after = producer
+    return g.with_ops({producer: None, consumer: None}, insert_after={after: [fused]}, tensors={p.output: None})
 
 
 def unfuse(g: Graph, op: str) -> Graph:

@@ -107,7 +107,8 @@ def merge_matmuls(g: Graph, ops: Sequence[str]) -> Graph:
     replace = {o.name: Op(o.name, "slice", (("x", f"{name}.out"),), o.output,
                           {"axis": oax, "start": i * oext, "stop": (i + 1) * oext, "step": 1}, o.shards)
                for i, o in enumerate(os_)}
-    return g.with_ops(replace, insert_after={first.name: new_ops}, tensors=tensors)
+    # the merged op waits for every weight, and each slice for the merged op: op order follows
+    return g.with_ops(replace, insert_after={first.name: new_ops}, tensors=tensors).in_program_order()
 
 
 def _weights_of(g: Graph, op: str) -> list[str] | None:

@@ -13,6 +13,7 @@ from costmodel import Evaluator
 from costmodel import _kernels as K
 from costmodel.hardware import HardwareError
 from costmodel.lowering import Lowerer, kernel_class_of, union_volume
+from costmodel.structure import build_structure
 from costmodel.presets import PRESETS
 from ir import workloads
 from ir.builder import GraphBuilder
@@ -352,3 +353,33 @@ def test_warmup_compiles_the_kernels():
 
     warmup()
     assert warmup() < 0.5
+
+
+def test_a_child_of_a_plan_whose_state_is_gone_derives_its_structure_from_the_plans_sketch(monkeypatch):
+    """A search mutates a good plan long after its state left the recent ones: the child's
+    structure is still derived from the plan's (``Lowerer._sketches``), not built whole, and the
+    sketch goes with the plan."""
+    import gc
+
+    import costmodel.lowering as L
+
+    hw = PRESETS["h100-sxm-8"]
+    g0 = workloads.build("gpt", mode="train", batch=4, seq=8, layers=2, d_model=16, heads=2, vocab=32)
+    inc = Lowerer(hw, states=1)
+    parent = fuse(g0, "l1.o_proj", "l1.resid1")
+    inc.lower(parent)
+    rng = np.random.default_rng(5)
+    for _ in range(3):  # other plans push the parent's state out
+        inc.lower(random_rewrite(g0, rng, 8, max_shards_per_op=8)[0])
+    assert all(S.ops_map is not parent.ops for S in inc._states) and id(parent) in inc._sketches
+    built = []
+    monkeypatch.setattr(L, "build_structure", lambda *a: built.append(1) or build_structure(*a))
+    child = fuse(parent, "l0.o_proj", "l0.resid1")
+    low = inc.lower(child)
+    assert not built  # derived from the sketch
+    assert_same(low, Lowerer(hw).lower(child))
+    key = id(parent)
+    del parent
+    child.origin = None
+    gc.collect()
+    assert key not in inc._sketches  # the plan is gone: so is its sketch

@@ -130,7 +130,7 @@ def test_a_childs_structure_derived_from_its_parents_equals_the_one_built_whole(
         except RewriteError:
             g = g0
             continue
-        if step % 10 == 0:  # (a merge_matmuls leaves its descendants' op order unprogrammed: built whole)
+        if step % 10 == 0:  # back to the start now and then
             g = g0
             continue
         P = build_structure(g, 1)

@@ -48,6 +48,31 @@ def test_unfuse_of_fuse_is_identity(kit, mlp):
         assert unfuse(f, f"{p}+{c}").digest == t.digest
 
 
+def test_a_fused_op_sits_where_program_order_runs_it():
+    """The consumer's other input is made after the producer: the fused op waits for it, so it
+    goes right after that op (op order stays program order), not at the producer's place."""
+    b = GraphBuilder()
+    x = b.input("x", (4, 4))
+    p = b.relu(x, name="p")
+    q = b.tanh(x, name="q")  # made after p, read by the consumer
+    c = b.add(p, q, name="c")
+    b.relu(c, name="after")
+    g = b.build()
+    h = fuse(g, "p", "c")
+    assert list(h.ops) == ["q", "p+c", "after"] and h.topo_order == tuple(h.ops)
+    assert h.origin() is g
+    assert list(fuse(g, "q", "c").ops) == ["p", "q+c", "after"]  # its other input came first: in place
+    assert unfuse(h, "p+c").digest == g.digest
+
+
+def test_in_program_order_reorders_only_what_is_out_of_order(mlp):
+    assert mlp.in_program_order() is mlp
+    ops = dict(reversed(list(mlp.ops.items())))
+    g = Graph(mlp.tensors, ops)
+    h = g.in_program_order()
+    assert h.topo_order == tuple(h.ops) == mlp.topo_order and h.digest == mlp.digest
+
+
 def test_unfuse_restores_aligned_consumer_shards(kit, mlp):
     g = retile(mlp, "fc1", (2, 2), devices=(0, 1, 2, 3))
     g = retile(g, "act1", (2, 2), devices=(0, 1, 2, 3))

@@ -36,6 +36,7 @@ def walk(kit, name: str, seed: int, n_devices: int, steps: int, weights=None):
         issues = validate(h)
         assert issues == [], f"after {'; '.join(lineage)}:\n" + "\n".join(map(str, issues))
         assert h.devices <= set(range(n_devices)), lineage
+        assert h.topo_order == tuple(h.ops), f"op order is not program order after {'; '.join(lineage)}"
     return g, h, lineage
 
 

@@ -37,6 +37,7 @@ def test_qkv_becomes_one_einsum_and_back(kit):
     assert h.tensors[f"{QKV}.wcat2.out"].shape == (8, 6, 4)  # Wq|Wk|Wv along the heads
     assert [h.ops[n].kernel for n in ("q_proj", "k_proj", "v_proj")] == ["slice"] * 3
     assert h.ops["v_proj"].params == {"axis": 1, "start": 4, "stop": 6, "step": 1}
+    assert h.topo_order == tuple(h.ops)  # the merged op before its slices: op order is program order
     assert_equivalent(h, g)
     assert split_matmuls(h, QKV).digest == g.digest
     assert unshard(h).digest == g.digest
