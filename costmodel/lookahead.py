@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from itertools import repeat
-from operator import is_not
+from operator import is_, is_not
 
 import numpy as np
 from numba import njit
@@ -58,7 +58,7 @@ class _StructInfo:
     batch column of each op per set of split-reduction params (``_batch_cols``)."""
 
     __slots__ = ("names", "op_pos", "_phase", "batch", "barrier_memo", "split_ops", "fetch_reader", "_flow",
-                 "_out_group")
+                 "_out_group", "split_last", "mb_last")
 
     def __init__(self, low, g: Graph) -> None:
         names = low.op_names
@@ -68,6 +68,8 @@ class _StructInfo:
         self._phase = None
         self.batch: dict = {}
         self.barrier_memo: dict = {}
+        self.split_last: tuple | None = None  # (split ops of the last plan, its batch columns)
+        self.mb_last: _MbFacts | None = None  # the last plan's microbatch facts
         # ops with split params: within a structure always the same ones (splitting a reduction
         # adds an accumulate op, a new structure), only their params may change
         self.split_ops = [names[i] for i in np.nonzero(low.op_split)[0].tolist()]
@@ -92,7 +94,8 @@ class _StructInfo:
         if self._phase is None:
             ops, k = g.ops, len(RE)
             seed = np.zeros(len(self.names), np.bool_)
-            for i in [i for i, n in enumerate(self.names) if n.startswith("loss.grad") or n.endswith(RE)]:
+            maybe = np.fromiter(map(_SEED_NAME.__getitem__, self.names), np.bool_, len(self.names))
+            for i in np.nonzero(maybe)[0].tolist():
                 n = self.names[i]
                 seed[i] = n == "loss.grad" or n.startswith("loss.grad.") or (n.endswith(RE) and n[:-k] in ops)
             _g_prod, rptr, rop, _g_state = self._flow
@@ -103,6 +106,21 @@ class _StructInfo:
         """``_barrier_kernel`` over this structure's data flow."""
         _g_prod, rptr, rop, _g_state = self._flow
         return _barrier_kernel(tag, self._out_group, rptr, rop)
+
+
+class _SeedNames(dict):
+    """Op name -> whether it may seed the backward (``loss.grad…``, ``….re``), memoised: op names
+    are shared by every plan of a search, and testing each name of each new structure took
+    ~0.4 ms of a gpt-2 step's structural moves."""
+
+    def __missing__(self, name: str) -> bool:
+        if len(self) > 200_000:
+            self.clear()
+        v = self[name] = name.startswith("loss.grad") or name.endswith(RE)
+        return v
+
+
+_SEED_NAME = _SeedNames()
 
 
 @njit(cache=True, nogil=True)
@@ -190,20 +208,40 @@ def _struct_info(low, g: Graph) -> _StructInfo:
     return info
 
 
-def _batch_cols(low, g: Graph, info: _StructInfo) -> np.ndarray:
+def _batch_cols(low, g: Graph, info: _StructInfo) -> _BatchCols:
     """Index dim of each op (``low.op_names`` order) the batch runs through, -1 where none
-    (``ir.rewrites.pipeline.batch_dims``). Within one structure and program only the split
-    params of split reductions can change it (which reduction is split), so those key it."""
+    (``ir.rewrites.pipeline.batch_dims``), with the ops that have one. Within one structure and
+    program only the split params of split reductions can change it (which reduction is split),
+    so those key it; split ops that are the last plan's (the same objects) need no key at all."""
     gops = g.ops
-    key = tuple([gops[n].params_key for n in info.split_ops])
-    cols = info.batch.get(key)
-    if cols is None:
+    split = list(map(gops.__getitem__, info.split_ops))
+    last = info.split_last
+    if last is not None and not any(map(is_not, split, last[0])):
+        return last[1]
+    key = tuple([o.params_key for o in split])
+    bc = info.batch.get(key)
+    if bc is None:
         dims = {n: b[1] for n, b in _batch_flow(low, g, info)[0].items() if b[0] == "dim"}
         cols = np.fromiter(map(dims.get, info.names, repeat(-1)), np.int64, len(info.names))
+        bc = _BatchCols(cols, info.names)
         if len(info.batch) > 16:
             info.batch.clear()
-        info.batch[key] = cols
-    return cols
+        info.batch[key] = bc
+    info.split_last = (split, bc)
+    return bc
+
+
+class _BatchCols:
+    """Batch columns of a structure's ops (``cols``), and the ops that have one: their positions
+    (``sel``), names and columns."""
+
+    __slots__ = ("cols", "sel", "names", "sel_cols")
+
+    def __init__(self, cols: np.ndarray, names: tuple[str, ...]) -> None:
+        self.cols = cols
+        self.sel = np.nonzero(cols >= 0)[0]
+        self.names = [names[i] for i in self.sel.tolist()]
+        self.sel_cols = cols[self.sel]
 
 
 _FLOWS: deque = deque(maxlen=6)  # (graph, its batch flow) of recent plans
@@ -386,6 +424,97 @@ def _window_kernel(dev_in, offs, fetch_reader, skip, has_skip, window, nd, n, su
 # ---------------------------------------------------------------------------------------------
 
 POLICIES = ("auto", "gpipe", "1f1b", "off")
+class _MbFacts:
+    """Per op with a batch column (``_BatchCols.sel`` order), for one plan: the op, whether some
+    device holds several of its batch pieces, its number of distinct batch starts, and the
+    global microbatch of each shard (``parts``, for the plan's ``total``)."""
+
+    __slots__ = ("bc", "ops", "several", "starts", "total", "parts", "_ids")
+
+    def ids(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids of the ops, their argsort): to find an op of another plan among them."""
+        if getattr(self, "_ids", None) is None:
+            ids = np.fromiter(map(id, self.ops), np.int64, len(self.ops))
+            self._ids = (ids, np.argsort(ids))
+        return self._ids
+
+
+def _match(F: _MbFacts, last: _MbFacts) -> tuple[np.ndarray, np.ndarray]:
+    """Per op of ``F``: its position among ``last``'s ops and whether it is the same op (the
+    same object, with the same batch column there)."""
+    n = len(F.ops)
+    if last.bc is F.bc:
+        return np.arange(n), np.fromiter(map(is_, F.ops, last.ops), np.bool_, n)
+    ids = np.fromiter(map(id, F.ops), np.int64, n)
+    pid, order = last.ids()
+    if not pid.size:
+        return np.zeros(n, np.int64), np.zeros(n, np.bool_)
+    cand = order[np.minimum(np.searchsorted(pid, ids, sorter=order), len(pid) - 1)]
+    # (an id equal to a live op's is that op: ``last`` keeps its ops alive)
+    same = (pid[cand] == ids) & (last.bc.sel_cols[cand] == F.bc.sel_cols)
+    return cand, same
+
+
+def _mb_facts(low, g: Graph, info: _StructInfo, bc: _BatchCols) -> _MbFacts:
+    """The microbatch facts of ``g``, taken from the last plan's of the structure (else the last
+    plan's) for every op that is the same object there: a child plan changes a few ops, and
+    looking at every op of a gpt-2 step took ~0.5 ms of each evaluation."""
+    F = _MbFacts()
+    F.bc, F.ops, F.total, F.parts, F._ids = bc, list(map(g.ops.__getitem__, bc.names)), 0, None, None
+    n = len(F.ops)
+    last = info.mb_last if info.mb_last is not None else (_MB_RECENT[-1] if _MB_RECENT else None)
+    if last is not None:
+        match, same = _match(F, last)
+        F.several = np.where(same, last.several[match], False)
+        F.starts = np.where(same, last.starts[match], 0)
+        changed = np.nonzero(~same)[0].tolist()
+    else:
+        match = same = None
+        F.several, F.starts = np.zeros(n, np.bool_), np.zeros(n, np.int64)
+        changed = range(n)
+    offs, sel, cols = low.op_offsets, bc.sel, bc.sel_cols
+    for k in changed:
+        o, i = F.ops[k], sel[k]
+        if len(o.shards) == offs[i + 1] - offs[i]:  # (else: not lowered shard for shard, never microbatched)
+            F.several[k], F.starts[k] = _shard_starts(o, int(cols[k]))
+    several = F.starts[F.several]
+    F.total = int(several.min()) if several.size else 0
+    if F.total >= 2:
+        if last is None or last.total != F.total or last.parts is None:  # a recent plan with the same total
+            last = next((h for h in reversed(_MB_RECENT) if h.total == F.total and h.parts is not None), None)
+            if last is not None:
+                match, same = _match(F, last)
+                changed = np.nonzero(~same)[0].tolist()
+        if last is not None:
+            lp = last.parts
+            parts = [lp[j] if s else None for j, s in zip(match.tolist(), same.tolist())]
+        else:
+            parts, changed = [None] * n, range(n)
+        for k in changed:
+            i = sel[k]
+            parts[k] = _op_microbatches(F.ops[k], g, int(cols[k]), int(offs[i + 1] - offs[i]), F.total)
+        F.parts = parts
+    info.mb_last = F
+    _MB_RECENT.append(F)
+    return F
+
+
+_MB_RECENT: deque = deque(maxlen=4)  # microbatch facts of the last plans (they hold their ops)
+
+
+def _microbatch_parts(low, g: Graph) -> tuple[_StructInfo, _MbFacts] | None:
+    """The structure's info and the plan's microbatch facts, or None when no op has several batch
+    pieces on one device (``total`` < 2: nothing is microbatched)."""
+    if low.n_compute == 0:
+        return None
+    info = _struct_info(low, g)
+    bc = _batch_cols(low, g, info)
+    if not bc.sel.size:
+        return None
+    F = _mb_facts(low, g, info, bc)
+    return (info, F) if F.total >= 2 else None
+
+
 def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
     """Microbatch index of each compute node (-1: not microbatched), or None when no op has
     several shards along its batch dim on one device.
@@ -395,88 +524,30 @@ def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
     ``ir.rewrites.pipeline.microbatch`` cuts every op at the same global boundaries). A shard
     lying inside global microbatch ``j`` gets ``j``; then, per device, ``j`` is replaced by its
     rank among the microbatches that device runs (its data-parallel replica's ``m``)."""
-    nc = low.n_compute
-    if nc == 0:
-        return None
-    offs = np.asarray(low.op_offsets, np.int64)
-    counts = np.diff(offs)
-    n_ops, nd = len(low.op_names), low.n_devices
-    dev = np.asarray(low.dev[:nc], np.int64)
-    op_idx = np.repeat(np.arange(n_ops), counts)
-    per = np.bincount(op_idx * nd + dev, minlength=n_ops * nd).reshape(n_ops, nd)
-    multi = np.nonzero(per.max(axis=1) > 1)[0]
-    if not multi.size:
-        return None
-    info = _struct_info(low, g)
-    cols = _batch_cols(low, g, info)
-    multi = multi[cols[multi] >= 0]
-    if not multi.size:
-        return None
-    names, gops = low.op_names, g.ops
-    total = 0
-    for i in multi.tolist():
-        sh = gops[names[i]].shards
-        if len(sh) != counts[i]:
-            continue
-        several, starts = _shard_starts(gops[names[i]], int(cols[i]))
-        if several:  # several batch pieces on one device: a microbatched op
-            total = starts if total == 0 else min(total, starts)
-    if total < 2:
-        return None
-    sel, parts = _mb_parts(info, g, cols, counts, total)
+    r = _microbatch_parts(low, g)
+    return _node_microbatches(low, r[1]) if r is not None else None
+
+
+def _node_microbatches(low, F: _MbFacts) -> np.ndarray | None:
+    """``_microbatch_of_nodes`` from the plan's microbatch facts."""
+    nc, total = low.n_compute, F.total
+    counts = np.diff(np.asarray(low.op_offsets, np.int64))
     mb = np.full(nc, -1, np.int64)
-    has = np.zeros(n_ops, np.bool_)
-    found = [j for j in parts if j is not None]
-    if found:
-        has[sel[[k for k, j in enumerate(parts) if j is not None]]] = True
-        mb[np.repeat(has, counts)] = np.concatenate(found)  # ops in order: their nodes in order
-    t = mb >= 0
-    if not t.any():
+    has = np.zeros(len(counts), np.bool_)
+    found = [j for j in F.parts if j is not None]
+    if not found:
         return None
+    has[F.bc.sel[[k for k, j in enumerate(F.parts) if j is not None]]] = True
+    mb[np.repeat(has, counts)] = np.concatenate(found)  # ops in order: their nodes in order
+    t = mb >= 0
     # per device: rank of the global microbatch among the device's own
+    dev = np.asarray(low.dev[:nc], np.int64)
     key = dev[t] * (total + 1) + mb[t]
     present = np.zeros(low.n_devices * (total + 1), np.int64)  # (device, global microbatch) seen
     present[key] = 1
     ranks = np.cumsum(present.reshape(low.n_devices, total + 1), axis=1) - 1
     mb[t] = ranks.ravel()[key]
     return mb if (mb > 0).any() else None
-
-
-def _mb_parts(info: _StructInfo, g: Graph, cols: np.ndarray, counts: np.ndarray,
-              total: int) -> tuple[np.ndarray, list]:
-    """(the ops with a batch column, the global microbatch of each one's shards or None), kept
-    for the next plan of the structure (a few plans: they hold their ops): a child plan changes
-    a few ops, and only those are looked at again (every op, one by one, took ~6 ms of a gpt-2
-    step)."""
-    names, gops = info.names, g.ops
-    sel = np.nonzero(cols >= 0)[0]
-    ops = [gops[names[i]] for i in sel.tolist()]
-    sel_cols = cols[sel].tolist()
-    key = (id(info), total)
-    hit = _MB_PARTS.get(key)
-    if hit is not None and hit[0] is info and hit[1] is cols:
-        prev_ops, prev = hit[2], hit[3]
-        parts = [p if o is q else _op_microbatches(o, g, c, int(counts[i]), total)
-                 for o, q, p, i, c in zip(ops, prev_ops, prev, sel.tolist(), sel_cols)]
-    else:  # a new structure: the latest plan's parts, op by op (a structural move keeps most ops)
-        last = next((h for h in reversed(_MB_PARTS.values()) if h[4] == total), None)
-        parts = []
-        if last is not None:
-            _info, _cols, prev_ops, prev, _total, prev_cols = last
-            index = dict(zip(map(id, prev_ops), range(len(prev_ops))))
-            for o, j, i, c in zip(ops, map(index.get, map(id, ops), repeat(-1)), sel.tolist(), sel_cols):
-                parts.append(prev[j] if j >= 0 and prev_ops[j] is o and prev_cols[j] == c
-                             else _op_microbatches(o, g, c, int(counts[i]), total))
-        else:
-            parts = [_op_microbatches(o, g, c, int(counts[i]), total) for o, i, c in zip(ops, sel.tolist(), sel_cols)]
-    _MB_PARTS[key] = (info, cols, ops, parts, total, sel_cols)
-    _MB_PARTS.move_to_end(key)
-    if len(_MB_PARTS) > 4:
-        _MB_PARTS.popitem(last=False)
-    return sel, parts
-
-
-_MB_PARTS: OrderedDict = OrderedDict()
 
 
 def _op_microbatches(o, g: Graph, col: int, n_nodes: int, total: int) -> np.ndarray | None:
@@ -534,19 +605,18 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str
     microbatches' activations are alive on stage ``s`` (GPipe: all ``m``)."""
     if policy not in POLICIES:
         raise ValueError(f"pipeline policy {policy!r} is not one of {list(POLICIES)}")
-    mb = _microbatch_of_nodes(low, g) if policy != "off" else None
-    if mb is None:
+    r = _microbatch_parts(low, g) if policy != "off" else None
+    if r is None:
         return None
-    nc = low.n_compute
-    offs = np.asarray(low.op_offsets, np.int64)
-    counts = np.diff(offs)
-    info = _struct_info(low, g)
+    info, F = r
+    found = [k for k, j in enumerate(F.parts) if j is not None]
+    if not found:
+        return None
+    tagged = tuple(F.bc.sel[found].tolist())  # the microbatched ops (their nodes get microbatches)
     op_phase = info.op_phase(g)
-    phase = np.repeat(op_phase, counts)
-    tagged = tuple(np.unique(np.repeat(np.arange(len(counts)), counts)[mb >= 0]).tolist())
     bar = info.barrier_memo.get(tagged)
     if bar is None:
-        tag = np.full(len(counts), -1, np.int64)
+        tag = np.full(len(op_phase), -1, np.int64)
         tag[list(tagged)] = op_phase[list(tagged)]
         bar = info.barriers(tag)
         if len(info.barrier_memo) > 16:
@@ -555,6 +625,12 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str
     within, across, after_op = bar
     if within:
         return None
+    mb = _node_microbatches(low, F)
+    if mb is None:
+        return None
+    nc = low.n_compute
+    counts = np.diff(np.asarray(low.op_offsets, np.int64))
+    phase = np.repeat(op_phase, counts)
     use = "gpipe" if policy == "gpipe" or not (phase[mb >= 0] == 1).any() or across else "1f1b"
     dev = np.asarray(low.dev[:nc], np.int64)
     node_pos = np.repeat(info.op_pos, counts)

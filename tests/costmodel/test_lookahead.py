@@ -292,3 +292,86 @@ def test_the_window_kernel_equals_the_array_passes(plan):
                 b = _window_edges_reference(low, g, window, skip)
                 flat = [np.concatenate(x) if x else np.zeros(0, np.int64) for x in (*a, *b)]
                 assert np.array_equal(flat[0], flat[2]) and np.array_equal(flat[1], flat[3])
+
+
+def test_microbatch_facts_taken_from_earlier_plans_equal_those_found_afresh():
+    """``_mb_facts`` reuses the facts of ops the last plans share with this one (same structure,
+    another structure, another microbatch count); along walks that microbatch, stage, fuse and
+    split reductions, the microbatch of every node and the pipeline units equal those of a
+    lowerer and caches that never saw another plan."""
+    from costmodel import lookahead as LA
+    from costmodel.lowering import Lowerer
+    from costmodel.presets import preset
+    from ir.rewrites import RewriteError
+    from optimizer.search.baselines import megatron_3d
+    from optimizer.search.mutation import OPERATORS, MutationContext
+
+    step = workloads.build("llama", mode="train", layers=4, d_model=32, heads=4, kv_heads=2, d_ff=64,
+                           vocab=50, seq=16, batch=16)
+    hw = preset("h100-sxm-64")
+    warm = Lowerer(hw)
+    rng = np.random.default_rng(11)
+    ctx = MutationContext(n_devices=64, max_shards_per_op=64, devices_per_node=8)
+    p0 = megatron_3d(step, 64)
+    p, pipelines, microbatched = p0, 0, 0
+    for i in range(40):
+        try:
+            child, _m = OPERATORS[("pipeline", "rewrite", "layout", "pipeline", "rewrite")[i % 5]](p, rng, ctx)
+        except RewriteError:
+            p = p0
+            continue
+        low = warm.lower(child)
+        got = (LA._microbatch_of_nodes(low, child), LA.pipeline_units(low, child))
+        saved = LA._MB_RECENT.copy()
+        LA._MB_RECENT.clear()
+        LA._STRUCT_INFO.clear()
+        fresh_low = Lowerer(hw).lower(child)
+        want = (LA._microbatch_of_nodes(fresh_low, child), LA.pipeline_units(fresh_low, child))
+        LA._MB_RECENT.extend(saved)
+        assert (got[0] is None) == (want[0] is None) and (got[1] is None) == (want[1] is None)
+        if want[0] is not None:
+            assert np.array_equal(got[0], want[0])
+            microbatched += 1
+        if want[1] is not None:
+            assert np.array_equal(got[1][0], want[1][0]) and got[1][1] == want[1][1]
+            pipelines += 1
+        p = child if rng.random() < 0.7 else p
+    assert microbatched >= 15 and pipelines >= 10
+
+
+def test_an_op_whose_microbatches_change_is_looked_at_again():
+    """Children of one microbatched plan that each merge one op's batch pieces (that op is no
+    longer microbatched, the others are): the facts of every other op come from the parent's,
+    the merged op's are found again, and the result equals a fresh lowering's."""
+    from costmodel import lookahead as LA
+    from costmodel.lowering import Lowerer
+    from costmodel.presets import preset
+    from ir.rewrites import RewriteError, merge, parse_move
+    from ir.rewrites.pipeline import batch_dims
+
+    step = workloads.build("gpt", mode="train", layers=2, d_model=32, heads=2, vocab=50, seq=16, batch=16)
+    plan = parse_move("pipeline{stages=2,group=4}; microbatch{ops=all,m=4}").apply(step)
+    hw = preset("h100-sxm-8")
+    warm = Lowerer(hw)
+    base = LA._microbatch_of_nodes(warm.lower(plan), plan)
+    assert base is not None and base.max() == 3
+    changed = 0
+    for name, (kind, col) in list(batch_dims(plan).items())[:40:3]:
+        if kind != "dim":
+            continue
+        try:
+            child = merge(plan, name, col)
+        except RewriteError:
+            continue
+        warm.lower(plan)  # the parent's facts are the last ones
+        LA._microbatch_of_nodes(warm.lower(plan), plan)
+        got = LA._microbatch_of_nodes(warm.lower(child), child)
+        saved = LA._MB_RECENT.copy()
+        LA._MB_RECENT.clear()
+        LA._STRUCT_INFO.clear()
+        fresh = Lowerer(hw)
+        want = LA._microbatch_of_nodes(fresh.lower(child), child)
+        LA._MB_RECENT.extend(saved)
+        assert np.array_equal(got, want)
+        changed += not np.array_equal(want, base)
+    assert changed >= 3
