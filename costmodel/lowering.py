@@ -313,12 +313,11 @@ def _unsubstituted_entries(o: Op, g: Graph) -> list[tuple]:
     return _logical_entries(o, g)
 
 
-def _same_ends(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two tensor tables differ only in intermediates (the same sources and outputs)."""
-    names = list(a)
-    changed = list(compress(names, map(is_not, map(b.get, names), a.values())))
-    return all(a[n].role == "intermediate" and (n not in b or b[n].role == "intermediate") for n in changed) \
-        and all(b[n].role == "intermediate" for n in b.keys() - a.keys())
+def _same_ends(g: Graph, b: Mapping[str, Any]) -> bool:
+    """Whether ``g``'s tensors and ``b`` differ only in intermediates (the same sources and outputs)."""
+    a = g.tensors
+    return all((n not in a or a[n].role == "intermediate") and (n not in b or b[n].role == "intermediate")
+               for n in g.changed_tensors(b))
 
 
 def _io_key(g: Graph) -> tuple:
@@ -926,7 +925,7 @@ class Lowerer:
             names, vals = list(gops), list(gops.values())
             mask = list(map(is_not, map(S.ops_map.get, names), vals))
             P = S.ops_map
-            if g.tensors is not S.tensors and not _same_ends(g.tensors, S.tensors):
+            if g.tensors is not S.tensors and not _same_ends(g, S.tensors):
                 return None
             gone = [P[k] for k in compress(names, mask) if k in P] + [P[k] for k in P.keys() - gops.keys()]
             before = []
@@ -959,11 +958,12 @@ class Lowerer:
                 self._keys.pop(self._programs.pop(next(iter(self._programs))), None)
         return number
 
-    def _check_sizes(self, g: Graph) -> None:
-        """``check_tensor_size`` of every tensor of ``g`` not checked before (tensors are shared
-        between plans; the dict keeps them alive, so ids stay unique)."""
+    def _check_sizes(self, g: Graph, names: list[str] | None = None) -> None:
+        """``check_tensor_size`` of every tensor of ``g`` (or of those ``names`` it has) not
+        checked before (tensors are shared between plans; the dict keeps them alive, so ids stay
+        unique)."""
         sized = self._sized
-        vals = list(g.tensors.values())
+        vals = list(g.tensors.values()) if names is None else [g.tensors[n] for n in names if n in g.tensors]
         for t in compress(vals, map(is_not, map(sized.get, map(id, vals)), vals)):
             check_tensor_size(t)
             sized[id(t)] = t
@@ -979,7 +979,7 @@ class Lowerer:
         out = derive_structure(g, S.struct, S.ops, S.index(), S.tensors, program)
         if out is None:
             return None
-        self._check_sizes(g)
+        self._check_sizes(g, g.changed_tensors(S.tensors))  # (the parent's were checked)
         self._link = (g, S, out[1], out[2])
         return out[0]
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import chain, compress, repeat
-from operator import attrgetter, contains, is_not, itemgetter
+from itertools import chain, repeat
+from operator import attrgetter, contains, itemgetter
 from typing import Any
 
 import numpy as np
@@ -343,11 +343,8 @@ def derive_structure(g: Graph, P: Structure, p_ops: list, p_index: dict[int, int
     for o in chain(new_ops, (p_ops[j] for j in gone)):
         dirty.add(o.output)
         dirty.update(map(_second, o.inputs))
-    if tensors is not p_tensors:  # a tensor changed under a kept op: build whole
-        tn = list(tensors)
-        changed = set(compress(tn, map(is_not, map(p_tensors.get, tn), tensors.values())))
-        if not changed <= dirty or not (p_tensors.keys() - tensors.keys()) <= dirty:
-            return None
+    if tensors is not p_tensors and not set(g.changed_tensors(p_tensors)) <= dirty:
+        return None  # a tensor changed under a kept op: build whole
     k = len(NEXT_SUFFIX)
     dirty.update([t[:-k] for t in dirty if t.endswith(NEXT_SUFFIX)])  # a state whose next value moved
     p_prod, p_plain, p_state, p_src = P._lookups

@@ -36,6 +36,8 @@ import json
 import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import compress
+from operator import is_not
 from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -213,12 +215,34 @@ class Graph:
         #: the graph ``with_ops`` made this one from (a weak reference), or None: lineage for
         #: consumers that derive a child's facts from its parent's (the cost model)
         self.origin: weakref.ref | None = None
+        #: (the tensors of the graph ``with_ops`` made this one from, the names it changed there):
+        #: see ``changed_tensors``
+        self.tensor_delta: tuple[Mapping[str, Tensor], tuple[str, ...]] | None = None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["edit"] = None  # lineage is local to a process (a weak reference)
         state["origin"] = None
+        state["tensor_delta"] = None
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        state.setdefault("tensor_delta", None)  # (pickles made before it existed)
+        self.__dict__.update(state)
+
+    def changed_tensors(self, other: Mapping[str, Tensor]) -> list[str]:
+        """Names whose tensor differs between this graph's tensors and ``other`` (a tensor table
+        sharing most objects, such as its parent's): added, removed or replaced. Known without
+        comparing every tensor when ``with_ops`` made this graph from a graph with ``other``."""
+        mine = self.tensors
+        if mine is other:
+            return []
+        delta = self.tensor_delta
+        if delta is not None and delta[0] is other:
+            return list(delta[1])
+        names = list(mine)
+        out = list(compress(names, map(is_not, map(other.get, names), mine.values())))
+        return out + [n for n in other.keys() - mine.keys()]
 
     # -- derived views (cached per graph; cheap: O(ops), never O(shards)) ------------------
     def signature(self, op: str | Op) -> Signature:
@@ -335,6 +359,9 @@ class Graph:
                     t[name] = v
         child = Graph(t, ops)
         child.origin = weakref.ref(self)
+        if tensors:
+            child.tensor_delta = (self.tensors, tuple(n for n, v in tensors.items()
+                                                      if v is not self.tensors.get(n)))
         if in_place and not tensors and all(v is not None and k in self.ops for k, v in replace.items()):
             child.edit = Edit(weakref.ref(self), tuple(replace))
         return child
@@ -346,7 +373,7 @@ class Graph:
         if order == tuple(self.ops):
             return self
         child = Graph(self.tensors, {n: self.ops[n] for n in order})
-        child.origin = self.origin
+        child.origin, child.tensor_delta = self.origin, self.tensor_delta
         return child
 
     def _rebuilt_ops(self, replace: dict[str, Op | None], insert_after: Mapping[str, list[Op]] | None) -> dict:

@@ -258,10 +258,8 @@ def batch_flow_update(g: Graph, base: Graph, flow: BatchFlow, order: tuple[str, 
     names = list(gops)
     dirty = list(compress(names, map(is_not, map(bops.get, names), gops.values())))
     if g.tensors is not base.tensors:
-        gt, bt = g.tensors, base.tensors
-        tn = list(gt)
-        changed = set(compress(tn, map(is_not, map(bt.get, tn), gt.values())))
-        if changed - {gops[n].output for n in dirty}:
+        outs, gt = {gops[n].output for n in dirty}, g.tensors
+        if any(n in gt and n not in outs for n in g.changed_tensors(base.tensors)):
             return None  # a source or another tensor changed under kept ops
     out, T = dict(flow[0]), dict(flow[1])
     old = flow[1]

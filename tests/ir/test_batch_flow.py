@@ -43,12 +43,13 @@ def test_the_update_equals_the_whole_flow_over_random_walks(name, kw):
         order, readers = readers_in(child)
         up = batch_flow_update(child, g, batch_flow(g), order, readers)
         whole = batch_flow(child)
-        if up is not None:
-            updated += 1
-            assert same_flow(up, whole, child)
+        # rewrites change no source: always an update, structural moves (new and removed
+        # tensors) included
+        assert up is not None and same_flow(up, whole, child)
         assert whole[0] == batch_dims(child)
+        updated += child.tensors is not g.tensors
         g = child if rng.random() < 0.7 else g
-    assert updated >= 40
+    assert updated >= 5
 
 
 def test_a_split_reduction_over_the_batch_changes_its_readers_rows():

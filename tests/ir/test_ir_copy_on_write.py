@@ -95,3 +95,33 @@ def test_flow_key_carries_over_only_while_the_data_flow_is_the_same(base):
     assert renamed.flow_key == (o.name, o.kernel, o.inputs, o.output + "_x")
     rewired = o.replace(inputs=tuple((p, t + "_y") for p, t in o.inputs))
     assert rewired.flow_key[2] == tuple((p, t + "_y") for p, t in o.inputs)
+
+
+def _scan(a, b) -> set[str]:
+    """The tensors that differ between two tables, by comparing every entry."""
+    return {n for n in a.keys() | b.keys() if a.get(n) is not b.get(n)}
+
+
+def test_changed_tensors_are_known_from_the_rewrite_and_equal_a_full_comparison(base):
+    import pickle
+
+    from ir.rewrites import unfuse
+
+    children = {"fuse": fuse(base, "ff1", "ff_act"), "split_reduction": split_reduction(base, "ff2", 2),
+                "split": split(base, "ff1", "o", 2)}
+    children["unfuse"] = unfuse(children["fuse"], "ff1+ff_act")
+    parents = {"fuse": base, "split_reduction": base, "split": base, "unfuse": children["fuse"]}
+    for kind, child in children.items():
+        parent = parents[kind]
+        got = child.changed_tensors(parent.tensors)
+        assert set(got) == _scan(child.tensors, parent.tensors), kind
+        if child.tensors is not parent.tensors:
+            assert child.tensor_delta[0] is parent.tensors and got, kind  # from the rewrite, not a scan
+    assert set(children["fuse"].changed_tensors(base.tensors)) == {"ff1.out"}  # removed
+    # another table (no delta for it): the full comparison
+    far = children["unfuse"]
+    assert set(far.changed_tensors(children["split_reduction"].tensors)) == _scan(
+        far.tensors, children["split_reduction"].tensors)
+    copy = pickle.loads(pickle.dumps(children["fuse"]))
+    assert copy.tensor_delta is None  # lineage stays in its process
+    assert set(copy.changed_tensors(base.tensors)) == _scan(copy.tensors, base.tensors)
