@@ -1167,12 +1167,15 @@ class Lowerer:
         else:
             c2p = np.fromiter(map(last.index().get, map(id, ops), itertools.repeat(-1)), np.int64, len(ops))
             gmap = self._group_map(st, P, c2p)
-        pp = last.op_pieces
-        op_pieces = [pp[j] if j >= 0 else (get(("op", id(o))) or self.op_piece(g, o))
-                     for o, j in zip(ops, c2p.tolist())]
-        gp = last.group_pieces
-        group_pieces = [gp[j] if j >= 0 else self._group_piece(g, st, gi, ops, op_pieces)
-                        for gi, j in enumerate(gmap.tolist())]
+        # kept pieces by one C-level pass (j = -1 takes a placeholder), then the new ones
+        op_pieces = _take(last.op_pieces, c2p)
+        new_ops = np.nonzero(c2p < 0)[0].tolist()
+        for i in new_ops:
+            o = ops[i]
+            op_pieces[i] = get(("op", id(o))) or self.op_piece(g, o)
+        group_pieces = _take(last.group_pieces, gmap)
+        for gi in np.nonzero(gmap < 0)[0].tolist():
+            group_pieces[gi] = self._group_piece(g, st, gi, ops, op_pieces)
         g_counts = np.empty((len(group_pieces), 4), np.int64)
         kept = gmap >= 0
         g_counts[kept] = last.g_counts[gmap[kept]]
@@ -1184,10 +1187,12 @@ class Lowerer:
         ok = smap >= 0
         ok[ok] = (st.s_tensor[ok] == P.s_tensor[smap[ok]]).astype(np.bool_)
         smap[~ok] = -1
-        sp = last.source_pieces
-        source_pieces = [sp[j] if j >= 0 else self._source_piece(g, st, si, ops, op_pieces)
-                         for si, j in enumerate(smap.tolist())]
-        op_sizes = np.fromiter(map(attrgetter("n"), op_pieces), np.int64, len(op_pieces))
+        source_pieces = _take(last.source_pieces, smap)
+        for si in np.nonzero(smap < 0)[0].tolist():
+            source_pieces[si] = self._source_piece(g, st, si, ops, op_pieces)
+        op_sizes = last.op_sizes[c2p]
+        for i in new_ops:
+            op_sizes[i] = op_pieces[i].n
         now = {"op": (op_pieces, c2p), "group": (group_pieces, gmap), "source": (source_pieces, smap)}
         cats = tuple(c.remap(now[k][1], now[k][0], rows, empty) for c, (k, rows, empty) in zip(last.cats, _CATS))
         return op_pieces, group_pieces, source_pieces, op_sizes, g_counts, cats
@@ -1215,6 +1220,11 @@ class Lowerer:
         low.op_reads, low.op_split = st.op_reads, st.op_split
         low.contention = self.hw.contention
         return low
+
+
+def _take(items: list, idx: np.ndarray) -> list:
+    """``items[j]`` for each ``j`` of ``idx``; where ``j`` is -1, a placeholder to fill."""
+    return list(map(items.__getitem__, idx.tolist())) if items else [None] * len(idx)
 
 
 def lower(g: Graph, hw: Hardware) -> Lowered:

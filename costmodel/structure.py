@@ -374,7 +374,11 @@ def derive_structure(g: Graph, P: Structure, p_ops: list, p_index: dict[int, int
         return [r for r, _q, _p in rows], [p for _r, _q, p in rows]
 
     # groups: the parent's whose tensor is clean, remapped; those of dirty tensors rebuilt
-    clean = np.nonzero(~np.fromiter(map(dirty.__contains__, P.g_tensor.tolist()), np.bool_, len(P.g_prod)))[0]
+    # (a dirty tensor's groups from the lookups: a test of every group's tensor took longer)
+    gone_g = [x for t in dirty for x in (p_plain.get(t), p_state.get(t)) if x is not None]
+    keep_g = np.ones(len(P.g_prod), np.bool_)
+    keep_g[gone_g] = False
+    clean = np.nonzero(keep_g)[0]
     c_counts = np.diff(P.g_rptr)[clean]
     c_entries = _ranges(P.g_rptr[clean], c_counts)
     keys = [np.where(P.g_state[clean] == 1, n + p2c[P.g_prod[clean]], p2c[P.g_prod[clean]])]
