@@ -307,10 +307,25 @@ def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW,
     d_new = np.concatenate(dst).astype(np.int64)
     if not s_new.size:
         return None
-    o = np.argsort(s_new, kind="stable")
-    ctl_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(s_new, minlength=n), out=ctl_ptr[1:])
-    return ctl_ptr, d_new[o].astype(np.int32)
+    return _csr(n, s_new, d_new)
+
+
+@njit(cache=True, nogil=True)
+def _csr(n, src, dst):
+    """``(ptr int64[n+1], idx int32[m])`` of the edges ``src[k] -> dst[k]``, each node's edges in
+    their input order (a counting sort: the stable argsort it replaced cost ~0.1 ms a plan)."""
+    ptr = np.zeros(n + 1, np.int64)
+    for e in range(src.shape[0]):
+        ptr[src[e] + 1] += 1
+    for i in range(n):
+        ptr[i + 1] += ptr[i]
+    fill = ptr[:-1].copy()
+    idx = np.empty(src.shape[0], np.int32)
+    for e in range(src.shape[0]):
+        s = src[e]
+        idx[fill[s]] = dst[e]
+        fill[s] += 1
+    return ptr, idx
 
 
 def _window_edges(low, g: Graph, window: int, skip: np.ndarray | None) -> tuple[list, list]:

@@ -375,3 +375,15 @@ def test_an_op_whose_microbatches_change_is_looked_at_again():
         assert np.array_equal(got, want)
         changed += not np.array_equal(want, base)
     assert changed >= 3
+
+
+def test_the_control_edges_csr_keeps_each_nodes_edges_in_input_order():
+    from costmodel.lookahead import _csr
+
+    rng = np.random.default_rng(2)
+    for n, m in ((1, 0), (5, 12), (300, 2000)):
+        src, dst = rng.integers(0, n, m), rng.integers(0, n, m)
+        ptr, idx = _csr(n, src, dst)
+        order = np.argsort(src, kind="stable")  # the reference: a stable sort by source
+        assert ptr.tolist() == [0] + np.cumsum(np.bincount(src, minlength=n)).tolist()
+        assert idx.dtype == np.int32 and idx.tolist() == dst[order].tolist()
