@@ -501,8 +501,7 @@ def _mb_facts(low, g: Graph, info: _StructInfo, bc: _BatchCols) -> _MbFacts:
                 match, same = _match(F, last)
                 changed = np.nonzero(~same)[0].tolist()
         if last is not None:
-            lp = last.parts
-            parts = [lp[j] if s else None for j, s in zip(match.tolist(), same.tolist())]
+            parts = list(map(last.parts.__getitem__, match.tolist()))  # (the changed ones are redone below)
         else:
             parts, changed = [None] * n, range(n)
         for k in changed:
