@@ -470,7 +470,7 @@ def _match(F: _MbFacts, last: _MbFacts) -> tuple[np.ndarray, np.ndarray]:
     return cand, same
 
 
-def _mb_facts(low, g: Graph, info: _StructInfo, bc: _BatchCols) -> _MbFacts:
+def _mb_facts(low, g: Graph, info: _StructInfo, bc: _BatchCols, multi: np.ndarray) -> _MbFacts:
     """The microbatch facts of ``g``, taken from the last plan's of the structure (else the last
     plan's) for every op that is the same object there: a child plan changes a few ops, and
     looking at every op of a gpt-2 step took ~0.5 ms of each evaluation."""
@@ -490,6 +490,8 @@ def _mb_facts(low, g: Graph, info: _StructInfo, bc: _BatchCols) -> _MbFacts:
     offs, sel, cols = low.op_offsets, bc.sel, bc.sel_cols
     for k in changed:
         o, i = F.ops[k], sel[k]
+        if not multi[i]:
+            continue  # one node per device: not microbatched (``several`` stays False)
         if len(o.shards) == offs[i + 1] - offs[i]:  # (else: not lowered shard for shard, never microbatched)
             F.several[k], F.starts[k] = _shard_starts(o, int(cols[k]))
     several = F.starts[F.several]
@@ -513,6 +515,15 @@ def _mb_facts(low, g: Graph, info: _StructInfo, bc: _BatchCols) -> _MbFacts:
     return F
 
 
+def _multi(low) -> np.ndarray:
+    """Per op: whether some device runs several of its nodes (only such ops can be microbatched)."""
+    nc, nd = low.n_compute, low.n_devices
+    counts = np.diff(np.asarray(low.op_offsets, np.int64))
+    op_idx = np.repeat(np.arange(len(counts)), counts)
+    per = np.bincount(op_idx * nd + np.asarray(low.dev[:nc], np.int64), minlength=len(counts) * nd)
+    return per.reshape(len(counts), nd).max(axis=1) > 1
+
+
 _MB_RECENT: deque = deque(maxlen=4)  # microbatch facts of the last plans (they hold their ops)
 
 
@@ -521,11 +532,14 @@ def _microbatch_parts(low, g: Graph) -> tuple[_StructInfo, _MbFacts] | None:
     pieces on one device (``total`` < 2: nothing is microbatched)."""
     if low.n_compute == 0:
         return None
+    multi = _multi(low)
+    if not multi.any():  # (one pass over the nodes; most plans of small programs end here)
+        return None
     info = _struct_info(low, g)
     bc = _batch_cols(low, g, info)
     if not bc.sel.size:
         return None
-    F = _mb_facts(low, g, info, bc)
+    F = _mb_facts(low, g, info, bc, multi)
     return (info, F) if F.total >= 2 else None
 
 

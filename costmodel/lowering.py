@@ -583,7 +583,10 @@ class Lowerer:
     PACKS_CAP = 4096
     #: logical programs numbered (oldest forgotten first; a forgotten program gets a new number)
     PROGRAMS_CAP = 1024
-    SKETCHES = 256  # plans whose structures children may derive from (~0.5 MB each for a gpt-2 step)
+    SKETCHES = 64  # plans whose structures children may derive from (~0.5 MB each for a gpt-2 step)
+    #: programs smaller than this keep no sketches: their structures come from the cache by key
+    #: faster than a derivation (a 15-op transformer block: ~0.1 against ~0.4 ms)
+    SKETCH_MIN_OPS = 200
 
     def __init__(self, hw: Hardware, cache_size: int = 8000, states: int = 6, collectives: bool = False,
                  curves: E.Curves | None = None, cache_bytes: float = 2e9) -> None:
@@ -607,8 +610,8 @@ class Lowerer:
         self._programs: dict[tuple, int] = {}
         self._keys: dict[int, tuple] = {}  # program number -> its key (for as long as _programs has it)
         self._structures: dict[tuple, Structure] = {}
-        # (weak reference, structure, ops) of plans lowered lately, by id: a search mutates a few
-        # good plans over and over, long after their states left the recent ones
+        # (weak reference, sketch) of plans lowered lately, by id: a search mutates a few good
+        # plans (its front) over and over, long after their states left the recent ones
         self._sketches: OrderedDict[int, tuple] = OrderedDict()
         self._link: tuple | None = None  # (plan, state, op map, group map) of the last derived structure
         self._logical: OrderedDict[int, tuple] = OrderedDict()
@@ -891,17 +894,19 @@ class Lowerer:
         hit = self._sketches.get(id(parent))
         if parent is None or hit is None or hit[0]() is not parent:
             return None
-        K = _Sketch()
-        K.ops_map, K.tensors, K.struct, K.ops = parent.ops, parent.tensors, hit[1], hit[2]
-        return K
+        return hit[1]
 
     def _sketch(self, g: Graph, st: Structure, ops: list) -> None:
+        if len(ops) < self.SKETCH_MIN_OPS:
+            return
         sk, key = self._sketches, id(g)
         hit = sk.get(key)
         if hit is not None and hit[0]() is g:
             sk.move_to_end(key)
             return
-        sk[key] = (weakref.ref(g, lambda _r, key=key, sk=sk: sk.pop(key, None)), st, ops)
+        K = _Sketch()
+        K.ops_map, K.tensors, K.struct, K.ops, K._index = g.ops, g.tensors, st, ops, None
+        sk[key] = (weakref.ref(g, lambda _r, key=key, sk=sk: sk.pop(key, None)), K)
         if len(sk) > self.SKETCHES:
             sk.popitem(last=False)
 

@@ -365,7 +365,11 @@ def test_a_child_of_a_plan_whose_state_is_gone_derives_its_structure_from_the_pl
 
     hw = PRESETS["h100-sxm-8"]
     g0 = workloads.build("gpt", mode="train", batch=4, seq=8, layers=2, d_model=16, heads=2, vocab=32)
+    small = Lowerer(hw)
+    small.lower(workloads.build("transformer", **SMALL["transformer"]))
+    assert not small._sketches  # a small program's structures come from the cache by key
     inc = Lowerer(hw, states=1)
+    inc.SKETCH_MIN_OPS = 0  # (a 2-layer step is about the threshold: sketch it whatever its size)
     parent = fuse(g0, "l1.o_proj", "l1.resid1")
     inc.lower(parent)
     rng = np.random.default_rng(5)
