@@ -517,11 +517,22 @@ def _mb_facts(low, g: Graph, info: _StructInfo, bc: _BatchCols, multi: np.ndarra
 
 def _multi(low) -> np.ndarray:
     """Per op: whether some device runs several of its nodes (only such ops can be microbatched)."""
-    nc, nd = low.n_compute, low.n_devices
-    counts = np.diff(np.asarray(low.op_offsets, np.int64))
-    op_idx = np.repeat(np.arange(len(counts)), counts)
-    per = np.bincount(op_idx * nd + np.asarray(low.dev[:nc], np.int64), minlength=len(counts) * nd)
-    return per.reshape(len(counts), nd).max(axis=1) > 1
+    return _multi_kernel(np.asarray(low.op_offsets, np.int64), low.dev, low.n_devices)
+
+
+@njit(cache=True, nogil=True)
+def _multi_kernel(offs, dev, nd):
+    n_ops = offs.shape[0] - 1
+    out = np.zeros(n_ops, np.bool_)
+    seen = np.full(nd, -1, np.int64)  # the last op that had a node on each device
+    for o in range(n_ops):
+        for i in range(offs[o], offs[o + 1]):
+            d = dev[i]
+            if seen[d] == o:
+                out[o] = True
+                break
+            seen[d] = o
+    return out
 
 
 _MB_RECENT: deque = deque(maxlen=4)  # microbatch facts of the last plans (they hold their ops)

@@ -387,3 +387,25 @@ def test_the_control_edges_csr_keeps_each_nodes_edges_in_input_order():
         order = np.argsort(src, kind="stable")  # the reference: a stable sort by source
         assert ptr.tolist() == [0] + np.cumsum(np.bincount(src, minlength=n)).tolist()
         assert idx.dtype == np.int32 and idx.tolist() == dst[order].tolist()
+
+
+def test_ops_with_several_nodes_on_a_device_equal_a_count_per_op_and_device():
+    from costmodel.lookahead import _multi
+    from costmodel.lowering import Lowerer
+    from costmodel.presets import preset
+    from ir.rewrites import RewriteError, random_rewrite
+
+    g = workloads.build("gpt", mode="train", layers=2, d_model=32, heads=2, vocab=50, seq=16, batch=16)
+    lowerer, rng, seen = Lowerer(preset("h100-sxm-8")), np.random.default_rng(4), 0
+    for _ in range(30):
+        try:
+            g, _m = random_rewrite(g, rng, 8, max_shards_per_op=16)
+        except RewriteError:
+            continue
+        low = lowerer.lower(g)
+        counts = np.diff(np.asarray(low.op_offsets))
+        per = np.zeros((len(counts), low.n_devices), np.int64)
+        np.add.at(per, (np.repeat(np.arange(len(counts)), counts), low.dev[:low.n_compute]), 1)
+        assert _multi(low).tolist() == (per.max(axis=1) > 1).tolist()
+        seen += int((per.max(axis=1) > 1).any())
+    assert seen >= 10
