@@ -575,7 +575,7 @@ class Lowerer:
 
     ``lower(g)`` is the only entry point. ``states`` recent plans are searched for the closest
     one; ``cache_size`` bounds the per-piece caches (LRU). Every other memo is capped too
-    (``PACKS_CAP``, ``PROGRAMS_CAP``, 512 structures, 256 io keys): a worker lowers millions of
+    (``PACKS_CAP``, ``PROGRAMS_CAP``, ``SKETCHES``, 512 structures, 256 io keys): a worker lowers millions of
     plans over a multi-day campaign and its memory must stay flat (issue 16).
     """
 
