@@ -297,6 +297,61 @@ def _radix_argsort(keys):
 
 
 @njit(cache=True, nogil=True)
+def _stable_argsort(keys):
+    """Stable argsort (int32 permutation) of uint64 keys, as :func:`_radix_argsort`, faster when
+    few keys are distinct: a schedule of identical shards (data-parallel replicas, tensor-parallel
+    ranks, equal layers) repeats the same times and ranks on every device (Llama-2 7B on 64 GPUs:
+    2,600 distinct times among 116,000 memory events, 570 distinct ranks among 55,000 nodes).
+    The distinct keys are numbered by an open-addressing hash table as they come, sorted
+    among themselves, and the keys placed by a counting sort on their number (stable). When more
+    than one key in eight is distinct, the radix sort runs instead (the table pass stops there)."""
+    n = keys.shape[0]
+    limit = n // 8 + 1
+    size = 64
+    while size < 2 * limit:
+        size *= 2
+    mask = np.uint64(size - 1)
+    table_key = np.empty(size, np.uint64)
+    table_id = np.full(size, -1, np.int32)
+    distinct = np.empty(limit, np.uint64)
+    cls = np.empty(n, np.int32)
+    d = 0
+    golden = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing (Knuth, TAOCP 6.4): high bits mix all bits
+    for i in range(n):
+        k = keys[i]
+        h = ((k * golden) >> np.uint64(32)) & mask
+        while True:
+            t = table_id[h]
+            if t < 0:
+                if d == limit:
+                    return _radix_argsort(keys)
+                table_id[h] = d
+                table_key[h] = k
+                distinct[d] = k
+                cls[i] = d
+                d += 1
+                break
+            if table_key[h] == k:
+                cls[i] = t
+                break
+            h = (h + np.uint64(1)) & mask
+    count = np.zeros(d, np.int64)
+    for i in range(n):
+        count[cls[i]] += 1
+    pos = np.empty(d, np.int64)  # first output slot of each distinct key, in key order
+    acc = 0
+    for c in _radix_argsort(distinct[:d]):
+        pos[c] = acc
+        acc += count[c]
+    out = np.empty(n, np.int32)
+    for i in range(n):
+        c = cls[i]
+        out[pos[c]] = i
+        pos[c] += 1
+    return out
+
+
+@njit(cache=True, nogil=True)
 def _radix_run(keys, idx, tmp, a, e):
     """Stable LSD passes over the low digits (0-2) of ``idx[a:e]``, in place."""
     mask = np.uint64(2047)
@@ -415,7 +470,7 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
         rank[u] = dur[u] + lat[u] + best
 
     # --- priority: position in (rank descending, index ascending) order ---------------------
-    prio = _radix_argsort(~rank.view(np.uint64))  # prio[p] = node with the p-th highest priority
+    prio = _stable_argsort(~rank.view(np.uint64))  # prio[p] = node with the p-th highest priority
     pos = np.empty(n, np.int32)
     for p in range(n):
         pos[prio[p]] = p
@@ -599,7 +654,7 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
                     ev_b[jf] = -b
                     ev_d[jf] = loc
                     jf += 1
-        perm = _radix_argsort(ev_t.view(np.uint64))
+        perm = _stable_argsort(ev_t.view(np.uint64))
         live = resident_bytes.copy()
         for q in range(perm.shape[0]):
             j = perm[q]

@@ -490,3 +490,22 @@ def test_radix_argsort_is_numpys_stable_argsort(n):
              ~t.view(np.uint64), rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64)]
     for keys in cases:
         assert np.array_equal(_radix_argsort(keys), np.argsort(keys, kind="stable"))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 9, 1000, 30000])
+def test_stable_argsort_with_few_distinct_keys_is_numpys_stable_argsort(n):
+    """The hashed counting sort (few distinct keys: a symmetric schedule's times and ranks) and
+    its fallback to the radix sort (more than one key in eight distinct, found part way through)
+    both equal a stable argsort: repeated times, repeated descending ranks, keys that collide in
+    the hash's high bits, zeros, and distinct keys."""
+    from costmodel.simulate import _stable_argsort
+
+    rng = np.random.default_rng(n)
+    times = rng.random(max(n // 20, 1))
+    few = times[rng.integers(0, times.shape[0], n)]  # at most one key in twenty distinct
+    cases = [few.view(np.uint64), ~few.view(np.uint64), np.zeros(n, np.uint64),
+             (np.uint64(1) << np.uint64(33)) * rng.integers(0, 8, n).astype(np.uint64),  # equal low bits
+             np.where(np.arange(n) < n // 2, 0.5, rng.random(n)).view(np.uint64),  # distinct from the middle on
+             rng.random(n).view(np.uint64)]
+    for keys in cases:
+        assert np.array_equal(_stable_argsort(keys), np.argsort(keys, kind="stable"))
