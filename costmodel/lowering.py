@@ -735,7 +735,10 @@ class Lowerer:
 
     def _group_piece(self, g: Graph, st: Structure, gi: int, ops: list[Op], pieces: list[OpPiece]) -> GroupPiece:
         prod, tensor, readers = st.groups[gi]
-        tag = "sgrp" if st.g_state[gi] else "grp"  # state reads: the producer's boxes are the home
+        state = bool(st.g_state[gi])  # state reads: the producer's boxes are the home
+        # no batch rows in the tensor: a state, or made from states only (see the collective below)
+        batch_free = state or all(map(g.is_carried, map(_second, ops[prod].inputs)))
+        tag = "sgrp" if state else "bgrp" if batch_free else "grp"
         # keyed by the pieces, not the ops: equal layers share their pieces, and so these too
         if len(readers) == 1:
             r, port = readers[0]
@@ -767,9 +770,12 @@ class Lowerer:
         coll, parts, cost = _NO_COLL, _NO_PARTS, None
         # a producer or reader with several shards on one device (microbatches,
         # ir.rewrites.pipeline) keeps its transfers point to point: one collective over all of
-        # them would wait for every microbatch and serialise the pipeline
-        if self.collectives and counts[1] >= 2 and np.unique(pp.dev).shape[0] == pp.dev.shape[0] \
-                and all(np.unique(pieces[r].dev).shape[0] == pieces[r].n for r, _ in readers):
+        # them would wait for every microbatch and serialise the pipeline. Except the reads of
+        # what holds no batch (a loop-carried state, or an op computed from states only: a
+        # weight's cast to bf16): every microbatch on a device needs the same data, gathered
+        # once, as FSDP does; no microbatch then waits for another.
+        if self.collectives and counts[1] >= 2 and np.unique(pp.dev).shape[0] == pp.dev.shape[0] and (
+                batch_free or all(np.unique(pieces[r].dev).shape[0] == pieces[r].n for r, _ in readers)):
             reduce = all(ops[r].kernel == "accumulate" for r, _ in readers)
             coll, parts, cost = self._collective(counts, ints, flts, pp.dev, reduce)
             if cost is not None:

@@ -12,7 +12,8 @@ from costmodel.lowering import Lowerer
 from costmodel.presets import PRESETS
 from ir.builder import GraphBuilder
 from ir.rewrites import place, retile, split, split_reduction
-from tests.costmodel.test_state import F4, K, N, rename, step
+from ir.graph import next_name
+from tests.costmodel.test_state import F4, K, M, N, rename, step
 
 HW8, HW64 = PRESETS["h100-sxm-8"], PRESETS["h100-sxm-64"]
 GiB = 2.0**30
@@ -137,3 +138,56 @@ def test_nvlink_and_nic_ports_run_at_once():
     nc = low.n_compute
     assert sorted(low.link[nc:].tolist()) == [0, 1]
     assert np.all(s.start[nc:] == s.start[nc])  # both leave device 0 at the same time
+
+
+def _microbatched_reads(cast: bool):
+    """``W`` (a loop-carried state, its update split over devices 0-3) read by ``mm`` in two
+    microbatches on each of devices 0-3, directly or through its cast (made from states only);
+    ``mm``'s output read by ``act`` in two microbatches on each of devices 4-7."""
+    b = GraphBuilder()
+    x, W, d = b.input("x", (M, K), "bfloat16" if cast else None), b.parameter("W", (K, N)), b.input("d", (K, N))
+    w = b.op("cast", "cast", {"x": W}, dtype="bfloat16") if cast else W
+    b.matmul(x, w, name="mm")
+    b.op("relu", "act", {"x": "mm.out"})
+    b.sub(W, d, name="upd")
+    g = rename(b.build(), "upd.out", next_name("W"), "output")
+    if cast:
+        g = place(split(g, "cast", 0, 4), "cast", [0, 1, 2, 3])
+    g = place(split(g, "mm", 0, 8), "mm", [0, 0, 1, 1, 2, 2, 3, 3])
+    g = place(split(g, "act", 0, 8), "act", [4, 4, 5, 5, 6, 6, 7, 7])
+    return place(split(g, "upd", 0, 4), "upd", [0, 1, 2, 3])
+
+
+@pytest.mark.parametrize("cast", [False, True])
+def test_what_holds_no_batch_is_gathered_once_for_every_microbatch(cast):
+    """A state (or its cast) read by several microbatches on a device is gathered by one
+    collective that feeds them all (the data is the same for every microbatch); a producer of
+    batch rows read by microbatches stays point to point (one collective would make every
+    microbatch wait for all of them and serialise a pipeline)."""
+    g = _microbatched_reads(cast)
+    low = Lowerer(HW8, collectives=True).lower(g)
+    nc = low.n_compute
+    names = list(low.op_names)
+    off = low.op_offsets
+    mm = np.arange(off[names.index("mm")], off[names.index("mm") + 1])
+    coll = [i for i in range(nc, len(low.kind)) if low.kind[i] == 2]
+    assert len(coll) == 1
+    c = coll[0]
+    assert low.part_dev[low.part_ptr[c]:low.part_ptr[c + 1]].tolist() == [0, 1, 2, 3]
+    assert sorted(low.succ_idx[low.succ_ptr[c]:low.succ_ptr[c + 1]].tolist()) == mm.tolist()
+    # mm's output (batch rows, two shards per device) goes to devices 4-7 point to point
+    src = np.array(names)[low.transfer_src_op]
+    assert set(src[low.kind[nc:] == 1]) == {"mm"} and set(src[low.kind[nc:] == 2]) == {"cast" if cast else "upd"}
+    # batch rows made on devices 4-7 (one shard each) and read whole by two shards on each of
+    # devices 0-3: an all-gather, kept point to point (made from an input, not from states)
+    b = GraphBuilder()
+    b.op("relu", "pre", {"x": b.input("x", (M, K))})
+    b.matmul(b.input("y", (M, M)), "pre.out", name="mm2")
+    h0 = place(split(b.build(), "pre", 0, 4), "pre", [4, 5, 6, 7])
+    h = place(split(h0, "mm2", 0, 8), "mm2", [0, 0, 1, 1, 2, 2, 3, 3])
+    low2 = Lowerer(HW8, collectives=True).lower(h)
+    assert np.all(low2.kind[low2.n_compute:] == 1) and low2.n_transfer == 16
+    one = place(split(h0, "mm2", 0, 4), "mm2", [0, 1, 2, 3])  # one reader shard per device: a collective
+    assert Lowerer(HW8, collectives=True).lower(one).kind[-1] == 2
+    e = Evaluator(HW8)(g)
+    assert e.feasible and np.isfinite(e.makespan)
