@@ -563,10 +563,13 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
     ``op_inplace[i]`` = 1 marks the producer of a ``P.next``: it writes into ``P``'s resident
     buffer, so its compute nodes allocate nothing.
 
-    ``g_counts[g, 3]`` = K > 0 marks a group run as one collective (``costmodel.collectives``):
-    its T transfers become one node of kind 2 with ``g_coll[g]`` = (port seconds, latency, joules
-    per byte, link mask) and K participants, rows of ``c_parts`` (device, bytes received); edges
-    from every producer shard it reads (none for a state) and to every reader shard it feeds.
+    ``g_counts[g, 3]`` = K > 0 marks a group run as ``C = g_counts[g, 4]`` collectives
+    (``costmodel.collectives``), one per independent exchange (a tensor-parallel reduction in each
+    data-parallel replica is one): each becomes one node of kind 2, with a row of ``g_coll`` =
+    (port seconds, latency, joules per byte, link mask, its transfer rows, its reader rows, its
+    participants) and its participants in ``c_parts`` (device, bytes received); edges from every
+    producer shard it reads (none for a state) and to every reader shard it feeds. Other groups
+    have one row of zeros in ``g_coll``.
     Also returned: ``link`` int8[n] and the participants' CSR ``part_ptr``, ``part_dev``,
     ``part_alloc`` (the simulator's contract).
 
@@ -586,7 +589,7 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
     KP = 0
     for g in range(G):
         if g_counts[g, 3] > 0:
-            T += 1
+            T += g_counts[g, 4]
             KP += g_counts[g, 3]
         else:
             T += g_counts[g, 1]
@@ -636,6 +639,8 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
     f_base = 0  # row of the group's first transfer in g_flts
     row = 0
     kp = 0
+    crow = 0  # this group's first row of g_coll
+    mark = 0  # stamp values: one pair per collective (producers mark + 1, readers -mark - 2)
     for g in range(G):
         lg = g_counts[g, 0]
         tg = g_counts[g, 1]
@@ -650,46 +655,53 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
                 tgt[e] = off[g_rop[r0 + g_ints[row + x, 1]]] + g_ints[row + x, 2]
                 e += 1
         row += lg
-        if kg > 0:  # one collective for the group's tg transfers
-            node = nc + t_base
-            kind[node] = 2
-            dst[node] = -1
-            total = 0.0
-            for x in range(tg):
-                total += g_flts[f_base + x, 0]
-            dur[node] = g_coll[g, 0]
-            lat[node] = g_coll[g, 1]
-            alloc[node] = total
-            t_epb[t_base] = g_coll[g, 2]
-            link[node] = np.int8(g_coll[g, 3])
-            t_op[t_base] = g_rop[r0 + g_ints[row, 2]]
-            t_src_op[t_base] = g_prod[g]
-            dev[node] = np.int32(c_parts[kp, 0])
-            for x in range(kg):
-                part_dev[kp + x] = np.int32(c_parts[kp + x, 0])
-                part_alloc[kp + x] = c_parts[kp + x, 1]
-            kp += kg
-            part_ptr[node + 1] = kg
-            if not state:
-                for x in range(tg):
-                    s = p_off + g_ints[row + x, 0]
-                    if stamp[s] != g:
-                        stamp[s] = g
-                        src[e] = s
-                        tgt[e] = node
+        if kg > 0:  # the group's transfers as g_counts[g, 4] collectives, each its rows in turn
+            for c in range(g_counts[g, 4]):
+                tc = np.int64(g_coll[crow, 4])
+                qc = np.int64(g_coll[crow, 5])
+                kc = np.int64(g_coll[crow, 6])
+                node = nc + t_base
+                kind[node] = 2
+                dst[node] = -1
+                total = 0.0
+                for x in range(tc):
+                    total += g_flts[f_base + x, 0]
+                dur[node] = g_coll[crow, 0]
+                lat[node] = g_coll[crow, 1]
+                alloc[node] = total
+                t_epb[t_base] = g_coll[crow, 2]
+                link[node] = np.int8(g_coll[crow, 3])
+                t_op[t_base] = g_rop[r0 + g_ints[row, 2]]
+                t_src_op[t_base] = g_prod[g]
+                dev[node] = np.int32(c_parts[kp, 0])
+                for x in range(kc):
+                    part_dev[kp + x] = np.int32(c_parts[kp + x, 0])
+                    part_alloc[kp + x] = c_parts[kp + x, 1]
+                kp += kc
+                part_ptr[node + 1] = kc
+                mark += 1
+                if not state:
+                    for x in range(tc):
+                        s = p_off + g_ints[row + x, 0]
+                        if stamp[s] != mark:
+                            stamp[s] = mark
+                            src[e] = s
+                            tgt[e] = node
+                            e += 1
+                row += tc
+                for x in range(qc):  # a second stamp pass: reader shards
+                    r = off[g_rop[r0 + g_ints[row + x, 1]]] + g_ints[row + x, 2]
+                    if stamp[r] != -1 - mark:
+                        stamp[r] = -1 - mark
+                        src[e] = node
+                        tgt[e] = r
                         e += 1
-            row += tg
-            for x in range(qg):  # a second stamp pass: reader shards (stamp value -2 - g)
-                r = off[g_rop[r0 + g_ints[row + x, 1]]] + g_ints[row + x, 2]
-                if stamp[r] != -2 - g:
-                    stamp[r] = -2 - g
-                    src[e] = node
-                    tgt[e] = r
-                    e += 1
-            row += qg
-            t_base += 1
-            f_base += tg
+                row += qc
+                t_base += 1
+                f_base += tc
+                crow += 1
             continue
+        crow += 1
         for x in range(tg):
             node = nc + t_base + x
             kind[node] = 1

@@ -87,12 +87,13 @@ def _collectives(evaluator: Evaluator) -> list[dict[str, Any]]:
     st = low._states[-1]  # the plan just lowered
     out = []
     for gi, piece in enumerate(st.group_pieces):
-        c = piece.collective
-        if c is None:
+        if piece.collective is None:
             continue
         prod, tensor, _readers = st.struct.groups[gi]
-        out.append({"tensor": tensor, "producer": st.struct.order[prod], "kind": c.kind, "algorithm": c.algorithm,
-                    "ranks": c.ranks, "nodes": c.nodes, "bytes": c.nbytes, "seconds": c.seconds})
+        for c in piece.collective:  # one per independent exchange (each replica's, each microbatch's)
+            out.append({"tensor": tensor, "producer": st.struct.order[prod], "kind": c.kind,
+                        "algorithm": c.algorithm, "ranks": c.ranks, "nodes": c.nodes, "bytes": c.nbytes,
+                        "seconds": c.seconds})
     return out
 
 

@@ -406,9 +406,11 @@ class OpPiece:
 
 class GroupPiece:
     """Edges and transfers of one produced tensor (see ``_kernels.group_kernel``); ``counts``
-    int64[4] = (L, T, Q, K): K > 0 when its transfers run as one collective with K participants
-    (``coll`` float64[4] = port seconds, latency, joules per byte, link mask; ``parts``
-    float64[K, 2] = device, bytes received; ``collective`` its :class:`CollectiveCost`)."""
+    int64[5] = (L, T, Q, K, C): K > 0 when its transfers run as C collectives, one per
+    independent exchange, with K participants in all (``coll`` float64[C, 7]: port seconds,
+    latency, joules per byte, link mask, transfer rows, reader rows, participants of each;
+    ``parts`` float64[K, 2] = device, bytes received; ``collective`` the tuple of their
+    :class:`CollectiveCost`). Otherwise ``coll`` is one row of zeros."""
 
     __slots__ = ("counts", "ints", "flts", "keep", "coll", "parts", "collective")
 
@@ -418,33 +420,69 @@ class GroupPiece:
         self.coll, self.parts, self.collective = coll, parts, collective
 
 
-_NO_COLL = np.zeros(4)
+_NO_COLL = np.zeros((1, 7))
 _NO_PARTS = np.zeros((0, 2))
 
 
-def _compact_collective(counts: np.ndarray, ints: np.ndarray, flts: np.ndarray):
-    """A collective group's rows as ``_kernels.assemble`` reads them: its local edges, one
-    transfer row per producer shard it reads (the first row first: it names the op the
-    collective feeds; the group's total bytes in the first row of ``flts``, zeros after) and one
-    row per reader shard it feeds, each in first-occurrence order. The point-to-point pairs
-    (every producer shard times every destination: quadratic in the ranks, 750 MB of rows for
-    Llama-2 70B on 512 GPUs) are not kept: the collective's cost came from them already."""
+def _exchanges(ints: np.ndarray, L: int, T: int, Q: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The independent exchanges of a group's point-to-point transfers: transfers are joined when
+    they leave the same producer shard or feed the same reader shard (under tensor x data
+    parallelism, each replica's reduction is one exchange). Returns the exchange of each
+    transfer row and of each reader row, numbered in order of first transfer, and their count."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    t_rows, q_rows = ints[L:L + T], ints[L + T:L + T + Q]
+    # transfers and reader shards as the nodes; a reader row joins its transfer to its reader,
+    # consecutive transfers of one producer shard are joined (the lowering lists them together)
+    _, reader = np.unique(q_rows[:, 1] * (int(q_rows[:, 2].max()) + 1 if Q else 1) + q_rows[:, 2],
+                          return_inverse=True)
+    same = np.nonzero(t_rows[1:, 0] == t_rows[:-1, 0])[0]
+    a = np.concatenate([q_rows[:, 0], same])
+    b = np.concatenate([T + reader.ravel(), same + 1])
+    n = T + (int(reader.max()) + 1 if Q else 0)
+    _, label = connected_components(coo_matrix((np.ones(a.shape[0]), (a, b)), shape=(n, n)), directed=False)
+    _, first, t_ex = np.unique(label[:T], return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # number the exchanges by their first transfer
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.shape[0])
+    t_ex = rank[t_ex.ravel()]
+    return t_ex, t_ex[q_rows[:, 0]], order.shape[0]
+
+
+def _compact_collective(counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, t_ex: np.ndarray,
+                        q_ex: np.ndarray, C: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A collective group's rows as ``_kernels.assemble`` reads them: its local edges, then for
+    each of its ``C`` exchanges (``t_ex``/``q_ex``: the exchange of each transfer and reader row)
+    one transfer row per producer shard it reads (the first row first: it names the op the
+    collective feeds; the exchange's bytes in its first row of ``flts``, zeros after) and one row
+    per reader shard it feeds, each in first-occurrence order. The point-to-point pairs (every
+    producer shard times every destination: quadratic in the ranks, 750 MB of rows for Llama-2
+    70B on 512 GPUs) are not kept: the collectives' cost came from them already. Also returns
+    the (transfer rows, reader rows) of each exchange."""
     L, T, Q = int(counts[0]), int(counts[1]), int(counts[2])
     t_rows, q_rows = ints[L:L + T], ints[L + T:L + T + Q]
-    _, first = np.unique(t_rows[:, 0], return_index=True)
-    t_keep = t_rows[np.sort(first)]
-    _, first = np.unique(q_rows[:, 1] * (int(q_rows[:, 2].max()) + 1 if Q else 1) + q_rows[:, 2], return_index=True)
-    q_keep = q_rows[np.sort(first)]
-    f = np.zeros((t_keep.shape[0], flts.shape[1]))
-    f[0] = flts[0]
-    f[0, 0] = flts[:T, 0].sum()
+    width = int(q_rows[:, 2].max()) + 1 if Q else 1
+    parts, fl, sizes = [ints[:L]], [], np.zeros((C, 2), np.int64)
+    for c in range(C):
+        tc, qc = t_rows[t_ex == c], q_rows[q_ex == c]
+        _, first = np.unique(tc[:, 0], return_index=True)
+        t_keep = tc[np.sort(first)]
+        _, first = np.unique(qc[:, 1] * width + qc[:, 2], return_index=True)
+        q_keep = qc[np.sort(first)]
+        f = np.zeros((t_keep.shape[0], flts.shape[1]))
+        f[0] = flts[np.argmax(t_ex == c)]
+        f[0, 0] = flts[:T, 0][t_ex == c].sum()
+        parts += [t_keep, q_keep]
+        fl.append(f)
+        sizes[c] = t_keep.shape[0], q_keep.shape[0]
     out = counts.copy()
-    out[1], out[2] = t_keep.shape[0], q_keep.shape[0]
-    return out, np.concatenate([ints[:L], t_keep, q_keep]), f
+    out[1], out[2] = sizes.sum(axis=0)
+    return out, np.concatenate(parts), np.concatenate(fl), sizes
 
 
 def _coll_rows(p: GroupPiece) -> np.ndarray:
-    return p.coll[None, :]
+    return p.coll
 
 
 def _same_rows(a: np.ndarray) -> np.ndarray:
@@ -460,7 +498,7 @@ _flow_key = attrgetter("flow_key")
 _CATS = (("op", attrgetter("f"), np.zeros((0, 5))),
          ("group", attrgetter("ints"), np.zeros((0, 3), np.int64)),
          ("group", attrgetter("flts"), np.zeros((0, 5))),
-         ("group", _coll_rows, np.zeros((0, 4))),
+         ("group", _coll_rows, np.zeros((0, 7))),
          ("group", attrgetter("parts"), _NO_PARTS),
          ("source", _same_rows, np.zeros(0)))
 
@@ -766,7 +804,7 @@ class Lowerer:
             keep = (pp,) + tuple(pieces[r] for r, _ in readers)
         counts, ints, flts = K.group_kernel(pp.out_lo, pp.out_hi, pp.dev, c_lo, c_hi, c_dev, r_counts,
                                             self.hw.n_devices, st.g_item[gi], *self._links)
-        counts = np.append(counts, 0)
+        counts = np.append(counts, (0, 0))
         coll, parts, cost = _NO_COLL, _NO_PARTS, None
         # a producer or reader with several shards on one device (microbatches,
         # ir.rewrites.pipeline) keeps its transfers point to point: one collective over all of
@@ -777,30 +815,49 @@ class Lowerer:
         if self.collectives and counts[1] >= 2 and np.unique(pp.dev).shape[0] == pp.dev.shape[0] and (
                 batch_free or all(np.unique(pieces[r].dev).shape[0] == pieces[r].n for r, _ in readers)):
             reduce = all(ops[r].kernel == "accumulate" for r, _ in readers)
-            coll, parts, cost = self._collective(counts, ints, flts, pp.dev, reduce)
+            coll, parts, cost, ex = self._collectives(counts, ints, flts, pp.dev, reduce)
             if cost is not None:
-                counts[3] = parts.shape[0]
-                counts, ints, flts = _compact_collective(counts, ints, flts)
+                counts[3], counts[4] = parts.shape[0], coll.shape[0]
+                counts, ints, flts, sizes = _compact_collective(counts, ints, flts, *ex)
+                coll[:, 4:6] = sizes
         piece = cache[key] = GroupPiece(counts, ints, flts, keep, coll, parts, cost)  # keep: ops whose ids are in key
         self._piece_bytes[key] = size = ints.nbytes + flts.nbytes
         self._bytes += size
         self._trim()
         return piece
 
-    def _collective(self, counts, ints, flts, p_dev, reduce: bool):
-        """(coll, parts, cost) when a group's transfers are one collective, else no collective."""
-        L, T = int(counts[0]), int(counts[1])
+    def _collectives(self, counts, ints, flts, p_dev, reduce: bool):
+        """(coll, parts, costs, (t_ex, q_ex, C)) when a group's transfers are collectives, one
+        per independent exchange (``_exchanges``; each must be one), else no collective."""
+        none = _NO_COLL, _NO_PARTS, None, None
+        L, T, Q = int(counts[0]), int(counts[1]), int(counts[2])
         rows = ints[L:L + T]
         shard = rows[:, 0]
         src = p_dev[shard]
         dst = rows[:, 1]
+        if np.count_nonzero(np.bincount(np.concatenate((src, dst)), minlength=self.hw.n_devices)) < C.MIN_RANKS:
+            return none  # the common case, decided without sorting
+        nbytes, epb = flts[:, 0], flts[:, 2]
+        t_ex, q_ex, n_ex = _exchanges(ints, L, T, Q)
+        rows_, parts, costs = [], [], []
+        for c in range(n_ex):
+            sel = t_ex == c if n_ex > 1 else slice(None)
+            one = self._collective(src[sel], dst[sel], nbytes[sel], shard[sel], epb[sel], reduce)
+            if one is None:
+                return none
+            rows_.append(one[0])
+            parts.append(one[1])
+            costs.append(one[2])
+        return np.stack(rows_), np.concatenate(parts), tuple(costs), (t_ex, q_ex, n_ex)
+
+    def _collective(self, src, dst, nbytes, shard, epb, reduce: bool):
+        """(coll row, parts, cost) of one exchange run as a collective, or None (point to point)."""
         seen = np.bincount(np.concatenate((src, dst)), minlength=self.hw.n_devices)
         if np.count_nonzero(seen) < C.MIN_RANKS:
-            return _NO_COLL, _NO_PARTS, None  # the common case, decided without sorting
-        nbytes = flts[:, 0]
+            return None
         kind = C.classify(reduce, src, dst, nbytes, shard)
         if kind is None:
-            return _NO_COLL, _NO_PARTS, None
+            return None
         ranks = np.flatnonzero(seen)
         S = C.buffer_bytes(float(nbytes.sum()), ranks.shape[0])
         by_node = C.ranks_by_node(ranks, self.hw.devices_per_node)
@@ -813,10 +870,9 @@ class Lowerer:
         recv = np.bincount(dst, weights=nbytes, minlength=self.hw.n_devices)[ranks]
         parts = np.stack([ranks.astype(np.float64), recv], axis=1)
         total = float(nbytes.sum())
-        epb = float((nbytes * flts[:, 2]).sum() / total) if total > 0 else 0.0
+        joules = float((nbytes * epb).sum() / total) if total > 0 else 0.0
         mask = 1.0 if len(by_node) == 1 else 3.0
-        coll = np.array([cost.bandwidth_s, cost.latency_s, epb, mask])
-        return coll, parts, cost
+        return np.array([cost.bandwidth_s, cost.latency_s, joules, mask, 0.0, 0.0, ranks.shape[0]]), parts, cost
 
     def _source_piece(self, g: Graph, st: Structure, si: int, ops: list[Op], pieces: list[OpPiece]) -> np.ndarray:
         tensor, readers = st.sources[si]
@@ -1094,7 +1150,7 @@ class Lowerer:
                 source_pieces = [self._source_piece(g, st, si, ops, op_pieces) for si in range(len(st.s_home))]
                 op_sizes = np.array([p.n for p in op_pieces], np.int64)
                 g_counts = (np.stack([p.counts for p in group_pieces]) if group_pieces
-                            else np.zeros((0, 4), np.int64))
+                            else np.zeros((0, 5), np.int64))
                 now = {"op": op_pieces, "group": group_pieces, "source": source_pieces}
                 cats = tuple(_Cat.of([rows(p) for p in now[k]], empty) for k, rows, empty in _CATS)
         else:
@@ -1131,8 +1187,8 @@ class Lowerer:
                                 [p.ints for p in group_pieces] if small else None),
                     c_gf.splice({gi: p.flts for gi, p in gp.items()},
                                 [p.flts for p in group_pieces] if small else None),
-                    c_gc.splice({gi: p.coll[None, :] for gi, p in gp.items()},
-                                [p.coll[None, :] for p in group_pieces] if small else None),
+                    c_gc.splice({gi: p.coll for gi, p in gp.items()},
+                                [p.coll for p in group_pieces] if small else None),
                     c_gp.splice({gi: p.parts for gi, p in gp.items()},
                                 [p.parts for p in group_pieces] if small else None),
                     c_res.splice({si: source_pieces[si] for si in ts}, source_pieces if small else None))
@@ -1187,7 +1243,7 @@ class Lowerer:
         group_pieces = _take(last.group_pieces, gmap)
         for gi in np.nonzero(gmap < 0)[0].tolist():
             group_pieces[gi] = self._group_piece(g, st, gi, ops, op_pieces)
-        g_counts = np.empty((len(group_pieces), 4), np.int64)
+        g_counts = np.empty((len(group_pieces), 5), np.int64)
         kept = gmap >= 0
         g_counts[kept] = last.g_counts[gmap[kept]]
         for gi in np.nonzero(~kept)[0].tolist():

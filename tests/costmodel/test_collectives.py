@@ -191,3 +191,33 @@ def test_what_holds_no_batch_is_gathered_once_for_every_microbatch(cast):
     assert Lowerer(HW8, collectives=True).lower(one).kind[-1] == 2
     e = Evaluator(HW8)(g)
     assert e.feasible and np.isfinite(e.makespan)
+
+
+def test_each_data_parallel_replica_reduces_on_its_own():
+    """Tensor x data parallel: the partials of a split reduction summed inside each of 8 nodes
+    (rows of the batch on node ``r``, the reduction split over its 8 GPUs, the sum scattered
+    over them) are 8 independent reduce-scatters, each over NVLink inside its node at the ring's
+    closed form, not one 64-rank collective across the nodes (which would hold every NIC)."""
+    M, Kr, Nr = 1024, 4096, 1024
+    b = GraphBuilder()
+    b.matmul(b.input("x", (M, Kr)), b.parameter("W", (Kr, Nr)), name="mm")
+    g = split_reduction(b.build(), "mm", 8)
+    g = retile(g, "mm", [8, 8, 1], [8 * r + p for p in range(8) for r in range(8)])  # partial p of rows r
+    g = retile(g, "mm.acc", [8, 8], [8 * r + j for r in range(8) for j in range(8)])
+    low = Lowerer(HW64, collectives=True).lower(g)
+    nc = low.n_compute
+    coll = np.arange(nc, len(low.kind))
+    assert np.all(low.kind[coll] == 2) and coll.shape[0] == 8
+    S = 4.0 * (M // 8) * Nr  # one replica's sum, float32
+    for r, c in enumerate(coll):
+        assert sorted(low.part_dev[low.part_ptr[c]:low.part_ptr[c + 1]].tolist()) == list(range(8 * r, 8 * r + 8))
+        assert low.link[c] == 1  # NVLink only: no NIC port held
+        assert low.dur[c] == pytest.approx(7 / 8 * S / BNV, rel=1e-12)
+        assert low.lat[c] == pytest.approx(7 * LNV, rel=1e-12)
+        # edges: the replica's 8 partials in, its 8 sums out
+        preds = [u for u in range(nc) if c in low.succ_idx[low.succ_ptr[u]:low.succ_ptr[u + 1]]]
+        assert sorted(low.dev[preds].tolist()) == list(range(8 * r, 8 * r + 8))
+        outs = low.succ_idx[low.succ_ptr[c]:low.succ_ptr[c + 1]]
+        assert sorted(low.dev[outs].tolist()) == list(range(8 * r, 8 * r + 8))
+    e = Evaluator(HW64)(g)
+    assert e.feasible
