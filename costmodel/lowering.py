@@ -424,30 +424,25 @@ _NO_COLL = np.zeros((1, 7))
 _NO_PARTS = np.zeros((0, 2))
 
 
-def _exchanges(ints: np.ndarray, L: int, T: int, Q: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """The independent exchanges of a group's point-to-point transfers: transfers are joined when
-    they leave the same producer shard or feed the same reader shard (under tensor x data
-    parallelism, each replica's reduction is one exchange). Returns the exchange of each
-    transfer row and of each reader row, numbered in order of first transfer, and their count."""
+def _exchanges(ints: np.ndarray, L: int, T: int, src: np.ndarray, n_devices: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The independent exchanges of a group's point-to-point transfers: the transfers among each
+    set of devices that send to or receive from one another (under tensor x data parallelism,
+    each replica's reduction inside its node), which NCCL runs as separate collectives on
+    separate communicators. ``src``: the source device of each transfer row. Returns the exchange
+    of each transfer row and of each reader row, numbered in order of first transfer, and their
+    count."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    t_rows, q_rows = ints[L:L + T], ints[L + T:L + T + Q]
-    # transfers and reader shards as the nodes; a reader row joins its transfer to its reader,
-    # consecutive transfers of one producer shard are joined (the lowering lists them together)
-    _, reader = np.unique(q_rows[:, 1] * (int(q_rows[:, 2].max()) + 1 if Q else 1) + q_rows[:, 2],
-                          return_inverse=True)
-    same = np.nonzero(t_rows[1:, 0] == t_rows[:-1, 0])[0]
-    a = np.concatenate([q_rows[:, 0], same])
-    b = np.concatenate([T + reader.ravel(), same + 1])
-    n = T + (int(reader.max()) + 1 if Q else 0)
-    _, label = connected_components(coo_matrix((np.ones(a.shape[0]), (a, b)), shape=(n, n)), directed=False)
-    _, first, t_ex = np.unique(label[:T], return_index=True, return_inverse=True)
+    dst = ints[L:L + T, 1]
+    graph = coo_matrix((np.ones(T), (src, dst)), shape=(n_devices, n_devices))
+    _, label = connected_components(graph, directed=False)
+    _, first, t_ex = np.unique(label[src], return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")  # number the exchanges by their first transfer
     rank = np.empty_like(order)
     rank[order] = np.arange(order.shape[0])
     t_ex = rank[t_ex.ravel()]
-    return t_ex, t_ex[q_rows[:, 0]], order.shape[0]
+    return t_ex, t_ex[ints[L + T:, 0]], order.shape[0]
 
 
 def _compact_collective(counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, t_ex: np.ndarray,
@@ -830,7 +825,7 @@ class Lowerer:
         """(coll, parts, costs, (t_ex, q_ex, C)) when a group's transfers are collectives, one
         per independent exchange (``_exchanges``; each must be one), else no collective."""
         none = _NO_COLL, _NO_PARTS, None, None
-        L, T, Q = int(counts[0]), int(counts[1]), int(counts[2])
+        L, T = int(counts[0]), int(counts[1])
         rows = ints[L:L + T]
         shard = rows[:, 0]
         src = p_dev[shard]
@@ -838,7 +833,7 @@ class Lowerer:
         if np.count_nonzero(np.bincount(np.concatenate((src, dst)), minlength=self.hw.n_devices)) < C.MIN_RANKS:
             return none  # the common case, decided without sorting
         nbytes, epb = flts[:, 0], flts[:, 2]
-        t_ex, q_ex, n_ex = _exchanges(ints, L, T, Q)
+        t_ex, q_ex, n_ex = _exchanges(ints[:L + T + int(counts[2])], L, T, src, self.hw.n_devices)
         rows_, parts, costs = [], [], []
         for c in range(n_ex):
             sel = t_ex == c if n_ex > 1 else slice(None)

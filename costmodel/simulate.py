@@ -46,10 +46,12 @@ array              dtype / shape        meaning
                                         read by other shards). Default: all False.
 ``acc``            bool[n], optional    keyword-only; True = an accumulate node: a buffer whose
                                         every successor is an ``acc`` node on the buffer's own
-                                        device is added into them as it is produced (freed when
-                                        its node finishes), and the accumulator's buffer is held
-                                        from the start of its first such input (gradient
-                                        accumulation in place). Default: all False.
+                                        device (for a collective: on its participants) is added
+                                        into them as it is produced (freed when its node
+                                        finishes), and the accumulator's buffer is held from the
+                                        start of its first such input (gradient accumulation in
+                                        place). Default: all False. Any other collective's buffer
+                                        on a participant lives until the readers there end.
 ``link``           int8[n], optional    keyword-only; which ports a node uses. Transfer: 0 = the
                                         intra-node port (NVLink), 1 = the inter-node port (NIC);
                                         collective: bit mask, 1 = NVLink ports, 2 = NIC ports.
@@ -581,17 +583,22 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     # In-place accumulation: a buffer whose every reader is an accumulate node (``acc``) on the
     # buffer's own device is added into that accumulator as it is produced (Megatron-LM's
     # ``main_grad``, gradient accumulation across microbatches), so it lives only while it is
-    # produced, and each accumulator's buffer from the start of its first such input on.
+    # produced, and each accumulator's buffer from the start of its first such input on. So does
+    # a collective whose readers all accumulate (a reduce-scatter: NCCL reduces the chunks into
+    # the output as they arrive). Another collective's buffer on a participant lives until the
+    # readers on that participant end.
     acc_start = start.copy()
     into = np.zeros(n, np.bool_)
     for i in range(n):
-        if kind[i] == 2 or succ_ptr[i + 1] == succ_ptr[i] or keep[i]:
+        if succ_ptr[i + 1] == succ_ptr[i] or keep[i]:
             continue
         loc = dev[i] if kind[i] == 0 else dst[i]
         ok = True
         for e in range(succ_ptr[i], succ_ptr[i + 1]):
             v = succ_idx[e]
-            if not acc[v] or dev[v] != loc:
+            # a collective's readers are on its participants: a reduction (NCCL sums into the
+            # output as chunks arrive) holds no receive buffer beyond its own run
+            if not acc[v] or (kind[i] != 2 and dev[v] != loc):
                 ok = False
                 break
         if ok:
@@ -620,6 +627,8 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
         ev_d = np.empty(n_free + n_alloc, np.int32)
         jf = 0  # frees first in the array: a stable sort then puts them before equal-time allocs
         ja = n_free
+        # a collective's buffer on each participant lives until the readers on that device end
+        dev_tf = np.full(n_devices, -1.0)
         for i in range(n):
             frees = succ_ptr[i + 1] > succ_ptr[i] and not keep[i]
             tf = 0.0
@@ -630,6 +639,10 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
                     fs = finish[succ_idx[e]]
                     if fs > tf:
                         tf = fs
+                    if kind[i] == 2:
+                        q = dev[succ_idx[e]]
+                        if fs > dev_tf[q]:
+                            dev_tf[q] = fs
             if kind[i] == 2:
                 j0 = part_ptr[i]
                 j1 = part_ptr[i + 1]
@@ -650,10 +663,14 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
                 ev_d[ja] = loc
                 ja += 1
                 if frees:
-                    ev_t[jf] = tf
+                    # a participant without a reader of its own keeps it until the last reader ends
+                    ev_t[jf] = dev_tf[loc] if kind[i] == 2 and dev_tf[loc] >= 0.0 else tf
                     ev_b[jf] = -b
                     ev_d[jf] = loc
                     jf += 1
+            if kind[i] == 2 and frees:
+                for e in range(succ_ptr[i], succ_ptr[i + 1]):
+                    dev_tf[dev[succ_idx[e]]] = -1.0
         perm = _stable_argsort(ev_t.view(np.uint64))
         live = resident_bytes.copy()
         for q in range(perm.shape[0]):

@@ -509,3 +509,39 @@ def test_stable_argsort_with_few_distinct_keys_is_numpys_stable_argsort(n):
              rng.random(n).view(np.uint64)]
     for keys in cases:
         assert np.array_equal(_stable_argsort(keys), np.argsort(keys, kind="stable"))
+
+
+def test_a_collectives_buffer_lives_until_the_readers_on_its_device_end():
+    """A collective (node 0) gives 100 bytes to devices 0 and 1; its reader on device 0 ends at
+    1 s, the one on device 1 at 5 s; a 50-byte buffer made on device 0 at 1-2 s (node 3, after
+    node 1) overlaps the collective's buffer there only if that lives until the other device's
+    reader ends: device 0 peaks at 100 bytes, not 150. A participant without a reader of its own
+    (device 2) keeps the buffer until the last reader ends."""
+    kind, dev, dst = [2, 0, 0, 0], [0, 0, 1, 0], [-1, -1, -1, -1]
+    dur = [0.0, 1.0, 5.0, 1.0]
+    ptr, idx = csr_from_edges(4, [0, 0, 1], [1, 2, 3])
+    s = simulate(kind, dev, dst, dur, ptr, idx, [0.0, 0.0, 0.0, 50.0], np.zeros(3), 3, link=[1, 0, 0, 0],
+                 part_ptr=[0, 3, 3, 3, 3], part_dev=[0, 1, 2], part_alloc=[100.0, 100.0, 100.0])
+    assert list(s.finish) == [0.0, 1.0, 5.0, 2.0]
+    assert list(s.peak_mem) == [100.0, 100.0, 100.0]
+    # the same buffer on device 0 read until 2 s: both live at once
+    ptr, idx = csr_from_edges(4, [0, 0, 1, 0], [1, 2, 3, 3])
+    s = simulate(kind, dev, dst, dur, ptr, idx, [0.0, 0.0, 0.0, 50.0], np.zeros(3), 3, link=[1, 0, 0, 0],
+                 part_ptr=[0, 3, 3, 3, 3], part_dev=[0, 1, 2], part_alloc=[100.0, 100.0, 100.0])
+    assert s.peak_mem[0] == 150.0
+
+
+def test_a_reduction_collective_holds_no_buffer_past_its_run():
+    """A collective (node 0, 0-1 s, NVLink) whose readers all accumulate (a reduce-scatter into
+    nodes 1 and 2, 1-3 s) adds its chunks into their outputs as they arrive, as a point-to-point
+    partial into an accumulate does: its 100 bytes on device 0 are gone when it ends, so the 50
+    bytes a transfer (node 3) brings to device 0 once the ports are free (1-2 s) meet only the
+    accumulator's 10. Readers that are not accumulates keep it until they end: 160 bytes."""
+    kind, dev, dst = [2, 0, 0, 1], [0, 0, 1, 1], [-1, -1, -1, 0]
+    ptr, idx = csr_from_edges(4, [0, 0], [1, 2])
+    for acc, peak in (([False, True, True, False], 110.0), ([False] * 4, 160.0)):
+        s = simulate(kind, dev, dst, [1.0, 2.0, 2.0, 1.0], ptr, idx, [0.0, 10.0, 10.0, 50.0], np.zeros(2), 2,
+                     link=[1, 0, 0, 0], part_ptr=[0, 2, 2, 2, 2], part_dev=[0, 1], part_alloc=[100.0, 100.0],
+                     acc=acc)
+        assert list(s.start) == [0.0, 1.0, 1.0, 1.0]
+        assert s.peak_mem[0] == peak, (acc, s.peak_mem)
