@@ -280,4 +280,3 @@ def test_recomputed_forward_runs_in_the_backward_units():
     for i in re_ops:  # in the units of the backward (1F1B: after the stage's warm-up forwards)
         assert (units[offs[i]:offs[i + 1]] >= 1).all()
     assert e_rec.peak_memory < 0.8 * e_keep.peak_memory, (e_rec.peak_memory, e_keep.peak_memory)
-
