@@ -2,7 +2,6 @@
 
 import heapq
 import math
-import time
 
 import numpy as np
 import pytest
