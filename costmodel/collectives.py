@@ -13,11 +13,17 @@ over the NIC, and reaches a known fraction of the line rate):
   sharded state: FSDP/ZeRO's parameter gather; a replicated read of an activation);
 - **broadcast**: one source shard to several devices.
 
-A group becomes a collective when it spans at least ``MIN_RANKS`` devices (sources and
-destinations); anything else (two devices, an all-to-all reshuffle) stays point to point, which
-is what NCCL's send/recv does. The collective is one simulator node that holds the ports of
-every participating device (NVLink ports, and NIC ports if it crosses nodes) for its duration:
-all ranks of a NCCL collective progress together.
+A group's transfers fall into *exchanges*, the sets of devices that send to or receive from one
+another (``costmodel.lowering._exchanges``): under tensor x data parallelism each replica's
+tensor-parallel reduction is one, inside its node, and NCCL runs each on its own communicator.
+Each exchange becomes a collective when it spans at least ``MIN_RANKS`` devices (sources and
+destinations) and is one of the patterns above; otherwise (two devices, an all-to-all reshuffle)
+the group stays point to point, which is what NCCL's send/recv does. A collective is one
+simulator node that holds the ports of every participating device (NVLink ports, and NIC ports
+if it crosses nodes) for its duration: all ranks of a NCCL collective progress together. A
+group whose producer or readers have several shards on one device (microbatches) stays point to
+point, unless its data holds no batch (a state, or its cast): one collective over microbatches
+would make each wait for all of them; a weight read by every microbatch is gathered once.
 
 Cost (NCCL's algorithms; nccl-tests ``doc/PERFORMANCE.md`` defines algorithm and bus bandwidth):
 with ``S`` the collective's buffer size in bytes (the whole gathered / reduced tensor), ``n``
