@@ -90,10 +90,15 @@ def _collectives(evaluator: Evaluator) -> list[dict[str, Any]]:
         if piece.collective is None:
             continue
         prod, tensor, _readers = st.struct.groups[gi]
-        for c in piece.collective:  # one per independent exchange (each replica's, each microbatch's)
-            out.append({"tensor": tensor, "producer": st.struct.order[prod], "kind": c.kind,
-                        "algorithm": c.algorithm, "ranks": c.ranks, "nodes": c.nodes, "bytes": c.nbytes,
-                        "seconds": c.seconds})
+        seen: dict = {}  # one row per distinct collective of the group (each replica runs its own)
+        for c in piece.collective:
+            row = seen.get(c)
+            if row is None:
+                row = seen[c] = {"tensor": tensor, "producer": st.struct.order[prod], "kind": c.kind,
+                                 "algorithm": c.algorithm, "ranks": c.ranks, "nodes": c.nodes, "bytes": c.nbytes,
+                                 "seconds": c.seconds, "count": 0}
+                out.append(row)
+            row["count"] += 1
     return out
 
 

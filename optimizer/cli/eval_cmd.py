@@ -142,12 +142,14 @@ def _print_explain(out: Any, x: dict[str, Any]) -> None:
         t.add_row(p["what"], p["kind"], c(p["start"], "s"), c(p["finish"], "s"))
     out.print(t)
     if x["collectives"]:
-        t = Table(title=f"collectives ({len(x['collectives'])})", box=box.SIMPLE_HEAD, pad_edge=False)
-        for col in ("tensor", "kind", "algorithm", "ranks", "nodes", "buffer", "time"):
+        n = sum(k["count"] for k in x["collectives"])
+        t = Table(title=f"collectives ({n}; count: one per independent set of devices)", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+        for col in ("tensor", "kind", "algorithm", "count", "ranks", "nodes", "buffer", "time"):
             t.add_column(col, justify="left" if col in ("tensor", "kind", "algorithm") else "right", no_wrap=True)
         for k in sorted(x["collectives"], key=lambda k: -k["seconds"])[:20]:
-            t.add_row(k["tensor"], k["kind"], k["algorithm"], str(k["ranks"]), str(k["nodes"]), c(k["bytes"], "B"),
-                      c(k["seconds"], "s"))
+            t.add_row(k["tensor"], k["kind"], k["algorithm"], f"x{k['count']}", str(k["ranks"]), str(k["nodes"]),
+                      c(k["bytes"], "B"), c(k["seconds"], "s"))
         out.print(t)
 
 
