@@ -133,8 +133,9 @@ class Lowered:
     ``transfer_epb`` (link energy per byte). ``program``: equal tokens mean the same logical
     program (for caching lower bounds).
 
-    With ``Lowerer(collectives=True)`` a group of transfers that is a NCCL collective is one node
-    of kind 2 instead (``costmodel.collectives``): ``alloc`` = the bytes its point-to-point form
+    With ``Lowerer(collectives=True)`` the transfers of a group that are NCCL collectives are one
+    node of kind 2 per independent exchange instead (``costmodel.collectives``; a set of devices
+    that send to or receive from one another): ``alloc`` = the bytes its point-to-point form
     moves, ``dur``/``lat`` = NCCL's bandwidth and latency terms, participants in ``part_ptr``,
     ``part_dev``, ``part_alloc`` (bytes each receives); ``link`` int8[n] = the ports a node uses
     (transfer: 0 NVLink, 1 NIC; collective: mask 1 NVLink, 2 NIC). The "transfer" arrays above
