@@ -553,6 +553,36 @@ def resident_kernel(lo, hi, dev, n_dev, itemsize):
 
 
 @njit(cache=True, nogil=True)
+def exchanges(src, dst, n_devices):
+    """The connected sets of devices of a group's transfers (``src[i] -> dst[i]``), by union-find:
+    the set of each transfer, numbered in order of first transfer, and how many there are."""
+    parent = np.arange(n_devices)
+    for i in range(src.shape[0]):
+        a = src[i]
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        b = dst[i]
+        while parent[b] != b:
+            parent[b] = parent[parent[b]]
+            b = parent[b]
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    number = np.full(n_devices, -1, np.int64)
+    out = np.empty(src.shape[0], np.int64)
+    k = 0
+    for i in range(src.shape[0]):
+        a = src[i]
+        while parent[a] != a:
+            a = parent[a]
+        if number[a] < 0:
+            number[a] = k
+            k += 1
+        out[i] = number[a]
+    return out, k
+
+
+@njit(cache=True, nogil=True)
 def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, res, n_dev, g_state, op_inplace,
              g_coll, c_parts):
     """Flat simulator arrays from the per-op and per-group pieces (see ``Lowerer._assemble``).

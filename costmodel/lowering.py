@@ -432,18 +432,9 @@ def _exchanges(ints: np.ndarray, L: int, T: int, src: np.ndarray, n_devices: int
     separate communicators. ``src``: the source device of each transfer row. Returns the exchange
     of each transfer row and of each reader row, numbered in order of first transfer, and their
     count."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    dst = ints[L:L + T, 1]
-    graph = coo_matrix((np.ones(T), (src, dst)), shape=(n_devices, n_devices))
-    _, label = connected_components(graph, directed=False)
-    _, first, t_ex = np.unique(label[src], return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")  # number the exchanges by their first transfer
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.shape[0])
-    t_ex = rank[t_ex.ravel()]
-    return t_ex, t_ex[ints[L + T:, 0]], order.shape[0]
+    t_ex, n = K.exchanges(np.ascontiguousarray(src, np.int64), np.ascontiguousarray(ints[L:L + T, 1], np.int64),
+                          n_devices)
+    return t_ex, t_ex[ints[L + T:, 0]], n
 
 
 def _compact_collective(counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, t_ex: np.ndarray,
