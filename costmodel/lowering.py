@@ -437,6 +437,17 @@ def _exchanges(ints: np.ndarray, L: int, T: int, src: np.ndarray, n_devices: int
     return t_ex, t_ex[ints[L + T:, 0]], n
 
 
+def _rows_of(ex: np.ndarray, C: int) -> list:
+    """The rows of each of ``C`` exchanges (``ex``: the exchange of each row), in row order: one
+    stable sort for all of them rather than a comparison of every row per exchange."""
+    if C == 1:
+        return [slice(None)]
+    order = np.argsort(ex, kind="stable")
+    bounds = np.zeros(C + 1, np.int64)
+    np.cumsum(np.bincount(ex, minlength=C), out=bounds[1:])
+    return [order[bounds[c]:bounds[c + 1]] for c in range(C)]
+
+
 def _compact_collective(counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, t_ex: np.ndarray,
                         q_ex: np.ndarray, C: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A collective group's rows as ``_kernels.assemble`` reads them: its local edges, then for
@@ -451,15 +462,15 @@ def _compact_collective(counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, 
     t_rows, q_rows = ints[L:L + T], ints[L + T:L + T + Q]
     width = int(q_rows[:, 2].max()) + 1 if Q else 1
     parts, fl, sizes = [ints[:L]], [], np.zeros((C, 2), np.int64)
-    for c in range(C):
-        tc, qc = t_rows[t_ex == c], q_rows[q_ex == c]
+    for c, (ts, qs) in enumerate(zip(_rows_of(t_ex, C), _rows_of(q_ex, C))):
+        tc, qc, fc = t_rows[ts], q_rows[qs], flts[:T][ts]
         _, first = np.unique(tc[:, 0], return_index=True)
         t_keep = tc[np.sort(first)]
         _, first = np.unique(qc[:, 1] * width + qc[:, 2], return_index=True)
         q_keep = qc[np.sort(first)]
         f = np.zeros((t_keep.shape[0], flts.shape[1]))
-        f[0] = flts[np.argmax(t_ex == c)]
-        f[0, 0] = flts[:T, 0][t_ex == c].sum()
+        f[0] = fc[0]
+        f[0, 0] = fc[:, 0].sum()
         parts += [t_keep, q_keep]
         fl.append(f)
         sizes[c] = t_keep.shape[0], q_keep.shape[0]
@@ -827,8 +838,7 @@ class Lowerer:
         nbytes, epb = flts[:, 0], flts[:, 2]
         t_ex, q_ex, n_ex = _exchanges(ints[:L + T + int(counts[2])], L, T, src, self.hw.n_devices)
         rows_, parts, costs = [], [], []
-        for c in range(n_ex):
-            sel = t_ex == c if n_ex > 1 else slice(None)
+        for sel in _rows_of(t_ex, n_ex):
             one = self._collective(src[sel], dst[sel], nbytes[sel], shard[sel], epb[sel], reduce)
             if one is None:
                 return none
