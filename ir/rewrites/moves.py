@@ -176,11 +176,21 @@ class Recompute(Move):
 
 @dataclass(frozen=True)
 class Unrecompute(Move):
-    op: str
+    """``unrecompute{op=l3.ff1}``, or every recomputed op of a block ``unrecompute{prefix=l3.}``."""
+
+    op: str | None = None
+    prefix: str | None = None
     kind: ClassVar[str] = "unrecompute"
 
     def apply(self, g: Graph) -> Graph:
-        return recompute.unrecompute(g, [self.op])
+        if (self.op is None) == (self.prefix is None):
+            raise RewriteError("unrecompute takes exactly one of op=NAME or prefix=NAME_PREFIX")
+        if self.op:
+            return recompute.unrecompute(g, [self.op])
+        ops = [n for n in recompute.recomputed(g) if n.startswith(self.prefix)]
+        if not ops:
+            raise RewriteError(f"no recomputed op name starts with {self.prefix!r}")
+        return recompute.unrecompute(g, ops)
 
 
 @dataclass(frozen=True)

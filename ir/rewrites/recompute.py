@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from ir.graph import Graph, Tensor
+from ir.layers import layer_of
 from ir.rewrites.errors import RewriteError
 from ir.rewrites.shard import get_op
 
@@ -46,10 +47,14 @@ def backward_ops(g: Graph) -> set[str]:
     return out
 
 
-def recompute(g: Graph, ops: Iterable[str]) -> Graph:
-    """Recompute forward ops ``ops`` in the backward (see the module docstring)."""
+def recompute(g: Graph, ops: Iterable[str], layer: int | None = None) -> Graph:
+    """Recompute forward ops ``ops`` in the backward (see the module docstring). ``layer``: only
+    backward ops of that layer (``ir.layers.layer_of``) read the copies; the others keep reading
+    the originals (a layer's output is the next layer's checkpoint, kept for its recomputation)."""
     names = list(dict.fromkeys(ops))
     bwd = backward_ops(g)
+    if layer is not None:
+        bwd = {n for n in bwd if layer_of(n) == layer}
     if not bwd:
         raise RewriteError("recompute needs a training step (no op reads a loss gradient)")
     for n in names:
@@ -96,12 +101,13 @@ def recompute(g: Graph, ops: Iterable[str]) -> Graph:
 
 
 def recompute_block(g: Graph, prefix: str) -> Graph:
-    """Recompute every forward op whose name starts with ``prefix`` (``"l3."``: layer 3)."""
+    """Recompute every forward op whose name starts with ``prefix`` (``"l3."``: layer 3); in a
+    layer, only for that layer's backward (its output, the next layer's input, is kept whole)."""
     bwd = backward_ops(g)
     ops = [n for n in g.topo_order if n.startswith(prefix) and n not in bwd and not n.endswith(SUFFIX)]
     if not ops:
         raise RewriteError(f"no forward op name starts with {prefix!r}")
-    return recompute(g, ops)
+    return recompute(g, ops, layer_of(prefix + "x"))
 
 
 def recomputed(g: Graph) -> list[str]:

@@ -57,7 +57,9 @@ def tie(parent: Graph, child: Graph) -> Graph:
     if diff is None:
         return child
     replace, insert, tensors = diff
-    names = [*replace, *insert, *(o.name for extra in insert.values() for o in extra), *tensors]
+    # the anchors of insertions are places, not edits: a recomputed layer's copies go just before
+    # its first backward reader, after an op of the layer above (shifted alike below)
+    names = [*replace, *(o.name for extra in insert.values() for o in extra), *tensors]
     owners = {layer_of(n) for n in names}
     if len(owners) != 1 or None in owners:
         return child

@@ -12,6 +12,8 @@ Each operator takes ``(g, rng, ctx)`` and returns ``(child, move)`` where ``move
 - ``layout_all``: the same (dim 0, k devices) spread for every op (a data-parallel jump);
 - ``layout`` / ``two_level`` (``optimizer.search.layouts``): a region laid out on a device mesh
   (TP x DP, DP x CP, FSDP, ... in one move), and a reduction split in two levels;
+- ``recompute`` (``optimizer.search.recomputation``): a layer's forward recomputed in the
+  backward (or one op of it), or its recomputation undone;
 - ``crossover``: recombination with a mate from the task's front: each op that is the same
   operation in both plans (kernel, params, tensors) takes the mate's shards with probability ½.
   Shards of one op never constrain another's, so the child is valid by construction.
@@ -28,6 +30,7 @@ from ir.graph import Graph
 from ir.rewrites import RewriteError, fusable, random_rewrite
 from ir.rewrites import moves as M
 from optimizer.search.layouts import op_layout, op_pipeline, op_two_level
+from optimizer.search.recomputation import op_recompute
 
 
 @dataclass
@@ -175,11 +178,11 @@ Operator = Callable[[Graph, np.random.Generator, MutationContext], tuple[Graph, 
 OPERATORS: dict[str, Operator] = {
     "rewrite": op_rewrite, "spread": op_spread, "align": op_align, "fuse_chain": op_fuse_chain,
     "reduce_spread": op_reduce_spread, "layout_all": op_layout_all, "crossover": op_crossover,
-    "layout": op_layout, "two_level": op_two_level, "pipeline": op_pipeline,
+    "layout": op_layout, "two_level": op_two_level, "pipeline": op_pipeline, "recompute": op_recompute,
 }
 DEFAULT_OPERATOR_WEIGHTS = {"rewrite": 4.0, "spread": 2.0, "align": 2.0, "fuse_chain": 0.7,
                             "reduce_spread": 0.8, "layout_all": 0.3, "crossover": 1.5, "layout": 2.0,
-                            "two_level": 0.4, "pipeline": 0.3}
+                            "two_level": 0.4, "pipeline": 0.3, "recompute": 0.3}
 
 
 @dataclass

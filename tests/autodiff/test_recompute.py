@@ -67,3 +67,27 @@ def test_forward_programs_and_double_recompute_are_refused():
     p = recompute(_step(), ["l0.ff1"])
     with pytest.raises(RewriteError, match="already recomputed"):
         recompute(p, ["l0.ff1"])
+
+
+def test_a_recomputed_layer_keeps_its_output_for_the_next_layer():
+    """A layer's output is the next layer's input: the checkpoint, kept whole. Recomputing the
+    layer copies what its own backward reads, not its output for the next layer's backward."""
+    step = _step()
+    p = recompute_block(step, "l0.")
+    assert "l0.resid2.re" not in p.ops  # layer 0's last op: read by layer 1's backward only
+    for r, _ in p.consumers["l0.resid2.out"]:
+        assert not r.endswith(".re")
+    assert all(r.startswith("l0.") for n in p.ops if n.endswith(".re")
+               for r, _ in p.consumers[p.ops[n].output])
+    assert verify(p, reference=step).ok
+
+
+def test_unrecompute_by_prefix_undoes_a_layer():
+    step = _step()
+    p = parse_move("recompute{prefix=l1.}").apply(recompute(step, ["l0.ff1"]))
+    back = parse_move("unrecompute{prefix=l1.}").apply(p)
+    assert back.digest == recompute(step, ["l0.ff1"]).digest
+    with pytest.raises(RewriteError, match="no recomputed op"):
+        parse_move("unrecompute{prefix=l1.}").apply(back)
+    with pytest.raises(RewriteError, match="exactly one"):
+        parse_move("unrecompute{}").apply(p)
