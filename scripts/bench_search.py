@@ -8,14 +8,17 @@ and the device memory, x1.1), evaluations. A table on stdout, JSON to ``--json``
 
 Training cases of language models search on a *proxy* (``--proxy``):
 
-- ``broadcast`` (the default): the same model with 2 layers, simulated whole (layouts name
+- ``broadcast`` (the default but for llama2-70b): the same model with 2 layers, simulated whole (layouts name
   regions, not layer counts); the best proxy plans are replayed on the full model, as they are and
   with the proxy's layer-1 moves made on every middle layer (``replay(..., broadcast=True)``);
 - ``tied``: 6 layers (the first, four tied middle layers, the last: ``local_search(...,
   tie_layers=True)`` makes a move in one middle layer in the others too), each plan evaluated *as
   the full model* (``Evaluator(layers="repeat", model_layers=L)``, ``costmodel.repetition``),
-  replayed with ``replay(..., tie_from=6)``. Measured worse than ``broadcast`` (docs/benchmarks.md):
-  fewer evaluations, and the line through two truncations can be gamed by irregular plans.
+  replayed with ``replay(..., tie_from=6)``. Measured worse than ``broadcast`` where a 2-layer
+  proxy's memory says what the model's does (docs/benchmarks.md): fewer evaluations, and the line
+  through two truncations can be gamed by irregular plans. llama2-70b on 512 GPUs searches it: 80
+  layers' activations and gathered weights do not fit without recomputation, which a 2-layer proxy
+  never needs, so only the model's memory makes the search recompute.
 
 The replayed plans and the experts are evaluated on the full model: simulated whole, except
 llama2-70b on 512 GPUs (``layers="repeat"``: a whole simulation of its 4.8 million shards takes
@@ -75,6 +78,7 @@ class Case:
     proxy_layers: int | None = None  # search on this many layers, replay on the full model
     full: bool = True  # evaluate the experts and the replayed plans on the full model
     report_layers: str = "whole"  # how the full model is evaluated (Evaluator(layers=...))
+    proxy: str = "broadcast"  # the search's proxy (module doc); ``--proxy`` overrides it
 
 
 CASES = [
@@ -91,7 +95,7 @@ CASES = [
     Case("llama7b-train-64", "llama", dict(preset="llama2-7b", batch=64, seq=4096, dtype="bfloat16"),
          "h100-sxm-64", True, PROXY),
     Case("llama70b-train-512", "llama", dict(preset="llama2-70b", batch=512, seq=4096, dtype="bfloat16"),
-         "h100-sxm-512", True, PROXY, report_layers="repeat"),
+         "h100-sxm-512", True, PROXY, report_layers="repeat", proxy="tied"),
 ]
 
 
@@ -124,11 +128,12 @@ def _hv(archive: list[tuple[float, float]], ref: np.ndarray) -> float:
     return float(hypervolume(pts, ref)) if len(pts) else 0.0
 
 
-def run_case(case: Case, budget: float, seed: int, log, proxy: str = "broadcast") -> dict:
-    """``proxy``: ``broadcast`` or ``tied`` (see the module doc)."""
+def run_case(case: Case, budget: float, seed: int, log, proxy: str | None = None) -> dict:
+    """``proxy``: ``broadcast`` or ``tied`` (see the module doc); None: the case's own."""
     hw = preset(case.hardware)
     n, per = hw.n_devices, hw.devices_per_node
     t0 = time.perf_counter()
+    proxy = proxy or case.proxy
     tied = proxy == "tied"
     if case.proxy_layers and not tied:
         case = replace(case, proxy_layers=2)
@@ -247,9 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="all", help="comma-separated case names (default all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--proxy", choices=("tied", "broadcast"), default="broadcast",
+    ap.add_argument("--proxy", choices=("tied", "broadcast"), default=None,
                     help="training cases: a 2-layer proxy simulated whole, replayed with its layer-1 moves "
-                         "broadcast (default), or a tied 6-layer proxy evaluated as the model")
+                         "broadcast, or a tied 6-layer proxy evaluated as the model (default: the case's "
+                         "own: tied for llama70b-train-512, whose 80 layers' memory decides it)")
     args = ap.parse_args(argv)
     names = [c.name for c in CASES]
     chosen = CASES if args.cases == "all" else [c for c in CASES if c.name in args.cases.split(",")]

@@ -11,7 +11,8 @@ from __future__ import annotations
 from ir.graph import Graph, Shards
 from ir.kernels.attention import COMBINE_KERNEL
 from ir.rewrites.fusion import unfuse
-from ir.rewrites.recompute import recomputed, unrecompute
+from ir.rewrites.errors import RewriteError
+from ir.rewrites.recompute import SUFFIX, recomputed, unrecompute
 from ir.rewrites.reduction import merge_reduction
 from ir.rewrites.substitute_attention import fused_attentions, unfuse_attention
 from ir.rewrites.substitute_merge import merged_matmuls, split_matmuls
@@ -21,26 +22,47 @@ from ir.rewrites.substitute_reassoc import reassociated, unreassociate
 
 def unshard(g: Graph, keep_substitutions: bool = False) -> Graph:
     """The logical program of ``g``; with ``keep_substitutions`` the substituted ops (fused attention,
-    fused norms, merged matmuls) stay as they are (``training_step`` differentiates them as such)."""
-    while True:
-        fused = next((n for n, o in g.ops.items() if o.kernel == "fused"), None)
-        if fused is None:
+    fused norms, merged matmuls) stay as they are (``training_step`` differentiates them as such).
+
+    Recomputed copies are dropped wherever one is found beside its original (``_unrecompute``): a
+    copy of a fused op before the fusions are undone (unfusing it would collide with its
+    original), the others once fusions and split reductions are undone, and again after each
+    substitution is undone (copies of originals renamed by a substitution made after them)."""
+    g = _unrecompute(g, fused=True)
+    while True:  # fusions (nested ones one level a sweep)
+        fused = [n for n, o in g.ops.items() if o.kernel == "fused"]
+        if not fused:
             break
-        g = unfuse(g, fused)
-    g = _merge_reductions(g)
-    if recomputed(g):  # before substitutions: a recomputed copy of a substituted op is dropped, not undone
-        g = unrecompute(g)
+        done = 0
+        for n in fused:
+            try:
+                g = unfuse(g, n)
+                done += 1
+            except RewriteError:
+                if n not in g.ops:
+                    raise
+        g = _unrecompute(g, fused=True)
+        if not done:
+            g = unfuse(g, fused[0])  # stuck: the rewrite names the problem
+    g = _unrecompute(_merge_reductions(g))
     if keep_substitutions:
         return _whole(g)
-    for n in fused_attentions(g):  # substitutions last: their ops may have been split or fused since
-        g = unfuse_attention(g, n)
-    for n in fused_norms(g):
-        g = unfuse_norm(g, n)
-    for n in merged_matmuls(g):
-        g = split_matmuls(g, n)
-    for n in reassociated(g):
-        g = unreassociate(g, n)
+    for find, undo in ((fused_attentions, unfuse_attention), (fused_norms, unfuse_norm),
+                       (merged_matmuls, split_matmuls), (reassociated, unreassociate)):
+        for n in find(g):  # substitutions last: their ops may have been split or fused since
+            g = undo(g, n)
+        g = _unrecompute(g)
     return _whole(g)
+
+
+def _unrecompute(g: Graph, fused: bool = False) -> Graph:
+    """``g`` without the recomputed copies that stand beside their originals (``fused``: only
+    copies of fused ops); never a split reduction's partial or its original (a partial's output
+    is not the op's: reductions are merged first)."""
+    ops = g.ops
+    names = [n for n in recomputed(g) if not ops[n].params.get("split") and not ops[n + SUFFIX].params.get("split")
+             and (not fused or ops[n].kernel == "fused")]
+    return unrecompute(g, names) if names else g
 
 
 def _merge_reductions(g: Graph) -> Graph:

@@ -27,7 +27,7 @@ from costmodel.evaluate import Evaluator
 from ir.graph import Graph
 from ir.rewrites import RewriteError, parse_move
 from ir.rewrites.tie import tie
-from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, OPERATORS, AdaptiveWeights, MutationContext
+from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, AdaptiveWeights, MutationContext, mutate
 
 SEED_PREFIX = "seed:"
 
@@ -94,12 +94,10 @@ def local_search(program: Graph, ev: Evaluator, budget_s: float, seeds: Mapping[
         if op == "crossover":
             ctx.mates = [p.graph for p in pop]
         try:
-            child, move = OPERATORS[op](parent.graph, rng, ctx)
+            child, move = mutate(parent.graph, op, rng, ctx, tie_layers)
         except RewriteError:
             aw.record(op, False)
             continue
-        if tie_layers:
-            child = tie(parent.graph, child)
         if child.digest in seen:
             aw.record(op, False)
             continue

@@ -21,6 +21,7 @@ Each operator takes ``(g, rng, ctx)`` and returns ``(child, move)`` where ``move
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -29,6 +30,9 @@ import numpy as np
 from ir.graph import Graph
 from ir.rewrites import RewriteError, fusable, random_rewrite
 from ir.rewrites import moves as M
+from ir.rewrites import unshard
+from ir.rewrites.recompute import SUFFIX
+from ir.rewrites.tie import tie
 from optimizer.search.layouts import op_layout, op_pipeline, op_two_level
 from optimizer.search.recomputation import op_recompute
 
@@ -172,6 +176,50 @@ def op_crossover(g: Graph, rng: np.random.Generator, ctx: MutationContext):
 def _same_operation(a, b) -> bool:
     return (a.kernel == b.kernel and a.params_key == b.params_key and a.inputs == b.inputs
             and a.output == b.output)
+
+
+_PROGRAMS: OrderedDict[str, str] = OrderedDict()  # plan digest -> its program's digest (``unshard``)
+
+
+def _program_digest(g: Graph) -> str:
+    d = _PROGRAMS.get(g.digest)
+    if d is None:
+        d = _PROGRAMS[g.digest] = unshard(g).digest
+        if len(_PROGRAMS) > 256:
+            _PROGRAMS.popitem(last=False)
+    return d
+
+
+def keeps_program(parent: Graph, child: Graph) -> bool:
+    """Whether ``child`` still computes ``parent``'s program, checked where a rewrite may not
+    know: a structural child holding recomputed copies (``.re`` ops). The rewrites are meaning-
+    preserving on their own (property-tested), but a copy fused, split or substituted after the
+    recomputation, or an original renamed under its copy, can leave a plan ``unshard`` cannot
+    map back; such a child is not a plan of the program. Shard moves and plans without copies
+    pass unchecked (one ``unshard`` costs ~10 ms at a thousand ops)."""
+    e = child.edit
+    if e is not None and e.parent() is parent and all(
+            n in parent.ops and n in child.ops and _same_operation(parent.ops[n], child.ops[n]) for n in e.replaced):
+        return True  # shards only
+    if not any(SUFFIX in n for n in child.ops):
+        return True
+    try:
+        return _program_digest(child) == _program_digest(parent)
+    except Exception:  # noqa: BLE001 - any failure to recover the program rejects the child
+        return False
+
+
+def mutate(parent: Graph, op: str, rng: np.random.Generator, ctx: MutationContext,
+           tied: bool = False) -> tuple[Graph, M.Move]:
+    """One child of ``parent`` by operator ``op`` (``OPERATORS``), its move made in every layer
+    of its class when ``tied`` (``ir.rewrites.tie``); raises ``RewriteError`` when the operator
+    finds no move or the child does not keep the program (``keeps_program``)."""
+    child, move = OPERATORS[op](parent, rng, ctx)
+    if tied:
+        child = tie(parent, child)
+    if not keeps_program(parent, child):
+        raise RewriteError(f"{move}: the child no longer computes the program (recomputed copies)")
+    return child, move
 
 
 Operator = Callable[[Graph, np.random.Generator, MutationContext], tuple[Graph, M.Move]]

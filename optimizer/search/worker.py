@@ -23,9 +23,8 @@ import numpy as np
 
 from ir.graph import Graph
 from ir.rewrites import RewriteError
-from ir.rewrites.tie import tie
 from ir.serialize import dumps, loads
-from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, OPERATORS, AdaptiveWeights, MutationContext
+from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, AdaptiveWeights, MutationContext, mutate
 from optimizer.search.pareto import crowding_distance
 
 _EVALUATORS: dict[str, Any] = {}
@@ -276,12 +275,10 @@ def search_task(spec: SearchTaskSpec) -> dict:
             if op_name == "crossover":
                 ctx.mates = [it[0] for it in front.items] + [p for p, _ in parents]
         try:
-            child, move = OPERATORS[op_name](parent, rng, ctx)
+            child, move = mutate(parent, op_name, rng, ctx, tied)
         except RewriteError:
             weights.record(op_name, False)
             continue
-        if tied:
-            child = tie(parent, child)
         ts = time.perf_counter()
         e = ev_fn(child)
         dt = time.perf_counter() - ts
@@ -330,11 +327,9 @@ def evaluate_task(spec: EvaluateTaskSpec) -> dict:
                 break
             op = weights.choose(rng)
             try:
-                child, move = OPERATORS[op](best_g, rng, ctx)
+                child, move = mutate(best_g, op, rng, ctx, spec.layers == "repeat")
             except RewriteError:
                 continue
-            if spec.layers == "repeat":
-                child = tie(best_g, child)
             e = ev_fn(child)
             evaluations += 1
             if acceptable(e, constraints) and (not acceptable(best_e, constraints) or scalar(e) < scalar(best_e)):

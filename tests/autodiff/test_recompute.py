@@ -91,3 +91,19 @@ def test_unrecompute_by_prefix_undoes_a_layer():
         parse_move("unrecompute{prefix=l1.}").apply(back)
     with pytest.raises(RewriteError, match="exactly one"):
         parse_move("unrecompute{}").apply(p)
+
+
+def test_unshard_undoes_recomputed_fused_ops_and_fused_copies():
+    """A copy of a fused op (``a+b.re``) cannot be unfused beside its original, and copies fused
+    after the recomputation (``a.re+b.re``) only become copies once unfused: ``unshard`` handles
+    both orders (a search met the first one and its evaluation failed)."""
+    from ir.rewrites.fusion import fuse
+
+    step = _step()
+    fused_first = recompute(fuse(step, "l0.o_proj", "l0.resid1"), ["l0.o_proj+l0.resid1"])
+    assert "l0.o_proj+l0.resid1.re" in fused_first.ops
+    copies_fused = fuse(recompute(step, ["l0.o_proj", "l0.resid1"]), "l0.o_proj.re", "l0.resid1.re")
+    assert "l0.o_proj.re+l0.resid1.re" in copies_fused.ops
+    for p in (fused_first, copies_fused):
+        assert unshard(p).digest == step.digest
+        assert verify(p, reference=step).ok

@@ -90,3 +90,36 @@ def test_the_search_recomputes_to_fit_a_device_too_small_for_the_activations():
                        tie_layers=True)
     assert run.best.feasible
     assert any(m.startswith("recompute{prefix=") for m in run.best.lineage)
+
+
+def test_search_walks_with_recomputation_keep_the_program():
+    """Random walks of every search operator, recomputation drawn often, on a tied llama step:
+    each child computes the program (``unshard``), the walks' ends execute equal to it, and the
+    children whose copies a later rewrite left unrecoverable are refused (``keeps_program``)."""
+    from ir.rewrites.substitute_attention import attention_sites, fuse_attention
+    from ir.autodiff import training_step
+    from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, AdaptiveWeights, mutate
+
+    kw = {k: v for k, v in TINY.items() if k != "mode"}
+    fwd = workloads.build("llama", layers=6, **{**kw, "batch": 8})
+    for s in attention_sites(fwd):
+        fwd = fuse_attention(fwd, s)
+    program = training_step(fwd, loss="cross_entropy", optimizer="adamw")
+    ref = unshard(program)
+    w = {k: v for k, v in DEFAULT_OPERATOR_WEIGHTS.items() if k != "crossover"} | {"recompute": 3.0}
+    aw = AdaptiveWeights(w, False)
+    rng = np.random.default_rng(0)
+    refused = copies = 0
+    for walk in range(8):
+        g = zero3(program, 8) if walk % 2 else program
+        for _ in range(30):
+            try:
+                g, _ = mutate(g, aw.choose(rng), rng, CTX, tied=True)
+            except RewriteError as e:
+                refused += "no longer computes" in str(e)
+                continue
+            assert unshard(g).digest == ref.digest
+        copies += bool(recomputed(g))
+        rep = verify(g, reference=ref)
+        assert rep.ok, rep
+    assert copies >= 2 and refused >= 1
