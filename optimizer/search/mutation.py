@@ -21,6 +21,7 @@ Each operator takes ``(g, rng, ctx)`` and returns ``(child, move)`` where ``move
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -178,6 +179,7 @@ def _same_operation(a, b) -> bool:
             and a.output == b.output)
 
 
+_COPY = re.compile(re.escape(SUFFIX) + r"(?:$|[.+])")  # a recomputed copy's name (``l3.ff1.re``, ``a.re+b``)
 _PROGRAMS: OrderedDict[str, str] = OrderedDict()  # plan digest -> its program's digest (``unshard``)
 
 
@@ -201,7 +203,7 @@ def keeps_program(parent: Graph, child: Graph) -> bool:
     if e is not None and e.parent() is parent and all(
             n in parent.ops and n in child.ops and _same_operation(parent.ops[n], child.ops[n]) for n in e.replaced):
         return True  # shards only
-    if not any(SUFFIX in n for n in child.ops):
+    if not any(map(_COPY.search, child.ops)):
         return True
     try:
         return _program_digest(child) == _program_digest(parent)

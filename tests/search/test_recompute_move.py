@@ -123,3 +123,21 @@ def test_search_walks_with_recomputation_keep_the_program():
         rep = verify(g, reference=ref)
         assert rep.ok, rep
     assert copies >= 2 and refused >= 1
+
+
+def test_only_structural_children_with_copies_are_unsharded(monkeypatch):
+    """``keeps_program`` costs an ``unshard``: only a structural child holding recomputed copies
+    pays it (``l0.resid1`` is not a copy's name; ``l0.ff1.re`` and ``a.re+b`` are)."""
+    from ir.rewrites import parse_move
+    from optimizer.search import mutation
+
+    calls = []
+    monkeypatch.setattr(mutation, "_program_digest", lambda g: calls.append(g) or "x")
+    g = zero3(workloads.build("llama", layers=3, **TINY), 4)
+    fused = parse_move("fuse{producer=l1.o_proj,consumer=l1.resid1}").apply(g)  # structural, no copies
+    assert mutation.keeps_program(g, fused) and not calls
+    p = recompute_layers(g)
+    shard = parse_move("merge{op=l1.ff_up.re,dim=b}").apply(p)  # copies, shards only
+    assert mutation.keeps_program(p, shard) and not calls
+    assert mutation.keeps_program(p, parse_move("fuse{producer=l1.o_proj,consumer=l1.resid1}").apply(p))
+    assert len(calls) == 2  # the child and its parent
