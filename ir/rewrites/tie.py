@@ -61,8 +61,8 @@ def tie(parent: Graph, child: Graph) -> Graph:
     # its first backward reader, after an op of the layer above (shifted alike below)
     names = [*replace, *(o.name for extra in insert.values() for o in extra), *tensors]
     owners = {layer_of(n) for n in names}
-    if len(owners) != 1 or None in owners:
-        return child
+    if len(owners) != 1 or None in owners or any(layer_of(a) is None for a in insert):
+        return child  # (an anchor outside the layers would not move with the layer)
     (i,) = owners
     classes = layer_classes(parent)
     if classes is None or i >= len(classes):
