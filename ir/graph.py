@@ -218,16 +218,21 @@ class Graph:
         #: (the tensors of the graph ``with_ops`` made this one from, the names it changed there):
         #: see ``changed_tensors``
         self.tensor_delta: tuple[Mapping[str, Tensor], tuple[str, ...]] | None = None
+        #: ``(replace, insert_after)`` that ``with_ops`` turned the graph ``origin`` into this one
+        #: with, or None (unknown): consumers re-derive only what those ops touch
+        self.ops_delta: tuple[dict[str, Op | None], dict[str, list[Op]]] | None = None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["edit"] = None  # lineage is local to a process (a weak reference)
         state["origin"] = None
         state["tensor_delta"] = None
+        state["ops_delta"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
-        state.setdefault("tensor_delta", None)  # (pickles made before it existed)
+        state.setdefault("tensor_delta", None)  # (pickles made before they existed)
+        state.setdefault("ops_delta", None)
         self.__dict__.update(state)
 
     def changed_tensors(self, other: Mapping[str, Tensor]) -> list[str]:
@@ -359,6 +364,7 @@ class Graph:
                     t[name] = v
         child = Graph(t, ops)
         child.origin = weakref.ref(self)
+        child.ops_delta = (replace, dict(insert_after) if insert_after else {})
         if tensors:
             child.tensor_delta = (self.tensors, tuple(n for n, v in tensors.items()
                                                       if v is not self.tensors.get(n)))

@@ -132,18 +132,31 @@ _SIGS = GraphMemo()
 
 def _signatures(g: Graph) -> tuple[dict[int, list[str]], dict[int, tuple]]:
     """(op names of each layer, in op order; each layer's signature), derived from the parent's
-    for an in-place edit (``Graph.edit``: only the layers of the replaced ops change)."""
+    for an in-place edit (``Graph.edit``: only the entries of the replaced ops change)."""
     hit = _SIGS.get(g)
     if hit is not None:
-        return hit
+        return hit[:2]
     parent = g.edit.parent() if g.edit is not None else None
     base = _SIGS.get(parent) if parent is not None else None
     if base is not None:
-        names, sigs = base
+        # a tied move replaces one op in each of tens of layers: update those entries in place of
+        # recomputing every entry of every touched layer
+        names, sigs, where = base
+        if where is None:  # an op's (layer, place in its layer's names), made once per names
+            where = {n: (i, k) for i, lst in names.items() for k, n in enumerate(lst)}
+            _SIGS.put(parent, (names, base[1], where))
         sigs = dict(sigs)
-        for i in {_parts(n)[0] for n in g.edit.replaced} - {None}:
-            sigs[i] = tuple([_entry(g.ops[n], g)[1] for n in names[i]])
-        return _SIGS.put(g, (names, sigs))
+        touched: dict[int, list[int]] = {}
+        for n in g.edit.replaced:
+            at = where.get(n)
+            if at is not None:
+                lst = touched.get(at[0])
+                if lst is None:
+                    lst = touched[at[0]] = list(sigs[at[0]])
+                lst[at[1]] = _entry(g.ops[n], g)[1]
+        for i, lst in touched.items():
+            sigs[i] = tuple(lst)
+        return _SIGS.put(g, (names, sigs, where))[:2]
     per: dict[int, list[int]] = {}
     names: dict[int, list[str]] = {}
     for n, o in g.ops.items():
@@ -155,7 +168,7 @@ def _signatures(g: Graph) -> tuple[dict[int, list[str]], dict[int, tuple]]:
             else:
                 lst.append(number)
                 names[owner].append(n)
-    return _SIGS.put(g, (names, {i: tuple(v) for i, v in per.items()}))
+    return _SIGS.put(g, (names, {i: tuple(v) for i, v in per.items()}, None))[:2]
 
 
 def layer_classes(g: Graph) -> list[int] | None:
@@ -328,6 +341,12 @@ def truncate(g: Graph, kept: tuple[int, ...]) -> Graph | None:
                 replace[new.name] = new
         else:
             return _TRUNCS.put(g, base.with_ops(replace), kept)
+    origin = g.origin() if g.origin is not None else None
+    base = _TRUNCS.get(origin, kept) if origin is not None else None
+    if base is not None and g.ops_delta is not None:  # a structural edit: re-point what it touched
+        out = _truncate_delta(g, origin, base, r)
+        if out is not _WHOLE:
+            return _TRUNCS.put(g, out, kept)
     tensors = _renamed_tensors(g, r)
     ops: dict[str, Op] = {}
     for o in g.ops.values():
@@ -346,11 +365,76 @@ def truncate(g: Graph, kept: tuple[int, ...]) -> Graph | None:
     if any(o.output not in tensors for o in ops.values()):
         return None
     out = Graph(tensors, ops)
-    origin = g.origin() if g.origin is not None else None
-    base = _TRUNCS.get(origin, kept) if origin is not None else None
     if base is not None:  # the truncation of the plan g was made from: this one's origin
         out.origin = weakref.ref(base)
     return _TRUNCS.put(g, out, kept)
 
 
 _TRUNCS = GraphMemo(32)
+_WHOLE = object()  # ``_truncate_delta``: truncate the plan whole
+
+
+def _kept(name: str, r: Chain) -> bool:
+    owner = _parts(name)[0]
+    return owner is None or owner in r.idx
+
+
+def _truncate_delta(g: Graph, origin: Graph, base: Graph, r: Chain) -> Graph | None | object:
+    """The truncation of ``g``, made by ``origin.with_ops`` (``g.ops_delta``), from ``base``, the
+    truncation of ``origin``: the same edit with its ops and tensors re-pointed, those of dropped
+    layers left out (what the whole truncation gives, in the same order, without re-pointing
+    thousands of ops). ``_WHOLE`` when the edit does not map (an anchor in a dropped layer)."""
+    replace, insert_after = g.ops_delta
+    rep: dict[str, Op | None] = {}
+    for n, o in replace.items():
+        if not _kept(n, r):
+            if o is not None and _kept(o.name, r):
+                return _WHOLE
+            continue
+        m = r.name(n)
+        new = r.op(o) if o is not None else None
+        if m is None or m not in base.ops or (o is not None and new is None):
+            return _WHOLE
+        rep[m] = new
+    ins: dict[str, list[Op]] = {}
+    for a, extra in insert_after.items():
+        extra = [o for o in extra if _kept(o.name, r)]
+        if not extra:
+            continue
+        b = r.name(a) if _kept(a, r) else None
+        moved = [r.op(o) for o in extra]
+        if b is None or b not in base.ops or any(o is None for o in moved):
+            return _WHOLE
+        ins[b] = moved
+    tch: dict[str, Tensor | None] = {}
+    if g.tensors is not origin.tensors:
+        delta = g.tensor_delta
+        if delta is None or delta[0] is not origin.tensors:
+            return _WHOLE
+        for t in delta[1]:
+            if not _kept(t, r):
+                continue
+            u = r.name(t)
+            if u is None:
+                return _WHOLE
+            v = g.tensors.get(t)
+            tch[u] = None if v is None else v if u == t else Tensor(u, v.shape, v.dtype, v.role)
+    out = base.with_ops(rep, insert_after=ins or None, tensors=tch or None)
+    # closure at the cuts (see ``truncate``): the ops the edit brought, and the ops of ``base``
+    # that read what it took away (a kept layer may stand for a neighbour the edit left alone)
+    tensors, producers = out.tensors, out.producers
+
+    def closed(t: str) -> bool:
+        return t in tensors and (t in producers or tensors[t].role != "intermediate")
+
+    for o in [*rep.values(), *(o for extra in ins.values() for o in extra)]:
+        if o is not None and (o.output not in tensors or not all(closed(t) for _, t in o.inputs)):
+            return None
+    lost = [t for t, v in tch.items() if v is None]
+    lost += [base.ops[n].output for n in rep if base.ops[n].output not in producers]
+    if lost:
+        readers = base.consumers
+        for t in lost:
+            if not closed(t) and any(out.ops.get(q) is base.ops[q] for q, _ in readers.get(t, ())):
+                return None
+    return out

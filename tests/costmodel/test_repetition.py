@@ -236,3 +236,64 @@ def test_a_structural_childs_truncation_comes_from_its_parents():
     inc = low.lower(small)
     assert inc.kind.tobytes() == fresh.kind.tobytes() and inc.dur.tobytes() == fresh.dur.tobytes()
     assert inc.succ_idx.tobytes() == fresh.succ_idx.tobytes()
+
+
+def test_a_childs_truncation_and_classes_derived_from_its_parents_equal_the_whole_ones():
+    """``truncate`` and ``layer_classes`` derive a child's from its parent's (an in-place edit:
+    the replaced ops; a structural one: ``Graph.ops_delta``); a walk of random moves, tied and
+    not, recomputations among them, gives each time what a graph without lineage gives."""
+    from ir.graph import Graph
+    from ir.layers import _signatures
+
+    g0 = zero3(workloads.build("llama", layers=7, **TINY), 4)
+    rng = np.random.default_rng(3)
+    kepts = [(0, 1, 2, 6), (0, 1, 2, 3, 6), (0, 2, 4, 6)]
+    g, checked, structural = g0, 0, 0
+    for step in range(160):
+        try:
+            if rng.random() < 0.15:
+                i = int(rng.integers(0, 7))
+                child = parse_move(f"{'recompute' if rng.random() < 0.7 else 'unrecompute'}{{prefix=l{i}.}}").apply(g)
+            else:
+                child, _ = random_rewrite(g, rng, 4)
+        except RewriteError:
+            continue
+        if rng.random() < 0.7:
+            child = tie(g, child)
+        for kept in kepts:
+            truncate(g, kept)  # the parent's, as an evaluation leaves it
+            got = truncate(child, kept)
+            whole = truncate(Graph(child.tensors, child.ops), kept)  # no lineage: from scratch
+            assert (got is None) == (whole is None), (step, kept)
+            if got is not None:
+                assert list(got.ops) == list(whole.ops)
+                assert all(got.ops[n] is whole.ops[n] for n in got.ops)
+                assert list(got.tensors.items()) == list(whole.tensors.items())
+        _signatures(g)
+        assert _signatures(child) == _signatures(Graph(child.tensors, child.ops))
+        checked += 1
+        structural += child.edit is None
+        g = child if rng.random() < 0.6 else g0 if rng.random() < 0.2 else g
+    assert checked > 100 and structural > 20, (checked, structural)
+
+
+def test_a_derived_truncation_refuses_what_the_whole_one_refuses():
+    """An edit that renames what layer 2 hands to layer 3 leaves layer 4 of the truncation to
+    layers 0, 2, 4, 6 (whose reads of layer 3 now mean layer 2) reading a tensor that is gone:
+    no truncation, derived from the parent's or not."""
+    from ir.graph import Graph, Tensor
+
+    g = zero3(workloads.build("llama", layers=7, **TINY), 4)
+    kept = (0, 2, 4, 6)
+    x = g.ops["l2.resid2"].output
+    y = x + "2"
+    replace = {"l2.resid2": g.ops["l2.resid2"].replace(output=y)}
+    for q, port in g.consumers[x]:
+        o = replace.get(q, g.ops[q])
+        replace[q] = o.replace(inputs=tuple((p, y if t == x else t) for p, t in o.inputs))
+    t = g.tensors[x]
+    child = g.with_ops(replace, tensors={x: None, y: Tensor(y, t.shape, t.dtype, t.role)})
+    assert truncate(Graph(child.tensors, child.ops), kept) is None
+    assert truncate(g, kept) is not None
+    assert truncate(child, kept) is None
+    assert truncate(child, (0, 1, 2, 3, 6)) is not None  # layers 2 and 3 kept together: closed
