@@ -157,6 +157,11 @@ def _signatures(g: Graph) -> tuple[dict[int, list[str]], dict[int, tuple]]:
         for i, lst in touched.items():
             sigs[i] = tuple(lst)
         return _SIGS.put(g, (names, sigs, where))[:2]
+    origin = g.origin() if g.origin is not None else None
+    base = _SIGS.get(origin) if origin is not None and g.ops_delta is not None else None
+    derived = _structural_signatures(g, base) if base is not None else None
+    if derived is not None:
+        return _SIGS.put(g, (*derived, None))[:2]
     per: dict[int, list[int]] = {}
     names: dict[int, list[str]] = {}
     for n, o in g.ops.items():
@@ -169,6 +174,58 @@ def _signatures(g: Graph) -> tuple[dict[int, list[str]], dict[int, tuple]]:
                 lst.append(number)
                 names[owner].append(n)
     return _SIGS.put(g, (names, {i: tuple(v) for i, v in per.items()}, None))[:2]
+
+
+def _structural_signatures(g: Graph, base: tuple) -> tuple[dict, dict] | None:
+    """``_signatures`` of ``g`` from its origin's (``base``) and ``g.ops_delta``: the names and
+    entries of the layers the edit touched, edited like ``Graph.with_ops`` edits the op order
+    (the untouched entries kept). None (derive nothing) for an op inserted after another
+    layer's or renamed into another layer: its place among its layer's ops is not known
+    without the whole order."""
+    names, sigs = dict(base[0]), dict(base[1])
+    replace, insert_after = g.ops_delta
+    touched: dict[int, tuple[list[str], list[int]]] = {}
+
+    def lists(i: int) -> tuple[list[str], list[int]]:
+        hit = touched.get(i)
+        if hit is None:
+            hit = touched[i] = (list(names.get(i, ())), list(sigs.get(i, ())))
+        return hit
+
+    for a, extra in insert_after.items():  # first: anchors are the origin's names
+        owner = _parts(a)[0]
+        at = -1
+        for o in extra:
+            i = _parts(o.name)[0]
+            if i is None:
+                continue
+            if i != owner:
+                return None
+            lst, num = lists(i)
+            if at < 0:
+                at = lst.index(a) + 1
+            lst.insert(at, o.name)
+            num.insert(at, _entry(o, g)[1])
+            at += 1
+    for n, o in replace.items():
+        i = _parts(n)[0]
+        if o is not None and o.name != n and _parts(o.name)[0] != i:
+            return None
+        if i is None:
+            continue
+        lst, num = lists(i)
+        k = lst.index(n)
+        if o is None:
+            del lst[k], num[k]
+        else:
+            lst[k], num[k] = o.name, _entry(o, g)[1]
+    for i, (lst, num) in touched.items():
+        if lst:
+            names[i], sigs[i] = lst, tuple(num)
+        else:
+            names.pop(i, None)
+            sigs.pop(i, None)
+    return names, sigs
 
 
 def layer_classes(g: Graph) -> list[int] | None:
