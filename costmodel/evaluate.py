@@ -271,12 +271,18 @@ class Evaluator:
 
     def _program_of(self, g: Graph) -> int:
         """``Lowerer.program_of(g)``, inherited from the parent through an in-place edit that
-        changed only shards (``Graph.edit``), so a whole model is not keyed at every step."""
+        changed only shards (``Graph.edit``) or derived from the parent's (``Lowerer.program_from``),
+        so a whole model, which is never lowered, is not keyed at every step."""
         number = self._programs.get(g)
         if number is None:
-            parent = g.edit.parent() if g.edit is not None else None
-            number = self._programs.get(parent) if parent is not None else None
-            if number is None or not all(same_data_flow(g.ops[n], parent.ops[n]) for n in g.edit.replaced):
+            parent = g.origin() if g.origin is not None else None
+            known = self._programs.get(parent) if parent is not None else None
+            if known is not None and g.edit is not None and g.edit.parent() is parent and all(
+                    same_data_flow(g.ops[n], parent.ops[n]) for n in g.edit.replaced):
+                number = known
+            elif known is not None:
+                number = self.lowerer.program_from(g, parent.ops, parent.tensors, known)
+            if number is None:
                 number = self.lowerer.program_of(g)
             self._programs.put(g, number)
         return number

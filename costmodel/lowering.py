@@ -977,40 +977,44 @@ class Lowerer:
             self._states.append(S)
 
     def _program_of_recent(self, g: Graph) -> int | None:
-        """``g``'s program from that of the state of its origin, when they have the same sources
-        and outputs: the same program when the ops ``g`` changed stand for the same logical entries
-        as those they replaced (a fusion, a reduction split: they rewrite the plan, not the program),
-        else the parent's key less the replaced ops' entries plus the new ones' (a substitution).
-        None when that cannot be told. Keying a whole model's program took ~1 ms of every
-        structural move of a gpt-2 step."""
+        """``g``'s program from that of the state (or sketch) of its origin, or None."""
         S = self._origin_sketch(g)
-        if S is not None:
-            gops, memo = g.ops, self._logical
-            names, vals = list(gops), list(gops.values())
-            mask = list(map(is_not, map(S.ops_map.get, names), vals))
-            P = S.ops_map
-            if g.tensors is not S.tensors and not _same_ends(g, S.tensors):
+        return None if S is None else self.program_from(g, S.ops_map, S.tensors, S.struct.program)
+
+    def program_from(self, g: Graph, ops_map: Mapping[str, Op], tensors: Mapping[str, Any],
+                     program: int) -> int | None:
+        """``g``'s program from that of a plan it was made from (its ``ops_map``, ``tensors`` and
+        program number), when they have the same sources and outputs: the same program when the
+        ops ``g`` changed stand for the same logical entries as those they replaced (a fusion, a
+        reduction split: they rewrite the plan, not the program), else the parent's key less the
+        replaced ops' entries plus the new ones' (a substitution). None when that cannot be told.
+        Keying a whole model's program took ~1 ms of every structural move of a gpt-2 step."""
+        gops, memo = g.ops, self._logical
+        names, vals = list(gops), list(gops.values())
+        mask = list(map(is_not, map(ops_map.get, names), vals))
+        P = ops_map
+        if g.tensors is not tensors and not _same_ends(g, tensors):
+            return None
+        gone = [P[k] for k in compress(names, mask) if k in P] + [P[k] for k in P.keys() - gops.keys()]
+        before = []
+        for o in gone:  # their entries as keyed with the parent (a miss: key g whole)
+            hit = memo.get(id(o))
+            if hit is None or hit[0] is not o:
                 return None
-            gone = [P[k] for k in compress(names, mask) if k in P] + [P[k] for k in P.keys() - gops.keys()]
-            before = []
-            for o in gone:  # their entries as keyed with the parent (a miss: key g whole)
-                hit = memo.get(id(o))
-                if hit is None or hit[0] is not o:
-                    return None
-                before.extend(hit[1])
-            after = []
-            for o in compress(vals, mask):
-                hit = memo.get(id(o))
-                if hit is None or hit[0] is not o:
-                    hit = memo[id(o)] = (o, _logical_entries(o, g))
-                after.extend(hit[1])
-            if sorted(before) == sorted(after):
-                return S.struct.program
-            key = self._keys.get(S.struct.program)
-            if key is not None and isinstance(key[0], frozenset):  # the parent's entries, all distinct
-                entries = key[0].difference(before).union(after)
-                if len(entries) == len(key[0]) - len(before) + len(after):  # still all distinct
-                    return self._program_number((entries, key[1]))
+            before.extend(hit[1])
+        after = []
+        for o in compress(vals, mask):
+            hit = memo.get(id(o))
+            if hit is None or hit[0] is not o:
+                hit = memo[id(o)] = (o, _logical_entries(o, g))
+            after.extend(hit[1])
+        if sorted(before) == sorted(after):
+            return program
+        key = self._keys.get(program)
+        if key is not None and isinstance(key[0], frozenset):  # the parent's entries, all distinct
+            entries = key[0].difference(before).union(after)
+            if len(entries) == len(key[0]) - len(before) + len(after):  # still all distinct
+                return self._program_number((entries, key[1]))
         return None
 
     def _program_number(self, key: tuple) -> int:
