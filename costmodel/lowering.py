@@ -989,13 +989,20 @@ class Lowerer:
         reduction split: they rewrite the plan, not the program), else the parent's key less the
         replaced ops' entries plus the new ones' (a substitution). None when that cannot be told.
         Keying a whole model's program took ~1 ms of every structural move of a gpt-2 step."""
-        gops, memo = g.ops, self._logical
-        names, vals = list(gops), list(gops.values())
-        mask = list(map(is_not, map(ops_map.get, names), vals))
-        P = ops_map
+        gops, memo, P = g.ops, self._logical, ops_map
         if g.tensors is not tensors and not _same_ends(g, tensors):
             return None
-        gone = [P[k] for k in compress(names, mask) if k in P] + [P[k] for k in P.keys() - gops.keys()]
+        origin = g.origin() if g.origin is not None and g.ops_delta is not None else None
+        if origin is not None and origin.ops is P:  # what ``with_ops`` changed (unchanged ops cancel)
+            replace, insert_after = g.ops_delta
+            gone = [P[k] for k in replace if k in P]
+            new = [o for k, o in replace.items() if o is not None and k in P]
+            new += [o for a, extra in insert_after.items() if a in P for o in extra]
+        else:
+            names, vals = list(gops), list(gops.values())
+            mask = list(map(is_not, map(P.get, names), vals))
+            gone = [P[k] for k in compress(names, mask) if k in P] + [P[k] for k in P.keys() - gops.keys()]
+            new = list(compress(vals, mask))
         before = []
         for o in gone:  # their entries as keyed with the parent (a miss: key g whole)
             hit = memo.get(id(o))
@@ -1003,7 +1010,7 @@ class Lowerer:
                 return None
             before.extend(hit[1])
         after = []
-        for o in compress(vals, mask):
+        for o in new:
             hit = memo.get(id(o))
             if hit is None or hit[0] is not o:
                 hit = memo[id(o)] = (o, _logical_entries(o, g))
