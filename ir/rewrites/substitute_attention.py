@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -344,15 +345,19 @@ def unfuse_attention(g: Graph, op: str) -> Graph:
             raise RewriteError(f"cannot unfuse {op}: an operation named {r['op']} exists")
         if r["role"] != "av" and r["output"] in g.tensors:
             raise RewriteError(f"cannot unfuse {op}: a tensor named {r['output']} exists")
-    specs = {n: t.spec for n, t in g.tensors.items()}
+    made: dict[str, Any] = {}  # specs of the tensors the records make (the others: the graph's)
+
+    def spec(t: str) -> Any:
+        return made[t] if t in made else g.tensors[t].spec
+
     sh = o.shards
     new_tensors: dict[str, Tensor] = {}
     new_ops: list[Op] = []
     for r in records:
         inputs = tuple((p, t) for p, t in r["inputs"])
-        sig = get_kernel(r["kernel"]).signature({p: specs[t] for p, t in inputs}, r["params"])
+        sig = get_kernel(r["kernel"]).signature({p: spec(t) for p, t in inputs}, r["params"])
         if r["role"] != "av":
-            specs[r["output"]] = sig.out_spec
+            made[r["output"]] = sig.out_spec
             new_tensors[r["output"]] = Tensor(r["output"], sig.out_spec.shape, sig.out_spec.dtype, "intermediate")
         n = sh.ndim
         if r["role"] == "k_t" or tuple(sig.extents[:n]) != tuple(g.signature(o).extents):
@@ -373,8 +378,8 @@ def unfuse_attention(g: Graph, op: str) -> Graph:
         bwd: list[Op] = []
         for r in origin["backward"]:
             inputs = tuple((p, t) for p, t in r["inputs"])
-            sig = get_kernel(r["kernel"]).signature({p: specs[t] for p, t in inputs}, r["params"])
-            specs[r["output"]] = sig.out_spec
+            sig = get_kernel(r["kernel"]).signature({p: spec(t) for p, t in inputs}, r["params"])
+            made[r["output"]] = sig.out_spec
             if r["op"] not in kept:
                 new_tensors[r["output"]] = Tensor(r["output"], sig.out_spec.shape, sig.out_spec.dtype, "intermediate")
             bwd.append(Op(r["op"], r["kernel"], inputs, r["output"], dict(r["params"]),
