@@ -14,6 +14,12 @@ own layer (``@0.q_proj`` reading ``@-1.resid2.out``).
   in order (``truncate``).
 - ``truncate(g, kept)``: the plan with only some of its layers (``costmodel.repetition``
   evaluates a model of repeated layers from two truncations).
+
+A search evaluates thousands of children of a few plans, so a child's signatures and truncations
+are derived from its parent's where the edit is known: an in-place edit (``Graph.edit``) updates
+the replaced ops' entries, a structural one (``Graph.ops_delta``: the ops ``with_ops`` replaced
+and inserted) re-points only those ops; either gives what the whole computation gives
+(``tests/costmodel/test_repetition.py``).
 """
 
 from __future__ import annotations
