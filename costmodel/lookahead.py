@@ -879,8 +879,5 @@ def _acyclic(low, src: np.ndarray, dst: np.ndarray) -> bool:
     """Whether data edges plus these control edges still order every node (a placement the
     pipeline order contradicts would otherwise deadlock the simulated schedule)."""
     n = low.kind.shape[0]
-    o = np.argsort(src, kind="stable")
-    c_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=c_ptr[1:])
-    return bool(_kahn_complete(n, np.asarray(low.succ_ptr, np.int64), np.asarray(low.succ_idx, np.int64),
-                               c_ptr, dst[o].astype(np.int64)))
+    c_ptr, c_idx = _csr(n, np.asarray(src, np.int64), np.asarray(dst, np.int64))  # (edge order is immaterial)
+    return bool(_kahn_complete(n, np.asarray(low.succ_ptr, np.int64), low.succ_idx, c_ptr, c_idx))
