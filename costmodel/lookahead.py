@@ -39,7 +39,6 @@ from operator import is_, is_not
 import numpy as np
 from numba import njit
 
-from costmodel.simulate import _radix_argsort
 from ir.graph import Graph
 from ir.rewrites.recompute import SUFFIX as RE
 
@@ -774,13 +773,13 @@ _NO_EDGES = np.zeros(0, np.int64)
 
 
 @njit(cache=True, nogil=True)
-def _port_order_kernel(nc, kind, succ_ptr, succ_idx, dev, dst, link, op_offsets, op_pos, unit):
+def _port_order_kernel(nc, kind, succ_ptr, succ_idx, dev, dst, link, op_offsets, op_pos, unit, dense=True):
     """``_port_order_edges`` over the lowering's arrays: each transfer's readers' earliest unit
     (none if a reader is outside the pipeline) and its producer's unit and program position, then
     per side (ingress: by the readers' unit; egress: by the producer's) the transfers sorted by
-    (port, unit, producer position, node) by stable radix passes, and an edge between neighbours
-    on one port. Millions of transfers at 512 GPUs: one pass each, where NumPy's version made
-    several arrays over every edge (1.2 s a pipelined 70B truncation)."""
+    (port, unit, producer position, node), and an edge between neighbours on one port. A pipelined
+    70B truncation at 512 GPUs has up to 12 million transfers: NumPy's version (arrays over every
+    edge, a lexsort) took 1-4 s. ``dense=False``: always the merge sorts (a test's comparison)."""
     n = kind.shape[0]
     T = n - nc
     big = np.iinfo(np.int64).max
@@ -807,6 +806,10 @@ def _port_order_kernel(nc, kind, succ_ptr, succ_idx, dev, dst, link, op_offsets,
                     outside[t - nc] = True
                 elif unit[r] < r_unit[t - nc]:
                     r_unit[t - nc] = unit[r]
+    span = 1
+    for v in range(op_pos.shape[0]):
+        if op_pos[v] + 1 > span:
+            span = op_pos[v] + 1
     src = np.empty(2 * T, np.int64)
     tgt = np.empty(2 * T, np.int64)
     k = 0
@@ -821,21 +824,53 @@ def _port_order_kernel(nc, kind, succ_ptr, succ_idx, dev, dst, link, op_offsets,
         if c < 2:
             continue
         ts = sel[:c]
-        port = np.empty(c, np.uint64)
-        u = np.empty(c, np.uint64)
-        pos = np.empty(c, np.uint64)
+        port = np.empty(c, np.int64)
+        key = np.empty(c, np.int64)
+        max_port = 0
         for q in range(c):
             t = ts[q]
-            pd = dst[t] if side == 0 else dev[t]
-            port[q] = np.uint64(pd * 2 + link[t])
-            u[q] = np.uint64(r_unit[t - nc] if side == 0 else p_unit[t - nc])
-            pos[q] = np.uint64(p_pos[t - nc])
-        # least significant key first; each pass stable, so ties keep node order
-        o = _radix_argsort(pos)
-        o = o[_radix_argsort(u[o])]
-        o = o[_radix_argsort(port[o])]
-        for q in range(c - 1):
-            if port[o[q]] == port[o[q + 1]]:
+            port[q] = (dst[t] if side == 0 else dev[t]) * 2 + link[t]
+            if port[q] > max_port:
+                max_port = port[q]
+            key[q] = (r_unit[t - nc] if side == 0 else p_unit[t - nc]) * span + p_pos[t - nc]
+        # ordered by (port, key), ties in node order: two stable counting sorts (by key, then by
+        # port) where the keys span a range of the order of the transfers' count (units and
+        # program positions are small numbers), else by port and each port's run by merge sort
+        max_key = 0
+        for q in range(c):
+            if key[q] > max_key:
+                max_key = key[q]
+        start = np.zeros(max_port + 2, np.int64)
+        for q in range(c):
+            start[port[q] + 1] += 1
+        for b in range(max_port + 1):
+            start[b + 1] += start[b]
+        fill = start[:-1].copy()
+        o = np.empty(c, np.int64)
+        if dense and max_key < 4 * c + (1 << 20):
+            at = np.zeros(max_key + 2, np.int64)
+            for q in range(c):
+                at[key[q] + 1] += 1
+            for b in range(max_key + 1):
+                at[b + 1] += at[b]
+            by_key = np.empty(c, np.int64)
+            for q in range(c):
+                by_key[at[key[q]]] = q
+                at[key[q]] += 1
+            for i in range(c):
+                q = by_key[i]
+                o[fill[port[q]]] = q
+                fill[port[q]] += 1
+        else:
+            for q in range(c):
+                o[fill[port[q]]] = q
+                fill[port[q]] += 1
+            for b in range(max_port + 1):
+                if start[b + 1] - start[b] > 1:
+                    seg = o[start[b]:start[b + 1]].copy()
+                    o[start[b]:start[b + 1]] = seg[np.argsort(key[seg], kind="mergesort")]
+        for b in range(max_port + 1):
+            for q in range(start[b], start[b + 1] - 1):
                 src[k] = ts[o[q]]
                 tgt[k] = ts[o[q + 1]]
                 k += 1

@@ -81,3 +81,17 @@ def test_port_order_edges_follow_the_rule(family, n, kw):
         checked += 1
         assert len(ref_s) > 0
     assert checked >= 1
+
+
+def test_port_order_sorts_agree():
+    """The kernel's two ways of ordering a port's transfers (counting sorts where keys are dense,
+    else merge sorts per port) give the same edges."""
+    from costmodel.lookahead import _port_order_kernel
+
+    g = megatron_3d(workloads.build("llama", layers=4, **TINY), 64)
+    low = Evaluator("h100-sxm-64").lowerer.lower(g)
+    unit = pipeline_units(low, g)[0]
+    args = (low.n_compute, low.kind, np.asarray(low.succ_ptr, np.int64), low.succ_idx, low.dev, low.dst,
+            low.link, np.asarray(low.op_offsets, np.int64), _struct_info(low, g).op_pos, unit)
+    a, b = _port_order_kernel(*args), _port_order_kernel(*args, False)
+    assert a[0].size > 100 and np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
