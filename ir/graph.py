@@ -364,7 +364,7 @@ class Graph:
                     t[name] = v
         child = Graph(t, ops)
         child.origin = weakref.ref(self)
-        child.ops_delta = (replace, dict(insert_after) if insert_after else {})
+        child.ops_delta = (replace, {a: list(v) for a, v in insert_after.items()} if insert_after else {})
         if tensors:
             child.tensor_delta = (self.tensors, tuple(n for n, v in tensors.items()
                                                       if v is not self.tensors.get(n)))

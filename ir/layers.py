@@ -209,6 +209,8 @@ def _structural_signatures(g: Graph, base: tuple) -> tuple[dict, dict] | None:
                 return None
             lst, num = lists(i)
             if at < 0:
+                if a not in lst:  # (``with_ops`` ignores an anchor that is not an op)
+                    break
                 at = lst.index(a) + 1
             lst.insert(at, o.name)
             num.insert(at, _entry(o, g)[1])
@@ -217,7 +219,7 @@ def _structural_signatures(g: Graph, base: tuple) -> tuple[dict, dict] | None:
         i = _parts(n)[0]
         if o is not None and o.name != n and _parts(o.name)[0] != i:
             return None
-        if i is None:
+        if i is None or n not in names.get(i, ()):  # (``with_ops`` ignores a name that is not an op)
             continue
         lst, num = lists(i)
         k = lst.index(n)

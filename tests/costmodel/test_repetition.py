@@ -297,3 +297,23 @@ def test_a_derived_truncation_refuses_what_the_whole_one_refuses():
     assert truncate(g, kept) is not None
     assert truncate(child, kept) is None
     assert truncate(child, (0, 1, 2, 3, 6)) is not None  # layers 2 and 3 kept together: closed
+
+
+def test_derived_signatures_and_truncations_ignore_what_with_ops_ignores():
+    """``with_ops`` ignores a replaced name or an insertion anchor that is not an op of the graph;
+    so do the derivations from ``Graph.ops_delta``."""
+    from ir.graph import Graph
+    from ir.layers import _signatures
+
+    g = zero3(workloads.build("llama", layers=7, **TINY), 4)
+    extra = g.ops["l3.resid2"].replace(name="l3.extra", output="l3.resid2.out")  # dropped with its anchor
+    child = g.with_ops({"l3.no_such_op": None, "l2.resid1": g.ops["l2.resid1"].replace(params={})},
+                       insert_after={"l3.no_such_anchor": [extra]})
+    assert "l3.extra" not in child.ops
+    _signatures(g)
+    assert _signatures(child) == _signatures(Graph(child.tensors, child.ops))
+    for kept in [(0, 1, 2, 6), (0, 2, 3, 4, 6)]:
+        truncate(g, kept)
+        got, whole = truncate(child, kept), truncate(Graph(child.tensors, child.ops), kept)
+        assert (got is None) == (whole is None)
+        assert got is None or list(got.ops) == list(whole.ops)
