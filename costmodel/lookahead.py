@@ -286,15 +286,15 @@ def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW,
     src, dst = [], []
     if pipe is not None:
         ps, pd = _unit_chain_edges(low, g, pipe[0])
-        ts, td = _port_order_edges(low, g, pipe[0])
-        if ts.size and _acyclic(low, np.concatenate([ps, ts]), np.concatenate([pd, td])):
-            src += [ps, ts]
-            dst += [pd, td]
-        elif _acyclic(low, ps, pd):  # (the port order cannot close a cycle the units do not: kept as a guard)
+        if _acyclic(low, ps, pd):
             src.append(ps)
             dst.append(pd)
-        else:  # a placement whose stages do not follow the data flow: no pipeline order
-            pipe = None
+            ts, td = _port_order_edges(low, g, pipe[0])
+            if ts.size and _acyclic(low, np.concatenate([ps, ts]), np.concatenate([pd, td])):
+                src.append(ts)
+                dst.append(td)
+        else:  # a placement whose stages do not follow the data flow: no pipeline order (and the
+            pipe = None  # port order, whose edges only add to these, cannot mend that)
     if window > 0:
         skip = pipe[0] >= 0 if pipe is not None else None
         ws, wd = _window_edges(low, g, window, skip)
