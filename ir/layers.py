@@ -393,22 +393,9 @@ def truncate(g: Graph, kept: tuple[int, ...]) -> Graph | None:
     if hit is not None:
         return hit
     r = Chain(kept)
-    parent = g.edit.parent() if g.edit is not None else None
-    base = _TRUNCS.get(parent, kept) if parent is not None else None
-    if base is not None and parent.tensors is g.tensors:  # in place: re-point the replaced ops
-        replace = {}
-        for n in g.edit.replaced:
-            owner = _parts(n)[0]
-            if owner is None or owner in r.idx:
-                new = r.op(g.ops[n])
-                if new is None or new.name not in base.ops:
-                    break
-                replace[new.name] = new
-        else:
-            return _TRUNCS.put(g, base.with_ops(replace), kept)
     origin = g.origin() if g.origin is not None else None
     base = _TRUNCS.get(origin, kept) if origin is not None else None
-    if base is not None and g.ops_delta is not None:  # a structural edit: re-point what it touched
+    if base is not None and g.ops_delta is not None:  # an edit of a truncated plan: re-point it
         out = _truncate_delta(g, origin, base, r)
         if out is not _WHOLE:
             return _TRUNCS.put(g, out, kept)
@@ -448,7 +435,8 @@ def _truncate_delta(g: Graph, origin: Graph, base: Graph, r: Chain) -> Graph | N
     """The truncation of ``g``, made by ``origin.with_ops`` (``g.ops_delta``), from ``base``, the
     truncation of ``origin``: the same edit with its ops and tensors re-pointed, those of dropped
     layers left out (what the whole truncation gives, in the same order, without re-pointing
-    thousands of ops). ``_WHOLE`` when the edit does not map (an anchor in a dropped layer)."""
+    thousands of ops; an in-place edit stays one, so the lowering stays incremental). ``_WHOLE``
+    when the edit does not map (an anchor in a dropped layer)."""
     replace, insert_after = g.ops_delta
     rep: dict[str, Op | None] = {}
     for n, o in replace.items():
@@ -485,6 +473,8 @@ def _truncate_delta(g: Graph, origin: Graph, base: Graph, r: Chain) -> Graph | N
             v = g.tensors.get(t)
             tch[u] = None if v is None else v if u == t else Tensor(u, v.shape, v.dtype, v.role)
     out = base.with_ops(rep, insert_after=ins or None, tensors=tch or None)
+    if g.edit is not None:  # in place (the shards of some ops): nothing to close anew
+        return out
     # closure at the cuts (see ``truncate``): the ops the edit brought, and the ops of ``base``
     # that read what it took away (a kept layer may stand for a neighbour the edit left alone)
     tensors, producers = out.tensors, out.producers
