@@ -16,10 +16,9 @@ own layer (``@0.q_proj`` reading ``@-1.resid2.out``).
   evaluates a model of repeated layers from two truncations).
 
 A search evaluates thousands of children of a few plans, so a child's signatures and truncations
-are derived from its parent's where the edit is known: an in-place edit (``Graph.edit``) updates
-the replaced ops' entries, a structural one (``Graph.ops_delta``: the ops ``with_ops`` replaced
-and inserted) re-points only those ops; either gives what the whole computation gives
-(``tests/costmodel/test_repetition.py``).
+are derived from its parent's where the edit is known (``Graph.ops_delta``: the ops ``with_ops``
+replaced and inserted): only those ops' entries are made, only those ops are re-pointed, and
+either gives what the whole computation gives (``tests/costmodel/test_repetition.py``).
 """
 
 from __future__ import annotations
@@ -137,37 +136,16 @@ _SIGS = GraphMemo()
 
 
 def _signatures(g: Graph) -> tuple[dict[int, list[str]], dict[int, tuple]]:
-    """(op names of each layer, in op order; each layer's signature), derived from the parent's
-    for an in-place edit (``Graph.edit``: only the entries of the replaced ops change)."""
+    """(op names of each layer, in op order; each layer's signature), derived from its origin's
+    for a child ``with_ops`` made (``Graph.ops_delta``: only the edited ops' entries change)."""
     hit = _SIGS.get(g)
     if hit is not None:
-        return hit[:2]
-    parent = g.edit.parent() if g.edit is not None else None
-    base = _SIGS.get(parent) if parent is not None else None
-    if base is not None:
-        # a tied move replaces one op in each of tens of layers: update those entries in place of
-        # recomputing every entry of every touched layer
-        names, sigs, where = base
-        if where is None:  # an op's (layer, place in its layer's names), made once per names
-            where = {n: (i, k) for i, lst in names.items() for k, n in enumerate(lst)}
-            _SIGS.put(parent, (names, base[1], where))
-        sigs = dict(sigs)
-        touched: dict[int, list[int]] = {}
-        for n in g.edit.replaced:
-            at = where.get(n)
-            if at is not None:
-                lst = touched.get(at[0])
-                if lst is None:
-                    lst = touched[at[0]] = list(sigs[at[0]])
-                lst[at[1]] = _entry(g.ops[n], g)[1]
-        for i, lst in touched.items():
-            sigs[i] = tuple(lst)
-        return _SIGS.put(g, (names, sigs, where))[:2]
+        return hit
     origin = g.origin() if g.origin is not None else None
     base = _SIGS.get(origin) if origin is not None and g.ops_delta is not None else None
     derived = _structural_signatures(g, base) if base is not None else None
     if derived is not None:
-        return _SIGS.put(g, (*derived, None))[:2]
+        return _SIGS.put(g, derived)
     per: dict[int, list[int]] = {}
     names: dict[int, list[str]] = {}
     for n, o in g.ops.items():
@@ -179,15 +157,15 @@ def _signatures(g: Graph) -> tuple[dict[int, list[str]], dict[int, tuple]]:
             else:
                 lst.append(number)
                 names[owner].append(n)
-    return _SIGS.put(g, (names, {i: tuple(v) for i, v in per.items()}, None))[:2]
+    return _SIGS.put(g, (names, {i: tuple(v) for i, v in per.items()}))
 
 
 def _structural_signatures(g: Graph, base: tuple) -> tuple[dict, dict] | None:
     """``_signatures`` of ``g`` from its origin's (``base``) and ``g.ops_delta``: the names and
     entries of the layers the edit touched, edited like ``Graph.with_ops`` edits the op order
-    (the untouched entries kept). None (derive nothing) for an op inserted after another
-    layer's or renamed into another layer: its place among its layer's ops is not known
-    without the whole order."""
+    (the untouched entries kept: a tied move replaces one op in each of tens of layers). None
+    (derive nothing) for an op inserted after another layer's or renamed into another layer:
+    its place among its layer's ops is not known without the whole order."""
     names, sigs = dict(base[0]), dict(base[1])
     replace, insert_after = g.ops_delta
     touched: dict[int, tuple[list[str], list[int]]] = {}
