@@ -143,7 +143,7 @@ def _signatures(g: Graph) -> tuple[dict[int, list[str]], dict[int, tuple]]:
         return hit
     origin = g.origin() if g.origin is not None else None
     base = _SIGS.get(origin) if origin is not None and g.ops_delta is not None else None
-    derived = _structural_signatures(g, base) if base is not None else None
+    derived = _derived_signatures(g, base) if base is not None else None
     if derived is not None:
         return _SIGS.put(g, derived)
     per: dict[int, list[int]] = {}
@@ -160,7 +160,7 @@ def _signatures(g: Graph) -> tuple[dict[int, list[str]], dict[int, tuple]]:
     return _SIGS.put(g, (names, {i: tuple(v) for i, v in per.items()}))
 
 
-def _structural_signatures(g: Graph, base: tuple) -> tuple[dict, dict] | None:
+def _derived_signatures(g: Graph, base: tuple) -> tuple[dict, dict] | None:
     """``_signatures`` of ``g`` from its origin's (``base``) and ``g.ops_delta``: the names and
     entries of the layers the edit touched, edited like ``Graph.with_ops`` edits the op order
     (the untouched entries kept: a tied move replaces one op in each of tens of layers). None
