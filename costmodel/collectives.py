@@ -11,14 +11,18 @@ over the NIC, and reaches a known fraction of the line rate):
 - **reduce**: the same into one device;
 - **all-gather**: every source shard sends the same box to several devices (the reads of a
   sharded state: FSDP/ZeRO's parameter gather; a replicated read of an activation);
-- **broadcast**: one source shard to several devices.
+- **broadcast**: one source shard to several devices;
+- **all-to-all**: any other exchange, a reshuffle between layouts (different boxes to different
+  devices), which frameworks run as one grouped send/recv to every peer (PyTorch's
+  ``all_to_all_single`` on NCCL, DTensor's redistribute between shardings).
 
 A group's transfers fall into *exchanges*, the sets of devices that send to or receive from one
 another (``costmodel.lowering._exchanges``): under tensor x data parallelism each replica's
 tensor-parallel reduction is one, inside its node, and NCCL runs each on its own communicator.
 Each exchange becomes a collective when it spans at least ``MIN_RANKS`` devices (sources and
-destinations) and is one of the patterns above; otherwise (two devices, an all-to-all reshuffle)
-the group stays point to point, which is what NCCL's send/recv does. A collective is one
+destinations); between two devices it stays point to point, which is what NCCL's send/recv
+does. (A 512-way reshuffle sent point to point is 261,632 simulator nodes; as an all-to-all, one.)
+A collective is one
 simulator node that holds the ports of every participating device (NVLink ports, and NIC ports
 if it crosses nodes) for its duration: all ranks of a NCCL collective progress together. A
 group whose producer or readers have several shards on one device (microbatches) stays point to
@@ -39,7 +43,15 @@ bandwidth per direction) and ``α`` the link latency per algorithm step,
   among the ``N`` nodes on the ``S/g`` bytes each rank holds, the gathers in reverse):
   ``(g-1)/g · S / B_nvlink + (N-1)/N · (S/g) / B_nic`` plus ``(g-1)`` NVLink and ``(N-1)`` NIC
   latencies (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA
-  blog 2019; Hu et al., "Demystifying NCCL", arXiv:2507.04786, 2025, sections 4-5).
+  blog 2019; Hu et al., "Demystifying NCCL", arXiv:2507.04786, 2025, sections 4-5);
+- all-to-all: every rank sends to and receives from all its peers at once, over NVLink and the
+  NIC in parallel, so it lasts as long as its busiest port: the largest bytes any rank sends or
+  receives over a link / that link's bandwidth, plus one latency of the slowest link it uses.
+  Its sends are the point-to-point transfers it replaces, grouped, so they move as those do here
+  (at the line rate, their latencies overlapped), not at ``B``; only the synchronisation
+  changes (every reader waits for the whole exchange, as after ``all_to_all_single``).
+  nccl-tests (``doc/PERFORMANCE.md``) gives all-to-all's bus bandwidth as algorithm bandwidth x
+  (n-1)/n: each rank's (n-1)/n of the data crosses its links once.
 
 ``BUS_EFFICIENCY`` (fraction of the per-direction line rate NCCL reaches on large messages) is
 an ESTIMATE from published nccl-tests runs on HGX/DGX H100: ``all_reduce_perf`` without NVLink
@@ -56,20 +68,21 @@ import numpy as np
 
 from costmodel.hardware import Hardware
 
-__all__ = ["BUS_EFFICIENCY", "KINDS", "MIN_RANKS", "CollectiveCost", "buffer_bytes", "classify", "collective_time",
-           "ranks_by_node"]
+__all__ = ["BUS_EFFICIENCY", "KINDS", "MIN_RANKS", "CollectiveCost", "all_to_all_time", "buffer_bytes", "classify",
+           "collective_time", "ranks_by_node"]
 
 #: fraction of the link's per-direction bandwidth NCCL reaches on large messages (see above)
 BUS_EFFICIENCY = {"intra": 0.80, "inter": 0.90}
 #: a group of transfers spanning fewer devices stays point to point
 MIN_RANKS = 3
-KINDS = ("reduce_scatter", "all_gather", "all_reduce", "broadcast", "reduce")
+KINDS = ("reduce_scatter", "all_gather", "all_reduce", "broadcast", "reduce", "all_to_all")
 KIND_CODES = {k: i + 1 for i, k in enumerate(KINDS)}  # 0 = point to point
 
 
 @dataclass(frozen=True)
 class CollectiveCost:
-    """``seconds`` = ``bandwidth_s + latency_s``; ``algorithm``: ring, hierarchical."""
+    """``seconds`` = ``bandwidth_s + latency_s``; ``algorithm``: ring, hierarchical, pairwise
+    (all-to-all); ``nbytes``: the buffer ``S`` (all-to-all: the bytes it moves)."""
 
     kind: str
     algorithm: str
@@ -92,6 +105,8 @@ def _phases(kind: str) -> tuple[float, bool]:
         return 2.0, False
     if kind in ("broadcast", "reduce"):
         return 1.0, True
+    if kind == "all_to_all":
+        raise ValueError("an all-to-all's time depends on what each rank sends: all_to_all_time")
     raise ValueError(f"unknown collective {kind!r}; known: {', '.join(KINDS)}")
 
 
@@ -127,6 +142,27 @@ def collective_time(kind: str, nbytes: float, ranks_per_node: list[int] | tuple[
     return min((ring, hier), key=lambda c: (c.seconds, c.algorithm))
 
 
+def all_to_all_time(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, hw: Hardware) -> CollectiveCost:
+    """NCCL's time for the all-to-all made of the point-to-point transfers ``src[i] -> dst[i]``
+    of ``nbytes[i]`` bytes on ``hw`` (the module docstring's closed form)."""
+    src = np.asarray(src, np.int64)
+    dst = np.asarray(dst, np.int64)
+    nbytes = np.asarray(nbytes, np.float64)
+    ranks = np.union1d(src, dst)
+    nodes = np.unique(ranks // hw.devices_per_node).shape[0]
+    if src.shape[0] == 0 or not nbytes.sum() > 0:
+        return CollectiveCost("all_to_all", "none", 0.0, ranks.shape[0], nodes, 0.0, 0.0)
+    inter = src // hw.devices_per_node != dst // hw.devices_per_node
+    seconds = 0.0
+    for on, link in ((~inter, hw.intra_link), (inter, hw.inter_link)):
+        if on.any():
+            w = np.where(on, nbytes, 0.0)
+            busiest = max(np.bincount(src, weights=w).max(), np.bincount(dst, weights=w).max())
+            seconds = max(seconds, busiest / link.bandwidth)
+    latency = hw.inter_link.latency if inter.any() else hw.intra_link.latency
+    return CollectiveCost("all_to_all", "pairwise", float(nbytes.sum()), ranks.shape[0], nodes, seconds, latency)
+
+
 def classify(reduce: bool, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, shard: np.ndarray) -> str | None:
     """The collective a group of point-to-point transfers is (``None``: it stays point to point).
 
@@ -148,9 +184,9 @@ def classify(reduce: bool, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
     starts = np.flatnonzero(new)
     counts = np.diff(np.append(starts, shard.shape[0]))
     if counts.min() < 2 or np.unique(shard).shape[0] != starts.shape[0]:
-        return None
+        return "all_to_all"
     if not np.all(nbytes == np.repeat(nbytes[starts], counts)):
-        return None
+        return "all_to_all"
     return "broadcast" if starts.shape[0] == 1 else "all_gather"
 
 

@@ -856,14 +856,17 @@ class Lowerer:
         if kind is None:
             return None
         ranks = np.flatnonzero(seen)
-        S = C.buffer_bytes(float(nbytes.sum()), ranks.shape[0])
         by_node = C.ranks_by_node(ranks, self.hw.devices_per_node)
-        ck = (kind, S, tuple(by_node))
-        cost = self._coll_cost.get(ck)
-        if cost is None:
-            cost = self._coll_cost[ck] = C.collective_time(kind, S, by_node, self.hw)
-            if len(self._coll_cost) > 4096:
-                self._coll_cost.pop(next(iter(self._coll_cost)))
+        if kind == "all_to_all":  # its time depends on what each rank sends (the piece is cached)
+            cost = C.all_to_all_time(src, dst, nbytes, self.hw)
+        else:
+            S = C.buffer_bytes(float(nbytes.sum()), ranks.shape[0])
+            ck = (kind, S, tuple(by_node))
+            cost = self._coll_cost.get(ck)
+            if cost is None:
+                cost = self._coll_cost[ck] = C.collective_time(kind, S, by_node, self.hw)
+                if len(self._coll_cost) > 4096:
+                    self._coll_cost.pop(next(iter(self._coll_cost)))
         recv = np.bincount(dst, weights=nbytes, minlength=self.hw.n_devices)[ranks]
         parts = np.stack([ranks.astype(np.float64), recv], axis=1)
         total = float(nbytes.sum())

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from costmodel import Evaluator
-from costmodel.collectives import BUS_EFFICIENCY, classify, collective_time
+from costmodel.collectives import BUS_EFFICIENCY, all_to_all_time, classify, collective_time
 from costmodel.lowering import Lowerer
 from costmodel.presets import PRESETS
 from ir.builder import GraphBuilder
@@ -48,7 +48,57 @@ def test_reduce_scatter_all_gather_broadcast_closed_forms():
     assert collective_time("reduce", S, 4, HW8).seconds == pytest.approx(S / BNV + 3 * LNV)
     assert collective_time("all_gather", S, 1, HW8).seconds == 0.0
     with pytest.raises(ValueError, match="unknown collective"):
+        collective_time("all_to_one", S, 4, HW8)
+    with pytest.raises(ValueError, match="all_to_all_time"):
         collective_time("all_to_all", S, 4, HW8)
+
+
+def test_all_to_all_lasts_as_long_as_its_busiest_port():
+    """At the line rate, like the point-to-point transfers it groups (not NCCL's ring ``B``)."""
+    a = np.array
+    nv, ib = HW8.intra_link.bandwidth, HW64.inter_link.bandwidth
+    # one node: device 0 sends 3 MB in all, device 2 receives 4 MB in all: the busiest port
+    src, dst, nb = a([0, 0, 1, 2, 3]), a([1, 2, 2, 0, 2]), a([1e6, 2e6, 1e6, 5e5, 1e6])
+    c = all_to_all_time(src, dst, nb, HW8)
+    assert (c.kind, c.algorithm, c.ranks, c.nodes) == ("all_to_all", "pairwise", 4, 1)
+    assert c.bandwidth_s == pytest.approx(4e6 / nv, rel=1e-12) and c.latency_s == LNV
+    assert c.nbytes == 5.5e6
+    # across nodes: NVLink and the NIC run at once; the slower of the two busiest ports sets it
+    src, dst, nb = a([0, 0, 9, 0]), a([1, 8, 0, 2]), a([8e6, 1e6, 2e6, 1e6])  # 0's NVLink out: 9 MB
+    c = all_to_all_time(src, dst, nb, HW64)
+    assert c.nodes == 2 and c.latency_s == LIB
+    assert c.bandwidth_s == pytest.approx(max(9e6 / nv, 2e6 / ib), rel=1e-12) == 2e6 / ib
+    assert all_to_all_time(a([0]), a([1]), a([0.0]), HW8).seconds == 0.0
+
+
+def test_a_reshuffle_between_layouts_is_one_all_to_all():
+    """Rows in 4 blocks on devices 0-3 read in 3 blocks (86, 85, 85 rows) on devices 1-3: each
+    device sends a different slice to the next (64, 42 and 21 rows). One collective node instead
+    of the point-to-point transfers, costed from what those carry, every participant's ports held
+    while it runs; its readers start when it ends."""
+    b = GraphBuilder()
+    b.relu(b.relu(b.input("x", (256, 768)), name="a"), name="b")
+    g = place(split(b.build(), "a", 0, 4), "a", [0, 1, 2, 3])
+    g = retile(g, "b", [3, 1], [1, 2, 3])
+    assert (g.ops["b"].shards.hi - g.ops["b"].shards.lo)[:, 0].tolist() == [86, 85, 85]
+    p2p = Lowerer(HW8, collectives=False).lower(g)
+    nc = p2p.n_compute
+    row = 768 * 4
+    assert p2p.dst[nc:].tolist() == [1, 2, 3] and p2p.alloc[nc:].tolist() == [64 * row, 42 * row, 21 * row]
+    low = Lowerer(HW8, collectives=True).lower(g)
+    c = low.n_compute
+    assert low.kind[c:].tolist() == [2] and low.link[c] == 1
+    assert low.dur[c] == pytest.approx(64 * row / HW8.intra_link.bandwidth, rel=1e-12) and low.lat[c] == LNV
+    assert low.alloc[c] == 127 * row
+    assert low.part_dev.tolist() == [0, 1, 2, 3] and low.part_alloc.tolist() == [0, 64 * row, 42 * row, 21 * row]
+    e = Evaluator(HW8, curves=None)(g, keep=True)
+    s = e.schedule
+    assert np.allclose(s.busy_egress[:4], low.dur[c]) and np.allclose(s.busy_ingress[:4], low.dur[c])
+    b_nodes = np.arange(low.op_offsets[1], low.op_offsets[2])
+    assert np.all(s.start[b_nodes] == s.finish[c])
+    # point to point, the same bytes in the same time: only the 42- and 21-row readers wait longer
+    pe = Evaluator(HW8, collectives=False, curves=None)(g)
+    assert e.makespan == pytest.approx(pe.makespan, rel=1e-12)
 
 
 def test_classify():
@@ -57,8 +107,9 @@ def test_classify():
     src, dst, shard = a([0, 0, 1, 1, 2, 2]), a([1, 2, 0, 2, 0, 1]), a([0, 0, 1, 1, 2, 2])
     assert classify(False, src, dst, np.full(6, 8.0), shard) == "all_gather"
     assert classify(True, src, dst, np.full(6, 8.0), shard) == "reduce_scatter"
-    # different boxes to different devices: an all-to-all stays point to point
-    assert classify(False, src, dst, a([8.0, 4, 8, 4, 8, 4]), shard) is None
+    # different boxes to different devices: an all-to-all
+    assert classify(False, src, dst, a([8.0, 4, 8, 4, 8, 4]), shard) == "all_to_all"
+    assert classify(False, src, dst, np.full(6, 8.0), a([0, 1, 1, 2, 2, 3])) == "all_to_all"  # one send a shard
     # two devices: point to point
     assert classify(False, a([0, 0]), a([1, 1]), a([8.0, 8.0]), a([0, 1])) is None
     assert classify(False, a([0, 0]), a([1, 2]), a([8.0, 8.0]), a([0, 0])) == "broadcast"
