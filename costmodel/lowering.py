@@ -437,6 +437,15 @@ def _exchanges(ints: np.ndarray, L: int, T: int, src: np.ndarray, n_devices: int
     return t_ex, t_ex[ints[L + T:, 0]], n
 
 
+def _microbatched(piece: "OpPiece") -> bool:
+    """An op's shards are microbatches: at least two per device on average
+    (``ir.rewrites.pipeline.microbatch`` cuts each device's shard in ``m >= 2``). A shard moved
+    beside another one (a device with two, the rest with one) is not: its group can still be a
+    collective (one moved shard of a 512-way op left its whole group, ~250,000 transfers,
+    point to point)."""
+    return piece.n >= 2 * np.unique(piece.dev).shape[0]
+
+
 def _rows_of(ex: np.ndarray, C: int) -> list:
     """The rows of each of ``C`` exchanges (``ex``: the exchange of each row), in row order: one
     stable sort for all of them rather than a comparison of every row per exchange."""
@@ -804,14 +813,13 @@ class Lowerer:
                                             self.hw.n_devices, st.g_item[gi], *self._links)
         counts = np.append(counts, (0, 0))
         coll, parts, cost = _NO_COLL, _NO_PARTS, None
-        # a producer or reader with several shards on one device (microbatches,
-        # ir.rewrites.pipeline) keeps its transfers point to point: one collective over all of
-        # them would wait for every microbatch and serialise the pipeline. Except the reads of
-        # what holds no batch (a loop-carried state, or an op computed from states only: a
-        # weight's cast to bf16): every microbatch on a device needs the same data, gathered
-        # once, as FSDP does; no microbatch then waits for another.
-        if self.collectives and counts[1] >= 2 and np.unique(pp.dev).shape[0] == pp.dev.shape[0] and (
-                batch_free or all(np.unique(pieces[r].dev).shape[0] == pieces[r].n for r, _ in readers)):
+        # a microbatched producer or reader (``_microbatched``) keeps its transfers point to
+        # point: one collective over all of them would wait for every microbatch and serialise
+        # the pipeline. Except the reads of what holds no batch (a loop-carried state, or an op
+        # computed from states only: a weight's cast to bf16): every microbatch on a device
+        # needs the same data, gathered once, as FSDP does; no microbatch then waits for another.
+        if self.collectives and counts[1] >= 2 and not _microbatched(pp) and (
+                batch_free or not any(_microbatched(pieces[r]) for r, _ in readers)):
             reduce = all(ops[r].kernel == "accumulate" for r, _ in readers)
             coll, parts, cost, ex = self._collectives(counts, ints, flts, pp.dev, reduce)
             if cost is not None:

@@ -240,6 +240,11 @@ def test_what_holds_no_batch_is_gathered_once_for_every_microbatch(cast):
     assert np.all(low2.kind[low2.n_compute:] == 1) and low2.n_transfer == 16
     one = place(split(h0, "mm2", 0, 4), "mm2", [0, 1, 2, 3])  # one reader shard per device: a collective
     assert Lowerer(HW8, collectives=True).lower(one).kind[-1] == 2
+    # a shard moved beside another (device 2 holds two, no device holds two per microbatch) is no
+    # microbatch: still one collective, not 16 transfers
+    moved = Lowerer(HW8, collectives=True).lower(place(split(h0, "mm2", 0, 4), "mm2", [0, 1, 2, 2]))
+    assert moved.kind[moved.n_compute:].tolist() == [2]
+    assert moved.part_dev.tolist() == [0, 1, 2, 4, 5, 6, 7]
     e = Evaluator(HW8)(g)
     assert e.feasible and np.isfinite(e.makespan)
 
