@@ -303,8 +303,8 @@ def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW,
     if not src:
         return None
     n = low.kind.shape[0]
-    s_new = np.concatenate(src).astype(np.int64)
-    d_new = np.concatenate(dst).astype(np.int64)
+    s_new = np.concatenate(src) if len(src) > 1 else src[0]
+    d_new = np.concatenate(dst) if len(dst) > 1 else dst[0]
     if not s_new.size:
         return None
     return _csr(n, s_new, d_new)
@@ -360,14 +360,14 @@ def _window_kernel(dev_in, offs, fetch_reader, skip, has_skip, window, nd, n, su
     their own (``nd``), never gating nor gated."""
     nc = dev_in.shape[0]
     n_ops = offs.shape[0] - 1
-    node_op = np.empty(nc, np.int64)
+    node_op = np.empty(nc, np.int32)
     for o in range(n_ops):
         for i in range(offs[o], offs[o + 1]):
             node_op[i] = o
-    dev = np.empty(nc, np.int64)
+    dev = np.empty(nc, np.int32)
     n_fetch = 0
-    fetch = np.empty(nc, np.int64)
-    fetch_dev = np.empty(nc, np.int64)
+    fetch = np.empty(nc, np.int32)
+    fetch_dev = np.empty(nc, np.int32)
     for i in range(nc):
         d = dev_in[i]
         if has_skip and skip[i]:
@@ -385,15 +385,16 @@ def _window_kernel(dev_in, offs, fetch_reader, skip, has_skip, window, nd, n, su
     for d in range(nd + 1):
         starts[d + 1] += starts[d]
     fill = starts.copy()
-    order = np.empty(nc, np.int64)
-    rank = np.empty(nc, np.int64)
+    order = np.empty(nc, np.int32)
+    rank = np.empty(nc, np.int32)
     for i in range(nc):
         d = dev[i]
         order[fill[d]] = i
         rank[i] = fill[d] - starts[d]
         fill[d] += 1
-    src = np.empty(2 * nc + n, np.int64)
-    dst = np.empty(2 * nc + n, np.int64)
+    # at most one edge into each compute node, transfer and fetched node
+    src = np.empty(n + n_fetch, np.int32)
+    dst = np.empty(n + n_fetch, np.int32)
     m = 0
     for k in range(nc):
         i = order[k]
@@ -401,11 +402,12 @@ def _window_kernel(dev_in, offs, fetch_reader, skip, has_skip, window, nd, n, su
             src[m] = order[k - window]
             dst[m] = i
             m += 1
-    indeg = np.zeros(n, np.int64)
+    fed = np.zeros(n - nc, np.bool_)  # transfers with a predecessor
     for e in range(succ_idx.shape[0]):
-        indeg[succ_idx[e]] += 1
+        if succ_idx[e] >= nc:
+            fed[succ_idx[e] - nc] = True
     for t in range(nc, n):
-        if indeg[t] != 0:
+        if fed[t - nc]:
             continue
         best = -1
         for e in range(succ_ptr[t], succ_ptr[t + 1]):

@@ -429,7 +429,7 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     used = resident_bytes > 0.0
 
     # --- Kahn topological order -----------------------------------------------------------
-    indeg = np.zeros(n, np.int64)
+    indeg = np.zeros(n, np.int32)
     for e in range(m):
         indeg[succ_idx[e]] += 1
     for e in range(ctl_idx.shape[0]):  # control edges order the schedule too (a cycle through them is one)
