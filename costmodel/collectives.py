@@ -25,9 +25,10 @@ does. (A 512-way reshuffle sent point to point is 261,632 simulator nodes; as an
 A collective is one
 simulator node that holds the ports of every participating device (NVLink ports, and NIC ports
 if it crosses nodes) for its duration: all ranks of a NCCL collective progress together. A
-group whose producer or readers have several shards on one device (microbatches) stays point to
-point, unless its data holds no batch (a state, or its cast): one collective over microbatches
-would make each wait for all of them; a weight read by every microbatch is gathered once.
+group whose producer or readers are microbatched (at least two shards per device on average;
+``costmodel.lowering._microbatched``) stays point to point, unless its data holds no batch (a
+state, or its cast): one collective over microbatches would make each wait for all of them; a
+weight read by every microbatch is gathered once.
 
 Cost (NCCL's algorithms; nccl-tests ``doc/PERFORMANCE.md`` defines algorithm and bus bandwidth):
 with ``S`` the collective's buffer size in bytes (the whole gathered / reduced tensor), ``n``

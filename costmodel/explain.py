@@ -9,8 +9,8 @@
   finished last (the dependence that held it up), merged into runs of one op or one transfer
   kind: ``{what, kind, start, finish}``;
 - ``collectives``: every group of transfers timed as one NCCL collective
-  (``costmodel.collectives``): tensor, producer, kind, algorithm, ranks, nodes, buffer bytes,
-  seconds.
+  (``costmodel.collectives``): tensor, producer, kind, algorithm, ranks, nodes, buffer bytes (an
+  all-to-all: the bytes it moves), seconds.
 
 ``gantt(evaluation, path)`` draws the simulated schedule per device (compute on one lane,
 transfers and collectives on a second), PNG or SVG by the file's suffix (matplotlib).
