@@ -96,7 +96,8 @@ def test_a_reshuffle_between_layouts_is_one_all_to_all():
     assert np.allclose(s.busy_egress[:4], low.dur[c]) and np.allclose(s.busy_ingress[:4], low.dur[c])
     b_nodes = np.arange(low.op_offsets[1], low.op_offsets[2])
     assert np.all(s.start[b_nodes] == s.finish[c])
-    # point to point, the same bytes in the same time: only the 42- and 21-row readers wait longer
+    # point to point: the same bytes in the same time (as the all-to-all, only the 42- and 21-row
+    # readers wait longer)
     pe = Evaluator(HW8, collectives=False, curves=None)(g)
     assert e.makespan == pytest.approx(pe.makespan, rel=1e-12)
 
@@ -109,7 +110,7 @@ def test_classify():
     assert classify(True, src, dst, np.full(6, 8.0), shard) == "reduce_scatter"
     # different boxes to different devices: an all-to-all
     assert classify(False, src, dst, a([8.0, 4, 8, 4, 8, 4]), shard) == "all_to_all"
-    assert classify(False, src, dst, np.full(6, 8.0), a([0, 1, 1, 2, 2, 3])) == "all_to_all"  # one send a shard
+    assert classify(False, src, dst, np.full(6, 8.0), a([0, 1, 1, 2, 2, 3])) == "all_to_all"  # shards 0 and 3 sent once
     # two devices: point to point
     assert classify(False, a([0, 0]), a([1, 1]), a([8.0, 8.0]), a([0, 1])) is None
     assert classify(False, a([0, 0]), a([1, 2]), a([8.0, 8.0]), a([0, 0])) == "broadcast"
@@ -240,8 +241,8 @@ def test_what_holds_no_batch_is_gathered_once_for_every_microbatch(cast):
     assert np.all(low2.kind[low2.n_compute:] == 1) and low2.n_transfer == 16
     one = place(split(h0, "mm2", 0, 4), "mm2", [0, 1, 2, 3])  # one reader shard per device: a collective
     assert Lowerer(HW8, collectives=True).lower(one).kind[-1] == 2
-    # a shard moved beside another (device 2 holds two, no device holds two per microbatch) is no
-    # microbatch: still one collective, not 16 transfers
+    # a shard moved beside another (device 2 holds two of the 4 shards: fewer than two a device) is
+    # no microbatch: still one collective
     moved = Lowerer(HW8, collectives=True).lower(place(split(h0, "mm2", 0, 4), "mm2", [0, 1, 2, 2]))
     assert moved.kind[moved.n_compute:].tolist() == [2]
     assert moved.part_dev.tolist() == [0, 1, 2, 4, 5, 6, 7]
