@@ -150,7 +150,7 @@ def all_to_all_time(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, hw: Ha
     dst = np.asarray(dst, np.int64)
     nbytes = np.asarray(nbytes, np.float64)
     ranks = np.union1d(src, dst)
-    nodes = np.unique(ranks // hw.devices_per_node).shape[0]
+    nodes = len(ranks_by_node(ranks, hw.devices_per_node))
     if src.shape[0] == 0 or not nbytes.sum() > 0:
         return CollectiveCost("all_to_all", "none", 0.0, ranks.shape[0], nodes, 0.0, 0.0)
     inter = src // hw.devices_per_node != dst // hw.devices_per_node
