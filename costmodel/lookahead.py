@@ -40,6 +40,7 @@ import numpy as np
 from numba import njit
 
 from ir.graph import Graph
+from ir.layers import LAYER_RE
 from ir.rewrites.recompute import SUFFIX as RE
 
 DEFAULT_WINDOW = 16  # compute nodes per device: about a transformer sub-layer's forward or backward
@@ -58,7 +59,7 @@ class _StructInfo:
     batch column of each op per set of split-reduction params (``_batch_cols``)."""
 
     __slots__ = ("names", "op_pos", "_phase", "batch", "barrier_memo", "split_ops", "fetch_reader", "_flow",
-                 "_out_group", "split_last", "mb_last")
+                 "_out_group", "split_last", "mb_last", "_layer")
 
     def __init__(self, low, g: Graph) -> None:
         names = low.op_names
@@ -69,6 +70,7 @@ class _StructInfo:
         self.batch: dict = {}
         self.barrier_memo: dict = {}
         self.split_last: tuple | None = None  # (split ops of the last plan, its batch columns)
+        self._layer = None
         self.mb_last: _MbFacts | None = None  # the last plan's microbatch facts
         # ops with split params: within a structure always the same ones (splitting a reduction
         # adds an accumulate op, a new structure), only their params may change
@@ -101,6 +103,15 @@ class _StructInfo:
             _g_prod, rptr, rop, _g_state = self._flow
             self._phase = _phase_kernel(seed, self._out_group, rptr, rop)
         return self._phase
+
+    @property
+    def op_layer(self) -> np.ndarray:
+        """The layer number in each op's name (``l<k>.…``, ``l<k>_…``), -1 for ops outside the
+        layers (found on first use: only pipelines need it)."""
+        if self._layer is None:
+            self._layer = np.fromiter((int(m.group(1)) if (m := LAYER_RE.match(n)) else -1 for n in self.names),
+                                      np.int64, len(self.names))
+        return self._layer
 
     def barriers(self, tag: np.ndarray) -> tuple[bool, bool, np.ndarray]:
         """``_barrier_kernel`` over this structure's data flow."""
@@ -674,12 +685,9 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str
     phase = np.repeat(op_phase, counts)
     use = "gpipe" if policy == "gpipe" or not (phase[mb >= 0] == 1).any() or across else "1f1b"
     dev = np.asarray(low.dev[:nc], np.int64)
-    node_pos = np.repeat(info.op_pos, counts)
     t = np.nonzero(mb >= 0)[0]
-    fwd = t[phase[t] == 0]
-    first_f = np.full(low.n_devices, np.iinfo(np.int64).max)
-    np.minimum.at(first_f, dev[fwd], node_pos[fwd])
-    has = first_f < np.iinfo(np.int64).max
+    first_f = _first_forward(low, info, counts, t[phase[t] == 0])
+    has = first_f >= 0
     stage_ids = np.unique(first_f[has])
     p = len(stage_ids)
     stage = np.searchsorted(stage_ids, first_f)
@@ -756,27 +764,63 @@ def _port_order_edges(low, g: Graph, unit: np.ndarray) -> tuple[np.ndarray, np.n
     ``forward_backward_pipelining_without_interleaving``: warm-up forwards, then forward,
     ``send_forward_recv_backward``, backward, ``send_backward_recv_forward``), so a FIFO per
     port is what they do. Transfers with a reader outside the pipeline (or none) and collectives
-    get no edge. The two ends can still disagree: under tensor parallelism a transfer between
-    the devices of one stage may be produced in a forward unit and read in a backward one, and
-    then ``lookahead_edges`` finds a cycle and keeps the unit chain alone (as before these
-    edges; the gpt test plan of ``test_tensor_parallel_stages_get_one_pipeline_order``)."""
+    get no edge, and so do the transfers between two devices of one stage (tensor-parallel
+    peers, data-parallel replicas): those are the stage's own exchanges, which Megatron-LM runs
+    on other communicators than the pipeline's send/recv, and their ends need not agree (a
+    partial sum produced in a late unit on one peer and read by an accumulate tagged with an
+    early unit on another). Ordering them too closed a cycle in every pipelined plan with tensor
+    parallelism, and ``lookahead_edges`` then dropped the port order altogether."""
     nc = low.n_compute
     n = low.kind.shape[0]
     if n == nc:
         return _NO_EDGES, _NO_EDGES
     link = np.zeros(n, np.int8) if low.link is None else np.asarray(low.link, np.int8)
+    info = _struct_info(low, g)
     return _port_order_kernel(nc, np.asarray(low.kind), np.asarray(low.succ_ptr, np.int64),
                               np.asarray(low.succ_idx), np.asarray(low.dev), np.asarray(low.dst), link,
-                              np.asarray(low.op_offsets, np.int64), _struct_info(low, g).op_pos,
-                              np.asarray(unit, np.int64))
+                              np.asarray(low.op_offsets, np.int64), info.op_pos,
+                              np.asarray(unit, np.int64), _device_stages(low, g, unit))
+
+
+def _device_stages(low, g: Graph, unit: np.ndarray) -> np.ndarray:
+    """Each device's pipeline stage as ``pipeline_units`` finds it (``_first_forward``)."""
+    info = _struct_info(low, g)
+    counts = np.diff(np.asarray(low.op_offsets, np.int64))
+    fwd = np.nonzero((np.asarray(unit) >= 0) & (np.repeat(info.op_phase(g), counts) == 0))[0]
+    return _first_forward(low, info, counts, fwd)
+
+
+def _first_forward(low, info: _StructInfo, counts: np.ndarray, fwd: np.ndarray) -> np.ndarray:
+    """Per device, the program position of the first forward op it runs in the pipeline (nodes
+    ``fwd``), or -1: devices of one stage share it, and its order is the stages' order. Only the
+    layers a device holds its share of count (at least half the forward nodes of its busiest
+    layer; the ops outside the layers count as one more): one shard moved onto a device of
+    another stage (a search's ``move``) would otherwise make that device a stage of its own, whose
+    1F1B order differs from its tensor-parallel peers' and closes a cycle through their exchanges
+    (the pipeline order was then dropped)."""
+    n_dev = low.n_devices
+    none = np.full(n_dev, -1, np.int64)
+    if not fwd.size:
+        return none
+    op = np.repeat(np.arange(len(counts), dtype=np.int64), counts)[fwd]
+    dev = np.asarray(low.dev, np.int64)[fwd]
+    group = info.op_layer[op] + 1  # 0: outside the layers
+    n_grp = int(group.max()) + 1
+    held = np.bincount(dev * n_grp + group, minlength=n_dev * n_grp).reshape(n_dev, n_grp)
+    own = 2 * held >= held.max(axis=1, keepdims=True)
+    keep = own[dev, group]
+    first = np.full(n_dev, np.iinfo(np.int64).max)
+    np.minimum.at(first, dev[keep], info.op_pos[op[keep]])
+    return np.where(first < np.iinfo(np.int64).max, first, none)
 
 
 _NO_EDGES = np.zeros(0, np.int64)
 
 
 @njit(cache=True, nogil=True)
-def _port_order_kernel(nc, kind, succ_ptr, succ_idx, dev, dst, link, op_offsets, op_pos, unit, dense=True):
-    """``_port_order_edges`` over the lowering's arrays: each transfer's readers' earliest unit
+def _port_order_kernel(nc, kind, succ_ptr, succ_idx, dev, dst, link, op_offsets, op_pos, unit, stage, dense=True):
+    """``_port_order_edges`` over the lowering's arrays (``stage``: each device's, transfers inside
+    one stage get no edge): each transfer's readers' earliest unit
     (none if a reader is outside the pipeline) and its producer's unit and program position, then
     per side (ingress: by the readers' unit; egress: by the producer's) the transfers sorted by
     (port, unit, producer position, node), and an edge between neighbours on one port. A pipelined
@@ -820,7 +864,8 @@ def _port_order_kernel(nc, kind, succ_ptr, succ_idx, dev, dst, link, op_offsets,
         c = 0
         for t in range(nc, n):
             j = t - nc
-            if kind[t] == 1 and ((side == 0 and r_unit[j] < big and not outside[j]) or (side == 1 and p_unit[j] >= 0)):
+            if kind[t] == 1 and stage[dev[t]] != stage[dst[t]] and (
+                    (side == 0 and r_unit[j] < big and not outside[j]) or (side == 1 and p_unit[j] >= 0)):
                 sel[c] = t
                 c += 1
         if c < 2:

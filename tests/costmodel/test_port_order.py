@@ -8,21 +8,45 @@ import numpy as np
 import pytest
 
 from costmodel import Evaluator
-from costmodel.lookahead import _port_order_edges, _struct_info, pipeline_units
+from costmodel.lookahead import _device_stages, _port_order_edges, _struct_info, pipeline_units
 from ir import workloads
+from ir.layers import LAYER_RE
 from ir.rewrites import RewriteError, random_rewrite
 from optimizer.search.baselines import megatron_3d
 
 TINY = dict(d_model=32, heads=4, kv_heads=2, d_ff=64, vocab=64, seq=8, batch=8, mode="train")
 
 
+def _stages(low, g, unit: np.ndarray) -> dict[int, int]:
+    """Device -> the program position of its first forward op in a unit, among the layers of which
+    it holds at least half as many forward nodes in units as of its busiest layer (the ops outside
+    the layers as one layer more); devices of one stage share it."""
+    op_of = np.repeat(np.arange(len(low.op_offsets) - 1), np.diff(low.op_offsets))
+    info = _struct_info(low, g)
+    phase = info.op_phase(g)
+    nodes: dict[int, list[int]] = {}  # device -> its forward nodes in units
+    for i in range(low.n_compute):
+        if unit[i] >= 0 and phase[op_of[i]] == 0:
+            nodes.setdefault(int(low.dev[i]), []).append(i)
+    first: dict[int, int] = {}
+    for d, mine in nodes.items():
+        layer = [LAYER_RE.match(low.op_names[op_of[i]]) for i in mine]
+        layer = [int(m.group(1)) if m else -1 for m in layer]
+        per = {k: layer.count(k) for k in set(layer)}
+        busiest = max(per.values())
+        first[d] = min(int(info.op_pos[op_of[i]]) for i, k in zip(mine, layer) if 2 * per[k] >= busiest)
+    return first
+
+
 def _reference(low, g, unit: np.ndarray) -> tuple[list[int], list[int]]:
     """On each ingress port, a transfer after those whose earliest reader unit is earlier (readers
     all in units); on each egress port, by its producer's unit (a producer in a unit); ties by the
-    producer's program position, then node number; an edge between neighbours on a port."""
+    producer's program position, then node number; an edge between neighbours on a port. Only
+    transfers between devices of different stages (``_stages``)."""
     nc, n = low.n_compute, low.kind.shape[0]
     op_of = np.repeat(np.arange(len(low.op_offsets) - 1), np.diff(low.op_offsets))
     pos = _struct_info(low, g).op_pos
+    stage = _stages(low, g, unit)
     link = np.zeros(n, np.int64) if low.link is None else low.link
     producer: dict[int, int] = {}
     for i in range(nc):
@@ -34,7 +58,7 @@ def _reference(low, g, unit: np.ndarray) -> tuple[list[int], list[int]]:
     for side in ("ingress", "egress"):
         rows = []
         for t in range(nc, n):
-            if low.kind[t] != 1:
+            if low.kind[t] != 1 or stage.get(int(low.dev[t]), -1) == stage.get(int(low.dst[t]), -1):
                 continue
             readers = [int(r) for r in low.succ_idx[low.succ_ptr[t]:low.succ_ptr[t + 1]] if r < nc]
             p = producer.get(t)
@@ -92,6 +116,52 @@ def test_port_order_sorts_agree():
     low = Evaluator("h100-sxm-64").lowerer.lower(g)
     unit = pipeline_units(low, g)[0]
     args = (low.n_compute, low.kind, np.asarray(low.succ_ptr, np.int64), low.succ_idx, low.dev, low.dst,
-            low.link, np.asarray(low.op_offsets, np.int64), _struct_info(low, g).op_pos, unit)
+            low.link, np.asarray(low.op_offsets, np.int64), _struct_info(low, g).op_pos, unit,
+            _device_stages(low, g, unit))
     a, b = _port_order_kernel(*args), _port_order_kernel(*args, False)
     assert a[0].size > 100 and np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("family,n,kw", [("llama", 8, dict(pp=4)), ("llama", 64, dict(pp=4)), ("gpt", 64, dict(pp=4))])
+def test_tensor_parallel_pipelines_keep_the_port_order(family, n, kw):
+    """Megatron 3D plans (tensor parallelism inside each stage) get the unit chain and the port
+    order together, and the port order joins only transfers between stages. Ordering the
+    transfers among a stage's own devices too (a partial sum made in a late unit on one peer and
+    read by an early-unit accumulate on another) closed a cycle in every such plan, and the port
+    order was dropped."""
+    from costmodel.lookahead import _acyclic, _unit_chain_edges, lookahead_edges
+
+    g = megatron_3d(workloads.build(family, layers=4, **TINY), n, **kw)
+    low = Evaluator(f"h100-sxm-{n}").lowerer.lower(g)
+    unit = pipeline_units(low, g)[0]
+    cs, cd = _unit_chain_edges(low, g, unit)
+    ts, td = _port_order_edges(low, g, unit)
+    assert ts.size > 0
+    assert _acyclic(low, np.concatenate([cs, ts]), np.concatenate([cd, td]))
+    stage = _device_stages(low, g, unit)
+    assert len(np.unique(stage)) == kw["pp"]
+    ends = np.concatenate([ts, td])
+    assert np.all(stage[low.dev[ends]] != stage[low.dst[ends]])
+    ctl_ptr, _ctl_idx = lookahead_edges(low, g)
+    assert ctl_ptr[-1] >= len(cs) + len(ts)  # lookahead_edges kept both (and the window's)
+
+
+def test_one_moved_shard_keeps_its_devices_stage():
+    """A search's ``move`` of one forward shard of the first stage onto a device of the last
+    leaves every device's stage as it was: the device holds too little of that op to count it.
+    Before, the device became a stage of its own, with a 1F1B order unlike its tensor-parallel
+    peers', and the cycle through their exchanges dropped the pipeline order."""
+    from costmodel.lookahead import _acyclic, _unit_chain_edges
+    from ir.rewrites.shard import move
+
+    g = megatron_3d(workloads.build("llama", layers=4, **TINY), 64, pp=2)
+    ev = Evaluator("h100-sxm-64")
+    low = ev.lowerer.lower(g)
+    before = _device_stages(low, g, pipeline_units(low, g)[0])
+    o = g.ops["l0.resid1"]
+    moved = move(g, "l0.resid1", 1, 40)  # l0 is on the first stage's devices 0-31
+    assert o.shards.device[1] < 32
+    low2 = ev.lowerer.lower(moved)
+    unit, _policy = pipeline_units(low2, moved)
+    assert np.array_equal(_device_stages(low2, moved, unit), before)
+    assert _acyclic(low2, *_unit_chain_edges(low2, moved, unit))
