@@ -280,3 +280,38 @@ def test_recomputed_forward_runs_in_the_backward_units():
     for i in re_ops:  # in the units of the backward (1F1B: after the stage's warm-up forwards)
         assert (units[offs[i]:offs[i + 1]] >= 1).all()
     assert e_rec.peak_memory < 0.8 * e_keep.peak_memory, (e_rec.peak_memory, e_keep.peak_memory)
+
+
+def test_a_placement_against_1f1b_gets_gpipe_order():
+    """A forward op of stage 1 and a backward op of stage 0 each placed on every stage's devices
+    (two ``place`` moves of a search's walk, found by one): 1F1B's unit chain, which interleaves
+    each device's forwards and backwards by its own stage, has a cycle through them. The plan
+    then follows GPipe's order (every device runs all its forward units before its backward
+    ones) instead of no pipeline order at all."""
+    from costmodel.lookahead import _acyclic, _unit_chain_edges
+    from ir import workloads
+    from optimizer.search.baselines import megatron_3d
+
+    step = workloads.build("llama", layers=4, d_model=32, heads=4, kv_heads=2, d_ff=64, vocab=64, seq=8, batch=8,
+                           mode="train")
+    plan = parse_move("place{op=l1.ff_act,devices=[5,6,7,0,1,2,3,4]}; "
+                      "place{op=l0.attn_av.db,devices=[1,2,3,4,5,6,7,0]}").apply(megatron_3d(step, 8, pp=4))
+    ev = Evaluator("h100-sxm-8")
+    low = ev.lowerer.lower(plan)
+    unit, policy = pipeline_units(low, plan)
+    assert policy == "1f1b" and not _acyclic(low, *_unit_chain_edges(low, plan, unit))
+    g_unit, g_policy = pipeline_units(low, plan, "gpipe")
+    assert g_policy == "gpipe"
+    ptr, idx = lookahead_edges(low, plan)
+    edges = set(zip(np.repeat(np.arange(len(ptr) - 1), np.diff(ptr)).tolist(), idx.tolist()))
+    gs, gd = _unit_chain_edges(low, plan, g_unit)
+    assert gs.size and set(zip(gs.tolist(), gd.tolist())) <= edges
+    s = low.simulate((ptr, idx))
+    start = s.start[:low.n_compute]
+    for d in range(8):  # unit by unit: GPipe's units are F0..F(m-1), B0..B(m-1), then the drain
+        on = low.dev[:low.n_compute] == d
+        units = np.unique(g_unit[on & (g_unit >= 0)])
+        assert len(units) >= 5
+        for k in units[:-1]:
+            assert start[on & (g_unit == k)].max() <= start[on & (g_unit > k)].min()
+
