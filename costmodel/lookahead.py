@@ -311,7 +311,7 @@ def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW,
         if ok:
             src.append(ps)
             dst.append(pd)
-            ts, td = _port_order_edges(low, g, pipe[0])
+            ts, td = _port_order_edges(low, g, pipe[0], pipe.stage)
             if ts.size and _acyclic(low, np.concatenate([ps, ts]), np.concatenate([pd, td])):
                 src.append(ts)
                 dst.append(td)
@@ -657,9 +657,18 @@ def _global_ids(o, col: int, ext: int, total: int) -> np.ndarray | None:
     return _op_memo(o, "_mbids", (col, ext, total), run)
 
 
-def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str] | None:
+class PipelineUnits(tuple):
+    """``(unit, policy)`` as ``pipeline_units`` returns them, and ``stage``: each device's stage
+    key (``_first_forward``: the program position of its stage's first forward op, -1 for a
+    device outside the pipeline)."""
+
+    stage: np.ndarray
+
+
+def pipeline_units(low, g: Graph, policy: str = "auto") -> PipelineUnits | None:
     """``(unit position of each compute node in its device's pipeline order (-1: outside the
-    pipeline), policy used)``, or None when the plan has no microbatches or none can be ordered.
+    pipeline), policy used)``, or None when the plan has no microbatches or none can be ordered;
+    its ``stage`` holds each device's stage key.
 
     Units are (phase, microbatch) per device: GPipe runs F0..F(m-1) then B0..B(m-1); 1F1B
     (PipeDream-Flush, Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
@@ -726,7 +735,9 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> tuple[np.ndarray, str
     # the drain: ops computed from the pipeline's results, after every unit of their device
     tail = np.repeat(after_op, counts) & (unit < 0)
     unit[tail] = 2 * m_dev[dev[tail]]
-    return unit, use
+    out = PipelineUnits((unit, use))
+    out.stage = first_f
+    return out
 
 
 def _unit_chain_edges(low, g: Graph, unit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -757,7 +768,7 @@ def _unit_chain_edges(low, g: Graph, unit: np.ndarray) -> tuple[np.ndarray, np.n
     return np.concatenate([src1, src2]).astype(np.int64), np.concatenate([dst1, dst2]).astype(np.int64)
 
 
-def _port_order_edges(low, g: Graph, unit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _port_order_edges(low, g: Graph, unit: np.ndarray, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Control edges so that each port moves the pipeline's point-to-point transfers in unit
     order: on a device's ingress (per link), a transfer whose readers are in unit ``k`` is
     issued after those whose readers are in an earlier unit; on its egress, likewise by the
@@ -786,19 +797,10 @@ def _port_order_edges(low, g: Graph, unit: np.ndarray) -> tuple[np.ndarray, np.n
     if n == nc:
         return _NO_EDGES, _NO_EDGES
     link = np.zeros(n, np.int8) if low.link is None else np.asarray(low.link, np.int8)
-    info = _struct_info(low, g)
     return _port_order_kernel(nc, np.asarray(low.kind), np.asarray(low.succ_ptr, np.int64),
                               np.asarray(low.succ_idx), np.asarray(low.dev), np.asarray(low.dst), link,
-                              np.asarray(low.op_offsets, np.int64), info.op_pos,
-                              np.asarray(unit, np.int64), _device_stages(low, g, unit))
-
-
-def _device_stages(low, g: Graph, unit: np.ndarray) -> np.ndarray:
-    """Each device's pipeline stage as ``pipeline_units`` finds it (``_first_forward``)."""
-    info = _struct_info(low, g)
-    counts = np.diff(np.asarray(low.op_offsets, np.int64))
-    fwd = np.nonzero((np.asarray(unit) >= 0) & (np.repeat(info.op_phase(g), counts) == 0))[0]
-    return _first_forward(low, info, counts, fwd)
+                              np.asarray(low.op_offsets, np.int64), _struct_info(low, g).op_pos,
+                              np.asarray(unit, np.int64), np.asarray(stage, np.int64))
 
 
 def _first_forward(low, info: _StructInfo, counts: np.ndarray, fwd: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from costmodel import Evaluator
-from costmodel.lookahead import _device_stages, _port_order_edges, _struct_info, pipeline_units
+from costmodel.lookahead import _microbatch_of_nodes, _port_order_edges, _struct_info, pipeline_units
 from ir import workloads
 from ir.layers import LAYER_RE
 from ir.rewrites import RewriteError, random_rewrite
@@ -17,16 +17,17 @@ from optimizer.search.baselines import megatron_3d
 TINY = dict(d_model=32, heads=4, kv_heads=2, d_ff=64, vocab=64, seq=8, batch=8, mode="train")
 
 
-def _stages(low, g, unit: np.ndarray) -> dict[int, int]:
-    """Device -> the program position of its first forward op in a unit, among the layers of which
-    it holds at least half as many forward nodes in units as of its busiest layer (the ops outside
-    the layers as one layer more); devices of one stage share it."""
+def _stages(low, g) -> dict[int, int]:
+    """Device -> the program position of its first microbatched forward op, among the layers of
+    which it holds at least half as many microbatched forward nodes as of its busiest layer (the
+    ops outside the layers as one layer more); devices of one stage share it."""
     op_of = np.repeat(np.arange(len(low.op_offsets) - 1), np.diff(low.op_offsets))
     info = _struct_info(low, g)
     phase = info.op_phase(g)
-    nodes: dict[int, list[int]] = {}  # device -> its forward nodes in units
+    mb = _microbatch_of_nodes(low, g)
+    nodes: dict[int, list[int]] = {}  # device -> its microbatched forward nodes
     for i in range(low.n_compute):
-        if unit[i] >= 0 and phase[op_of[i]] == 0:
+        if mb[i] >= 0 and phase[op_of[i]] == 0:
             nodes.setdefault(int(low.dev[i]), []).append(i)
     first: dict[int, int] = {}
     for d, mine in nodes.items():
@@ -46,7 +47,7 @@ def _reference(low, g, unit: np.ndarray) -> tuple[list[int], list[int]]:
     nc, n = low.n_compute, low.kind.shape[0]
     op_of = np.repeat(np.arange(len(low.op_offsets) - 1), np.diff(low.op_offsets))
     pos = _struct_info(low, g).op_pos
-    stage = _stages(low, g, unit)
+    stage = _stages(low, g)
     link = np.zeros(n, np.int64) if low.link is None else low.link
     producer: dict[int, int] = {}
     for i in range(nc):
@@ -98,7 +99,8 @@ def test_port_order_edges_follow_the_rule(family, n, kw):
         units = pipeline_units(low, p)
         if units is None:
             continue
-        s, d = _port_order_edges(low, p, units[0])
+        assert units.stage.tolist() == [_stages(low, p).get(d, -1) for d in range(n)]
+        s, d = _port_order_edges(low, p, units[0], units.stage)
         ref_s, ref_d = _reference(low, p, units[0])
         assert s.dtype == np.int64 and d.dtype == np.int64
         assert s.tolist() == ref_s and d.tolist() == ref_d
@@ -114,10 +116,11 @@ def test_port_order_sorts_agree():
 
     g = megatron_3d(workloads.build("llama", layers=4, **TINY), 64)
     low = Evaluator("h100-sxm-64").lowerer.lower(g)
-    unit = pipeline_units(low, g)[0]
+    units = pipeline_units(low, g)
+    unit = units[0]
     args = (low.n_compute, low.kind, np.asarray(low.succ_ptr, np.int64), low.succ_idx, low.dev, low.dst,
             low.link, np.asarray(low.op_offsets, np.int64), _struct_info(low, g).op_pos, unit,
-            _device_stages(low, g, unit))
+            units.stage)
     a, b = _port_order_kernel(*args), _port_order_kernel(*args, False)
     assert a[0].size > 100 and np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
 
@@ -133,12 +136,12 @@ def test_tensor_parallel_pipelines_keep_the_port_order(family, n, kw):
 
     g = megatron_3d(workloads.build(family, layers=4, **TINY), n, **kw)
     low = Evaluator(f"h100-sxm-{n}").lowerer.lower(g)
-    unit = pipeline_units(low, g)[0]
-    cs, cd = _unit_chain_edges(low, g, unit)
-    ts, td = _port_order_edges(low, g, unit)
+    units = pipeline_units(low, g)
+    cs, cd = _unit_chain_edges(low, g, units[0])
+    ts, td = _port_order_edges(low, g, units[0], units.stage)
     assert ts.size > 0
     assert _acyclic(low, np.concatenate([cs, ts]), np.concatenate([cd, td]))
-    stage = _device_stages(low, g, unit)
+    stage = units.stage
     assert len(np.unique(stage)) == kw["pp"]
     ends = np.concatenate([ts, td])
     assert np.all(stage[low.dev[ends]] != stage[low.dst[ends]])
@@ -157,11 +160,11 @@ def test_one_moved_shard_keeps_its_devices_stage():
     g = megatron_3d(workloads.build("llama", layers=4, **TINY), 64, pp=2)
     ev = Evaluator("h100-sxm-64")
     low = ev.lowerer.lower(g)
-    before = _device_stages(low, g, pipeline_units(low, g)[0])
+    before = pipeline_units(low, g).stage
     o = g.ops["l0.resid1"]
     moved = move(g, "l0.resid1", 1, 40)  # l0 is on the first stage's devices 0-31
     assert o.shards.device[1] < 32
     low2 = ev.lowerer.lower(moved)
-    unit, _policy = pipeline_units(low2, moved)
-    assert np.array_equal(_device_stages(low2, moved, unit), before)
-    assert _acyclic(low2, *_unit_chain_edges(low2, moved, unit))
+    units = pipeline_units(low2, moved)
+    assert np.array_equal(units.stage, before)
+    assert _acyclic(low2, *_unit_chain_edges(low2, moved, units[0]))
