@@ -1,6 +1,6 @@
 """Bounded lookahead and pipeline schedules: devices issue work in program order, at most
 ``window`` nodes ahead; microbatched plans follow a GPipe or 1F1B order per device, and their
-point-to-point transfers follow it on each port (``_port_order_edges``).
+point-to-point transfers between stages follow it on each port (``_port_order_edges``).
 
 The list scheduler (``costmodel.simulate``) starts any ready node as soon as its resources are
 free, in upward-rank order. Real runtimes issue kernels and collectives in *program order* on a
