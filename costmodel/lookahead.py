@@ -293,11 +293,11 @@ def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW,
     """``(ctl_ptr, ctl_idx)``: the control edges of the lookahead and of the pipeline schedule
     (see the module doc), or None. ``pipeline``: ``auto`` (1F1B where the structure allows,
     else GPipe), ``gpipe``, ``1f1b`` (falls back to GPipe where unsafe) or ``off``. Where a
-    placement contradicts 1F1B's interleaving (a search's ``place`` of a first-stage op onto
-    every stage's devices: that op's microbatch ``j`` waits for the later stages' forwards, which
-    1F1B puts after backwards that wait for it), the unit chain has a cycle, and 1F1B gives way to
-    GPipe's order, which needs only each microbatch's own flow to be acyclic; where that fails
-    too, no pipeline order (the list scheduler's)."""
+    placement contradicts 1F1B's interleaving (ops a search's ``place`` spread over every stage's
+    devices: each device then runs another stage's forward or backward work inside its own 1F1B
+    order), the unit chain has a cycle, and 1F1B gives way to GPipe's order, which needs only
+    each microbatch's own flow to be acyclic; where that fails too, no pipeline order (the list
+    scheduler's)."""
     pipe = pipeline_units(low, g, pipeline) if pipeline != "off" else None
     src, dst = [], []
     if pipe is not None:
