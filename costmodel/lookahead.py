@@ -816,7 +816,7 @@ def _first_forward(low, info: _StructInfo, counts: np.ndarray, fwd: np.ndarray) 
     if not fwd.size:
         return none
     op = np.repeat(np.arange(len(counts), dtype=np.int64), counts)[fwd]
-    dev = np.asarray(low.dev, np.int64)[fwd]
+    dev = np.asarray(low.dev)[fwd].astype(np.int64)  # the nodes' devices only, not every node's
     group = info.op_layer[op] + 1  # 0: outside the layers
     n_grp = int(group.max()) + 1
     held = np.bincount(dev * n_grp + group, minlength=n_dev * n_grp).reshape(n_dev, n_grp)
