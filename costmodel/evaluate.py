@@ -49,7 +49,7 @@ from costmodel.gc_pacing import GcPacer
 from costmodel.hardware import Hardware, class_family
 from costmodel.hardware_io import load_hardware
 from costmodel.lowering import Lowered, Lowerer, same_data_flow, kernel_class_of, program_key
-from costmodel.lookahead import DEFAULT_WINDOW, lookahead_edges
+from costmodel.lookahead import DEFAULT_WINDOW, lookahead_tiers
 from costmodel.repetition import Repetition, repetition
 from costmodel.simulate import Schedule
 from ir.graph import SOURCE_ROLES, Graph
@@ -291,7 +291,13 @@ class Evaluator:
         """``g`` simulated whole. ``facts=False``: without its program's facts (bound, FLOPs,
         floor left at 0), for truncations whose own program facts nobody reads."""
         low = self.lowerer.lower(g)
-        s = low.simulate(lookahead_edges(low, g, self.lookahead))
+        s = None
+        for ctl in lookahead_tiers(low, g, self.lookahead):  # the first the data edges leave acyclic
+            s = low.simulate(ctl, cycle_ok=True)
+            if s is not None:
+                break
+        if s is None:  # a cycle in the data edges themselves
+            s = low.simulate(ctl)  # raises SimulationError, naming one cycle
         nc = low.n_compute
         # = schedule_energy(s, hw, kind, dev, dst, alloc), with the per-transfer link energies from the lowering
         energy = energy_breakdown(s.makespan, s.busy_compute, s.used, self.hw.device, low.alloc[nc:],

@@ -33,6 +33,7 @@ Edges only point forward in that order, so no cycle can appear. ``window=0`` dis
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 from itertools import repeat
 from operator import is_, is_not
 
@@ -288,48 +289,54 @@ def _batch_flow(low, g: Graph, info: _StructInfo):
     return flow
 
 
+def lookahead_tiers(low, g: Graph, window: int = DEFAULT_WINDOW,
+                    pipeline: str = "auto") -> Iterator[tuple[np.ndarray, np.ndarray] | None]:
+    """The control-edge sets ``(ctl_ptr, ctl_idx)`` (or None: no edges) a schedule may follow, in
+    order of preference; the first that the data edges leave acyclic is the schedule's. A
+    pipelined plan's are its 1F1B order (``pipeline``: ``auto`` or ``1f1b``) with the port order,
+    then without it, then GPipe's order (``gpipe``, or where a placement contradicts 1F1B's
+    interleaving: ops a search's ``place`` spread over every stage's devices make the unit chain
+    cyclic) with and without the port order, each with the window's edges; the last is the
+    window's alone (edges only forward in program order: always acyclic). The simulator's own
+    topological pass tells whether a set is acyclic (``Evaluator`` tries them in turn), so the
+    usual plan pays for no separate check: a pipelined 70B truncation at 512 GPUs spent ~0.2 s
+    in two of them."""
+    pipe = pipeline_units(low, g, pipeline) if pipeline != "off" else None
+    if pipe is not None:
+        skip = pipe[0] >= 0  # pipeline units have their own order (the same nodes under GPipe's)
+        win = _window_edges(low, g, window, skip) if window > 0 else ([], [])
+        for p in (pipe, pipeline_units(low, g, "gpipe") if pipe[1] == "1f1b" else None):
+            if p is None:
+                continue
+            ps, pd = _unit_chain_edges(low, g, p[0])
+            ts, td = _port_order_edges(low, g, p[0], p.stage)
+            if ts.size:
+                yield _edges_csr(low, [ps, ts] + win[0], [pd, td] + win[1])
+            yield _edges_csr(low, [ps] + win[0], [pd] + win[1])
+    win = _window_edges(low, g, window, None) if window > 0 else ([], [])
+    yield _edges_csr(low, win[0], win[1])
+
+
 def lookahead_edges(low, g: Graph, window: int = DEFAULT_WINDOW,
                     pipeline: str = "auto") -> tuple[np.ndarray, np.ndarray] | None:
     """``(ctl_ptr, ctl_idx)``: the control edges of the lookahead and of the pipeline schedule
-    (see the module doc), or None. ``pipeline``: ``auto`` (1F1B where the structure allows,
-    else GPipe), ``gpipe``, ``1f1b`` (falls back to GPipe where unsafe) or ``off``. Where a
-    placement contradicts 1F1B's interleaving (ops a search's ``place`` spread over every stage's
-    devices: each device then runs another stage's forward or backward work inside its own 1F1B
-    order), the unit chain has a cycle, and 1F1B gives way to GPipe's order, which needs only
-    each microbatch's own flow to be acyclic; where that fails too, no pipeline order (the list
-    scheduler's)."""
-    pipe = pipeline_units(low, g, pipeline) if pipeline != "off" else None
-    src, dst = [], []
-    if pipe is not None:
-        ps, pd = _unit_chain_edges(low, g, pipe[0])
-        ok = _acyclic(low, ps, pd)
-        if not ok and pipeline in ("auto", "1f1b") and pipe[1] == "1f1b":
-            pipe = pipeline_units(low, g, "gpipe")
-            if pipe is not None:
-                ps, pd = _unit_chain_edges(low, g, pipe[0])
-                ok = _acyclic(low, ps, pd)
-        if ok:
-            src.append(ps)
-            dst.append(pd)
-            ts, td = _port_order_edges(low, g, pipe[0], pipe.stage)
-            if ts.size and _acyclic(low, np.concatenate([ps, ts]), np.concatenate([pd, td])):
-                src.append(ts)
-                dst.append(td)
-        else:  # a placement whose stages do not follow the data flow: no pipeline order (and the
-            pipe = None  # port order, whose edges only add to these, cannot mend that)
-    if window > 0:
-        skip = pipe[0] >= 0 if pipe is not None else None
-        ws, wd = _window_edges(low, g, window, skip)
-        src += ws
-        dst += wd
+    (see the module doc), or None: the first of ``lookahead_tiers`` that leaves the data edges
+    acyclic, checked here on its own (the evaluator lets the simulator check)."""
+    for ctl in lookahead_tiers(low, g, window, pipeline):
+        if ctl is None or _acyclic_csr(low, *ctl):
+            return ctl
+    return None  # (unreachable: the last tier, the window's edges, is acyclic)
+
+
+def _edges_csr(low, src: list, dst: list) -> tuple[np.ndarray, np.ndarray] | None:
+    """The CSR of these edge arrays' concatenation over the plan's nodes, or None if none."""
+    src = [s for s in src if s.size]
     if not src:
         return None
-    n = low.kind.shape[0]
+    dst = [d for d in dst if d.size]
     s_new = np.concatenate(src) if len(src) > 1 else src[0]
     d_new = np.concatenate(dst) if len(dst) > 1 else dst[0]
-    if not s_new.size:
-        return None
-    return _csr(n, s_new, d_new)
+    return _csr(low.kind.shape[0], s_new, d_new)
 
 
 @njit(cache=True, nogil=True)
@@ -593,24 +600,39 @@ def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
 
 def _node_microbatches(low, F: _MbFacts) -> np.ndarray | None:
     """``_microbatch_of_nodes`` from the plan's microbatch facts."""
-    nc, total = low.n_compute, F.total
-    counts = np.diff(np.asarray(low.op_offsets, np.int64))
-    mb = np.full(nc, -1, np.int64)
-    has = np.zeros(len(counts), np.bool_)
-    found = [j for j in F.parts if j is not None]
-    if not found:
+    keep = [(k, j) for k, j in enumerate(F.parts) if j is not None]
+    if not keep:
         return None
-    has[F.bc.sel[[k for k, j in enumerate(F.parts) if j is not None]]] = True
-    mb[np.repeat(has, counts)] = np.concatenate(found)  # ops in order: their nodes in order
-    t = mb >= 0
-    # per device: rank of the global microbatch among the device's own
-    dev = np.asarray(low.dev[:nc], np.int64)
-    key = dev[t] * (total + 1) + mb[t]
-    present = np.zeros(low.n_devices * (total + 1), np.int64)  # (device, global microbatch) seen
-    present[key] = 1
-    ranks = np.cumsum(present.reshape(low.n_devices, total + 1), axis=1) - 1
-    mb[t] = ranks.ravel()[key]
+    has = np.zeros(len(low.op_names), np.bool_)
+    has[F.bc.sel[[k for k, _j in keep]]] = True
+    mb = _node_mb_kernel(np.asarray(low.op_offsets, np.int64), has, np.concatenate([j for _k, j in keep]),
+                         np.asarray(low.dev), low.n_devices, F.total)
     return mb if (mb > 0).any() else None
+
+
+@njit(cache=True, nogil=True)
+def _node_mb_kernel(offs, has, found, dev, n_dev, total):
+    """Each compute node's global microbatch (``found``: those of the ops marked in ``has``, their
+    nodes in order; -1 elsewhere), then per device its rank among the device's own."""
+    nc = offs[offs.shape[0] - 1]
+    mb = np.full(nc, -1, np.int64)
+    present = np.zeros((n_dev, total + 1), np.int64)
+    q = 0
+    for o in range(has.shape[0]):
+        if has[o]:
+            for i in range(offs[o], offs[o + 1]):
+                mb[i] = found[q]
+                present[dev[i], found[q]] = 1
+                q += 1
+    for d in range(n_dev):  # rank of each global microbatch among the device's
+        r = -1
+        for j in range(total + 1):
+            r += present[d, j]
+            present[d, j] = r
+    for i in range(nc):
+        if mb[i] >= 0:
+            mb[i] = present[dev[i], mb[i]]
+    return mb
 
 
 def _op_microbatches(o, g: Graph, col: int, n_nodes: int, total: int) -> np.ndarray | None:
@@ -700,41 +722,16 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> PipelineUnits | None:
     mb = _node_microbatches(low, F)
     if mb is None:
         return None
-    nc = low.n_compute
-    counts = np.diff(np.asarray(low.op_offsets, np.int64))
-    phase = np.repeat(op_phase, counts)
-    use = "gpipe" if policy == "gpipe" or not (phase[mb >= 0] == 1).any() or across else "1f1b"
-    dev = np.asarray(low.dev[:nc], np.int64)
-    t = np.nonzero(mb >= 0)[0]
-    first_f = _first_forward(low, info, counts, t[phase[t] == 0])
+    offs = np.asarray(low.op_offsets, np.int64)
+    dev = np.asarray(low.dev)
+    fwd_ops, fwd_dev, any_bwd, m_dev = _pipeline_nodes(offs, op_phase, mb, dev, low.n_devices)
+    use = "gpipe" if policy == "gpipe" or not any_bwd or across else "1f1b"
+    first_f = _first_forward(low, info, fwd_ops, fwd_dev)
     has = first_f >= 0
     stage_ids = np.unique(first_f[has])
     p = len(stage_ids)
-    stage = np.searchsorted(stage_ids, first_f)
-    m_dev = np.zeros(low.n_devices, np.int64)
-    np.maximum.at(m_dev, dev[t], mb[t] + 1)
-    unit = np.full(nc, -1, np.int64)
-    s_dev = np.where(has, stage, p - 1)
-    key_dev = s_dev * (int(m_dev.max()) + 1) + m_dev  # devices of one stage and microbatch count share a table
-    kt = key_dev[dev[t]]
-    for key in np.unique(kt):
-        s, m = int(s_dev[np.argmax(key_dev == key)]), int(m_dev[np.argmax(key_dev == key)])
-        seq = [(0, j) for j in range(m)] + [(1, j) for j in range(m)]
-        if use == "1f1b":
-            w = min(p - s - 1, m)
-            seq = [(0, j) for j in range(w)]
-            for i in range(m):
-                if i + w < m:
-                    seq.append((0, i + w))
-                seq.append((1, i))
-        tab = np.zeros((2, m), np.int64)
-        for k, (ph, j) in enumerate(seq):
-            tab[ph, j] = k
-        sel = t[kt == key]
-        unit[sel] = tab[phase[sel], mb[sel]]
-    # the drain: ops computed from the pipeline's results, after every unit of their device
-    tail = np.repeat(after_op, counts) & (unit < 0)
-    unit[tail] = 2 * m_dev[dev[tail]]
+    s_dev = np.where(has, np.searchsorted(stage_ids, first_f), p - 1)
+    unit = _units_kernel(offs, op_phase, np.asarray(after_op, np.bool_), mb, dev, s_dev, m_dev, p, use == "1f1b")
     out = PipelineUnits((unit, use))
     out.stage = first_f
     return out
@@ -744,28 +741,60 @@ def _unit_chain_edges(low, g: Graph, unit: np.ndarray) -> tuple[np.ndarray, np.n
     """Control edges so that each device runs its units in order: the first node (in program
     order) of unit ``k + 1`` starts once every node of unit ``k`` has started, and the other
     nodes of unit ``k + 1`` once that first node has."""
-    t = np.nonzero(unit >= 0)[0]
-    if not t.size:
+    return _unit_chain_kernel(np.asarray(low.dev[:low.n_compute]), np.asarray(unit, np.int64), low.n_devices)
+
+
+@njit(cache=True, nogil=True)
+def _unit_chain_kernel(dev, unit, n_dev):
+    """``_unit_chain_edges`` by a counting sort of the pipeline's nodes on (device, unit): node
+    indices follow program order (the lowering numbers ops in program order), so each group's
+    nodes stay in program order. Edges: every node of a group to the first of the device's next
+    group, then each group's first node to its others (a NumPy lexsort took ~30 ms on a pipelined
+    70B truncation)."""
+    nc = unit.shape[0]
+    n_units = 0
+    cnt = 0
+    for i in range(nc):
+        if unit[i] >= 0:
+            cnt += 1
+            if unit[i] + 1 > n_units:
+                n_units = unit[i] + 1
+    if cnt == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    counts = np.diff(np.asarray(low.op_offsets, np.int64))
-    node_pos = np.repeat(_struct_info(low, g).op_pos, counts)
-    dev = np.asarray(low.dev[:low.n_compute], np.int64)
-    o = t[np.lexsort((t, node_pos[t], unit[t], dev[t]))]
-    d, u = dev[o], unit[o]
-    new = np.ones(len(o), bool)
-    new[1:] = (d[1:] != d[:-1]) | (u[1:] != u[:-1])
-    gid = np.cumsum(new) - 1
-    starts = np.nonzero(new)[0]
-    gdev = d[starts]
-    has_next = np.zeros(len(starts), bool)
-    has_next[:-1] = gdev[1:] == gdev[:-1]
-    # every node of group k -> first node of group k + 1 (same device)
-    a = np.nonzero(has_next[gid])[0]
-    src1, dst1 = o[a], o[starts[gid[a] + 1]]
-    # first node of a group -> the group's other nodes
-    b = np.nonzero(~new)[0]
-    src2, dst2 = o[starts[gid[b]]], o[b]
-    return np.concatenate([src1, src2]).astype(np.int64), np.concatenate([dst1, dst2]).astype(np.int64)
+    start = np.zeros(n_dev * n_units + 1, np.int64)
+    for i in range(nc):
+        if unit[i] >= 0:
+            start[dev[i] * n_units + unit[i] + 1] += 1
+    for k in range(n_dev * n_units):
+        start[k + 1] += start[k]
+    fill = start[:-1].copy()
+    o = np.empty(cnt, np.int64)
+    for i in range(nc):
+        if unit[i] >= 0:
+            k = dev[i] * n_units + unit[i]
+            o[fill[k]] = i
+            fill[k] += 1
+    src = np.empty(2 * cnt, np.int64)
+    dst = np.empty(2 * cnt, np.int64)
+    e = 0
+    for d in range(n_dev):  # every node of a group -> the first node of the device's next group
+        prev = -1
+        for u in range(n_units):
+            k = d * n_units + u
+            if start[k + 1] == start[k]:
+                continue
+            if prev >= 0:
+                for q in range(start[prev], start[prev + 1]):
+                    src[e] = o[q]
+                    dst[e] = o[start[k]]
+                    e += 1
+            prev = k
+    for k in range(n_dev * n_units):  # a group's first node -> its other nodes
+        for q in range(start[k] + 1, start[k + 1]):
+            src[e] = o[start[k]]
+            dst[e] = o[q]
+            e += 1
+    return src[:e].copy(), dst[:e].copy()
 
 
 def _port_order_edges(low, g: Graph, unit: np.ndarray, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -803,9 +832,10 @@ def _port_order_edges(low, g: Graph, unit: np.ndarray, stage: np.ndarray) -> tup
                               np.asarray(unit, np.int64), np.asarray(stage, np.int64))
 
 
-def _first_forward(low, info: _StructInfo, counts: np.ndarray, fwd: np.ndarray) -> np.ndarray:
-    """Per device, the program position of the first forward op it runs in the pipeline (nodes
-    ``fwd``), or -1: devices of one stage share it, and its order is the stages' order. Only the
+def _first_forward(low, info: _StructInfo, op: np.ndarray, dev: np.ndarray) -> np.ndarray:
+    """Per device, the program position of the first forward op it runs in the pipeline (its
+    forward nodes' ops ``op`` on devices ``dev``), or -1: devices of one stage share it, and its
+    order is the stages' order. Only the
     layers a device holds its share of count (at least half the forward nodes of its busiest
     layer; the ops outside the layers count as one more): one shard moved onto a device of
     another stage (a search's ``move``) would otherwise make that device a stage of its own, whose
@@ -813,10 +843,8 @@ def _first_forward(low, info: _StructInfo, counts: np.ndarray, fwd: np.ndarray) 
     (the pipeline order was then dropped)."""
     n_dev = low.n_devices
     none = np.full(n_dev, -1, np.int64)
-    if not fwd.size:
+    if not op.size:
         return none
-    op = np.repeat(np.arange(len(counts), dtype=np.int64), counts)[fwd]
-    dev = np.asarray(low.dev)[fwd].astype(np.int64)  # the nodes' devices only, not every node's
     group = info.op_layer[op] + 1  # 0: outside the layers
     n_grp = int(group.max()) + 1
     held = np.bincount(dev * n_grp + group, minlength=n_dev * n_grp).reshape(n_dev, n_grp)
@@ -825,6 +853,65 @@ def _first_forward(low, info: _StructInfo, counts: np.ndarray, fwd: np.ndarray) 
     first = np.full(n_dev, np.iinfo(np.int64).max)
     np.minimum.at(first, dev[keep], info.op_pos[op[keep]])
     return np.where(first < np.iinfo(np.int64).max, first, none)
+
+
+@njit(cache=True, nogil=True)
+def _pipeline_nodes(offs, op_phase, mb, dev, n_dev):
+    """Of the microbatched compute nodes (``mb >= 0``): the forward ones' ops and devices,
+    whether any is in the backward, and each device's microbatch count."""
+    n_fwd = 0
+    for o in range(offs.shape[0] - 1):
+        if op_phase[o] == 0:
+            for i in range(offs[o], offs[o + 1]):
+                if mb[i] >= 0:
+                    n_fwd += 1
+    ops = np.empty(n_fwd, np.int64)
+    devs = np.empty(n_fwd, np.int64)
+    m_dev = np.zeros(n_dev, np.int64)
+    any_bwd = False
+    k = 0
+    for o in range(offs.shape[0] - 1):
+        for i in range(offs[o], offs[o + 1]):
+            if mb[i] < 0:
+                continue
+            if mb[i] + 1 > m_dev[dev[i]]:
+                m_dev[dev[i]] = mb[i] + 1
+            if op_phase[o] == 0:
+                ops[k] = o
+                devs[k] = dev[i]
+                k += 1
+            else:
+                any_bwd = True
+    return ops, devs, any_bwd, m_dev
+
+
+@njit(cache=True, nogil=True)
+def _units_kernel(offs, op_phase, after_op, mb, dev, s_dev, m_dev, p, one_f_one_b):
+    """Each compute node's unit in its device's order (``pipeline_units``), in closed form: GPipe
+    runs forward ``j`` as unit ``j`` and backward ``j`` as ``m + j``; 1F1B on stage ``s`` with
+    ``w = min(p - s - 1, m)`` warm-up forwards runs forward ``j`` at ``j`` (``j < w``) or
+    ``w + 2(j - w)``, and backward ``j`` at ``w + 2j + 1`` (``j < m - w``) or ``m + j``; the
+    drain's nodes (``after_op``) at ``2m``; -1 outside the pipeline."""
+    nc = mb.shape[0]
+    unit = np.full(nc, -1, np.int64)
+    for o in range(offs.shape[0] - 1):
+        for i in range(offs[o], offs[o + 1]):
+            j = mb[i]
+            d = dev[i]
+            m = m_dev[d]
+            if j < 0:
+                if after_op[o]:
+                    unit[i] = 2 * m
+                continue
+            if not one_f_one_b:
+                unit[i] = op_phase[o] * m + j
+                continue
+            w = min(p - s_dev[d] - 1, m)
+            if op_phase[o] == 0:
+                unit[i] = j if j < w else w + 2 * (j - w)
+            else:
+                unit[i] = w + 2 * j + 1 if j < m - w else m + j
+    return unit
 
 
 _NO_EDGES = np.zeros(0, np.int64)
@@ -974,5 +1061,9 @@ def _acyclic(low, src: np.ndarray, dst: np.ndarray) -> bool:
     """Whether data edges plus these control edges still order every node (a placement the
     pipeline order contradicts would otherwise deadlock the simulated schedule)."""
     n = low.kind.shape[0]
-    c_ptr, c_idx = _csr(n, np.asarray(src, np.int64), np.asarray(dst, np.int64))  # (edge order is immaterial)
-    return bool(_kahn_complete(n, np.asarray(low.succ_ptr, np.int64), low.succ_idx, c_ptr, c_idx))
+    return _acyclic_csr(low, *_csr(n, np.asarray(src, np.int64), np.asarray(dst, np.int64)))
+
+
+def _acyclic_csr(low, c_ptr: np.ndarray, c_idx: np.ndarray) -> bool:
+    """``_acyclic`` of control edges given as a CSR."""
+    return bool(_kahn_complete(low.kind.shape[0], np.asarray(low.succ_ptr, np.int64), low.succ_idx, c_ptr, c_idx))

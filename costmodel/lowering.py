@@ -163,12 +163,13 @@ class Lowered:
         self.op_reads = None  # int64 per op: how many inputs it reads (set with ``flow``)
         self.op_split = None  # bool per op: a split reduction's partial op (set with ``flow``)
 
-    def simulate(self, ctl=None, contention: float | None = None):
+    def simulate(self, ctl=None, contention: float | None = None, cycle_ok: bool = False):
         """The schedule of these arrays (``costmodel.simulate.simulate_arrays``, ports and
         collectives included); ``ctl``: control edges ``(ctl_ptr, ctl_idx)`` such as
         ``costmodel.lookahead.lookahead_edges`` gives, or None; ``contention``: the slowdown of
         compute overlapped by communication (default: the lowering hardware's
-        ``Hardware.contention``; 1 = none)."""
+        ``Hardware.contention``; 1 = none); ``cycle_ok``: None for a cyclic graph instead of
+        raising ``SimulationError``."""
         if contention is None:
             contention = self.contention
         from costmodel.simulate import simulate_arrays
@@ -177,7 +178,7 @@ class Lowered:
         return simulate_arrays(self.kind, self.dev, self.dst, self.dur, self.succ_ptr, self.succ_idx, self.alloc,
                                self.resident, self.n_devices, lat=self.lat, link=self.link, part_ptr=self.part_ptr,
                                part_dev=self.part_dev, part_alloc=self.part_alloc, ctl_ptr=ctl_ptr, ctl_idx=ctl_idx,
-                               contention=contention, acc=self.acc)
+                               contention=contention, acc=self.acc, cycle_ok=cycle_ok)
 
     @property
     def elapsed(self) -> np.ndarray:

@@ -886,11 +886,13 @@ def _validate_ports(kind, link, part_ptr, part_dev, part_alloc, n_devices) -> No
 
 def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
                     n_devices: int, *, lat=None, keep=None, link=None, part_ptr=None, part_dev=None,
-                    part_alloc=None, ctl_ptr=None, ctl_idx=None, contention: float = 1.0, acc=None) -> Schedule:
+                    part_alloc=None, ctl_ptr=None, ctl_idx=None, contention: float = 1.0, acc=None,
+                    cycle_ok: bool = False) -> Schedule | None:
     """Fast path: arrays already of the contract's dtypes (``lat``: float64[n] or None for zeros;
     ``keep``: bool[n] or None), contiguous and valid. Unchecked: out-of-range indices or
     negative/NaN durations or latencies here are undefined behaviour (wrong results or a crash).
-    Still raises on a cycle."""
+    Still raises on a cycle, or with ``cycle_ok`` returns None (a caller with other control edges
+    to try: ``costmodel.lookahead.lookahead_tiers``)."""
     if lat is None:
         lat = np.zeros(kind.shape[0], np.float64)
     if keep is None:
@@ -908,6 +910,8 @@ def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, reside
                               int(n_devices), keep, link, part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx,
                               float(contention), acc)
     if status != 0:
+        if cycle_ok:
+            return None
         cyc = _find_cycle(kind.shape[0], succ_ptr, succ_idx, order[:n_topo])
         raise SimulationError(
             f"the task graph has a cycle ({kind.shape[0] - n_topo} of {kind.shape[0]} nodes cannot be "

@@ -315,3 +315,33 @@ def test_a_placement_against_1f1b_gets_gpipe_order():
         for k in units[:-1]:
             assert start[on & (g_unit == k)].max() <= start[on & (g_unit > k)].min()
 
+
+
+def test_the_evaluator_follows_the_first_acyclic_tier():
+    """``Evaluator`` lets the simulator's own topological pass pick the first acyclic control-edge
+    set of ``lookahead_tiers`` (no separate check): on the plan above, whose 1F1B chain is cyclic,
+    its schedule is the one of ``lookahead_edges``' choice (GPipe's order), and a cyclic tier
+    simulated with ``cycle_ok`` gives None where it would raise."""
+    from costmodel.lookahead import lookahead_tiers
+    from costmodel.simulate import SimulationError
+    from ir import workloads
+    from optimizer.search.baselines import megatron_3d
+
+    step = workloads.build("llama", layers=4, d_model=32, heads=4, kv_heads=2, d_ff=64, vocab=64, seq=8, batch=8,
+                           mode="train")
+    plan = parse_move("place{op=l1.ff_act,devices=[5,6,7,0,1,2,3,4]}; "
+                      "place{op=l0.attn_av.db,devices=[1,2,3,4,5,6,7,0]}").apply(megatron_3d(step, 8, pp=4))
+    ev = Evaluator("h100-sxm-8")
+    low = ev.lowerer.lower(plan)
+    tiers = list(lookahead_tiers(low, plan))
+    assert len(tiers) == 5  # 1F1B with and without the port order, GPipe's likewise, the window's
+    assert low.simulate(tiers[0], cycle_ok=True) is None
+    with pytest.raises(SimulationError, match="cycle"):
+        low.simulate(tiers[1])
+    chosen = low.simulate(lookahead_edges(low, plan))
+    assert ev(plan).makespan == chosen.makespan
+    plain = megatron_3d(step, 8, pp=4)  # the unmoved plan keeps 1F1B with its port order: the first tier
+    low0 = ev.lowerer.lower(plain)
+    first = next(iter(lookahead_tiers(low0, plain)))
+    assert ev(plain).makespan == low0.simulate(first).makespan
+    assert ev(plain).makespan != low0.simulate(list(lookahead_tiers(low0, plain))[-1]).makespan
