@@ -471,8 +471,8 @@ def _window_kernel(dev_in, offs, fetch_reader, skip, has_skip, window, nd, n, su
 
 POLICIES = ("auto", "gpipe", "1f1b", "off")
 class _MbFacts:
-    """Per op with a batch column (``_BatchCols.sel`` order), for one plan: the op, whether some
-    device holds several of its batch pieces, its number of distinct batch starts, and the
+    """Per op with a batch column (``_BatchCols.sel`` order), for one plan: the op, whether its
+    devices hold several of its batch pieces (``_shard_starts``), its number of distinct batch starts, and the
     global microbatch of each shard (``parts``, for the plan's ``total``)."""
 
     __slots__ = ("bc", "ops", "several", "starts", "total", "parts", "_ids")
@@ -587,10 +587,10 @@ def _microbatch_parts(low, g: Graph) -> tuple[_StructInfo, _MbFacts] | None:
 
 def _microbatch_of_nodes(low, g: Graph) -> np.ndarray | None:
     """Microbatch index of each compute node (-1: not microbatched), or None when no op has
-    several shards along its batch dim on one device.
+    several shards along its batch dim per device (on average: ``_shard_starts``).
 
     The plan's ``M`` global microbatches are those of its most coarsely microbatched op (the
-    fewest distinct batch starts among ops with several batch pieces on a device;
+    fewest distinct batch starts among microbatched ops;
     ``ir.rewrites.pipeline.microbatch`` cuts every op at the same global boundaries). A shard
     lying inside global microbatch ``j`` gets ``j``; then, per device, ``j`` is replaced by its
     rank among the microbatches that device runs (its data-parallel replica's ``m``)."""
@@ -657,12 +657,17 @@ def _op_memo(o, name: str, key: tuple, fn):
 
 
 def _shard_starts(o, col: int) -> tuple[bool, int]:
-    """(some device holds several batch starts of op ``o``, number of distinct batch starts)."""
+    """(op ``o``'s devices hold at least two of its batch starts each on average, number of
+    distinct batch starts). The average, as the lowering's ``_microbatched``: ``microbatch`` cuts
+    every device's shard in ``m >= 2``, while one shard a search moved beside another (one device
+    with two batch starts, the rest with one) is no microbatch; counted as one, it made a
+    single-stage "pipeline" whose 1F1B and GPipe orders the simulator tried in turn on every
+    such child of a 70B walk."""
     def run():
         sh = o.shards
         lo, d = sh.lo[:, col], sh.device
         pairs = np.unique(d * (int(lo.max()) + 1) + lo)
-        return bool(len(pairs) > len(np.unique(d))), int(len(np.unique(lo)))
+        return bool(len(pairs) >= 2 * len(np.unique(d))), int(len(np.unique(lo)))
     return _op_memo(o, "_mbstarts", (col,), run)
 
 
