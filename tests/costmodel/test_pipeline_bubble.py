@@ -216,6 +216,27 @@ def test_plans_without_microbatches_get_no_pipeline_order():
         pipeline_units(ev.lowerer.lower(staged), staged, "zigzag")
 
 
+def test_a_shard_moved_beside_another_is_no_microbatch():
+    """Data parallelism over 8 devices with one shard of an op moved onto a device that holds
+    another: that device runs two batch pieces of the op, the others one. As in the lowering
+    (``_microbatched``: two per device on average), that is no microbatch, so the plan gets no
+    pipeline order (it made a single-stage pipeline whose 1F1B order was cyclic); cut into
+    microbatches, it does."""
+    from ir import workloads
+
+    step = workloads.build("gpt", mode="train", layers=2, d_model=8, heads=2, vocab=10, seq=4, batch=8)
+    dp = parse_move("layout{ops=all,mesh=8,use=b,node=8}").apply(step)
+    ev = Evaluator("h100-sxm-8")
+    assert pipeline_units(ev.lowerer.lower(dp), dp) is None
+    moved = parse_move("move{op=l0.ff_act,shard=3,device=4}").apply(dp)
+    on = moved.ops["l0.ff_act"].shards.device
+    assert (on == 4).sum() == 2 and len(np.unique(on)) == 7
+    low = ev.lowerer.lower(moved)
+    assert pipeline_units(low, moved) is None and _microbatch_of_nodes(low, moved) is None
+    cut = parse_move("microbatch{ops=all,m=2}").apply(step)
+    assert pipeline_units(ev.lowerer.lower(cut), cut) is not None
+
+
 def test_tensor_parallel_stages_get_one_pipeline_order():
     """Under TP a weightless op (layernorm) may have its batch split over the stage's devices
     already; microbatches are cut at global boundaries, so every op of microbatch j is in unit j
