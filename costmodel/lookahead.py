@@ -305,7 +305,8 @@ def lookahead_tiers(low, g: Graph, window: int = DEFAULT_WINDOW,
     if pipe is not None:
         skip = pipe[0] >= 0  # pipeline units have their own order (the same nodes under GPipe's)
         win = _window_edges(low, g, window, skip) if window > 0 else ([], [])
-        for p in (pipe, pipeline_units(low, g, "gpipe") if pipe[1] == "1f1b" else None):
+        for k in range(2 if pipe[1] == "1f1b" else 1):
+            p = pipe if k == 0 else pipeline_units(low, g, "gpipe")  # (GPipe's only once 1F1B's failed)
             if p is None:
                 continue
             ps, pd = _unit_chain_edges(low, g, p[0])

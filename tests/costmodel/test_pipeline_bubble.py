@@ -363,6 +363,15 @@ def test_the_evaluator_follows_the_first_acyclic_tier():
     assert ev(plan).makespan == chosen.makespan
     plain = megatron_3d(step, 8, pp=4)  # the unmoved plan keeps 1F1B with its port order: the first tier
     low0 = ev.lowerer.lower(plain)
-    first = next(iter(lookahead_tiers(low0, plain)))
+    import costmodel.lookahead as la
+
+    calls = []
+    real = la.pipeline_units
+    la.pipeline_units = lambda *a, **k: calls.append(a[2:]) or real(*a, **k)
+    try:
+        first = next(iter(lookahead_tiers(low0, plain)))
+    finally:
+        la.pipeline_units = real
+    assert calls == [("auto",)]  # GPipe's units only once 1F1B's tiers have failed
     assert ev(plain).makespan == low0.simulate(first).makespan
     assert ev(plain).makespan != low0.simulate(list(lookahead_tiers(low0, plain))[-1]).makespan
