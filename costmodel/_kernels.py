@@ -583,6 +583,69 @@ def exchanges(src, dst, n_devices):
 
 
 @njit(cache=True, nogil=True)
+def _root(parent, a):
+    while parent[a] != a:
+        parent[a] = parent[parent[a]]
+        a = parent[a]
+    return a
+
+
+@njit(cache=True, nogil=True)
+def shard_exchanges(rows, L, T, n_prod, r_counts, p_dev, n_devices):
+    """The independent exchanges of a microbatched group, by union-find over *shards* rather
+    than devices: a producer shard and the reader shards it feeds (``rows``: the group kernel's
+    L local, T transfer and Q transfer->reader rows) are one exchange, so each microbatch's
+    exchange among the same devices is its own. Returns the exchange of each transfer row,
+    numbered in order of first transfer, and their count, or -1 when an exchange holds two
+    producer shards on one device (partials of several microbatches reduced together: the
+    group stays point to point)."""
+    n_read = 0
+    for k in range(r_counts.shape[0]):
+        n_read += r_counts[k]
+    r_off = np.zeros(r_counts.shape[0] + 1, np.int64)
+    for k in range(r_counts.shape[0]):
+        r_off[k + 1] = r_off[k] + r_counts[k]
+    parent = np.arange(n_prod + n_read)
+    used = np.zeros(n_prod, np.bool_)
+    Q = rows.shape[0] - L - T
+    for i in range(L + Q):
+        if i < L:
+            p = rows[i, 0]
+            c = n_prod + r_off[rows[i, 1]] + rows[i, 2]
+        else:
+            q = L + T + (i - L)
+            p = rows[L + rows[q, 0], 0]
+            c = n_prod + r_off[rows[q, 1]] + rows[q, 2]
+        used[p] = True
+        a = _root(parent, p)
+        b = _root(parent, c)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    number = np.full(n_prod + n_read, -1, np.int64)
+    out = np.empty(T, np.int64)
+    k = 0
+    for t in range(T):
+        a = _root(parent, rows[L + t, 0])
+        if number[a] < 0:
+            number[a] = k
+            k += 1
+        out[t] = number[a]
+    keys = np.empty(n_prod, np.int64)  # (exchange, device) of each producer shard taking part
+    m = 0
+    for p in range(n_prod):
+        if used[p]:
+            e = number[_root(parent, p)]
+            if e >= 0:
+                keys[m] = e * n_devices + p_dev[p]
+                m += 1
+    keys = np.sort(keys[:m])
+    for i in range(1, m):
+        if keys[i] == keys[i - 1]:
+            return out, -1
+    return out, k
+
+
+@njit(cache=True, nogil=True)
 def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, res, n_dev, g_state, op_inplace,
              g_coll, c_parts):
     """Flat simulator arrays from the per-op and per-group pieces (see ``Lowerer._assemble``).

@@ -24,11 +24,15 @@ destinations); between two devices it stays point to point, which is what NCCL's
 does. (A 512-way reshuffle sent point to point is 261,632 simulator nodes; as an all-to-all, one.)
 A collective is one
 simulator node that holds the ports of every participating device (NVLink ports, and NIC ports
-if it crosses nodes) for its duration: all ranks of a NCCL collective progress together. A
+if it crosses nodes) for its duration: all ranks of a NCCL collective progress together. In a
 group whose producer or readers are microbatched (at least two shards per device on average;
-``costmodel.lowering._microbatched``) stays point to point, unless its data holds no batch (a
-state, or its cast): one collective over microbatches would make each wait for all of them; a
-weight read by every microbatch is gathered once.
+``costmodel.lowering._microbatched``) the exchanges are found over shards instead of devices
+(``_kernels.shard_exchanges``), so each microbatch's exchange among the same devices is a
+collective of its own (Megatron-LM's tensor-parallel reduction per microbatch), never one over
+all microbatches (which would make each wait for all of them); such a group stays point to point
+where an exchange sends a microbatch's data to devices that hold none of it (a pipeline's send
+between stages, posted rank to rank) or reduces several microbatches' partials together. A
+weight read by every microbatch (data holding no batch: a state, or its cast) is gathered once.
 
 Cost (NCCL's algorithms; nccl-tests ``doc/PERFORMANCE.md`` defines algorithm and bus bandwidth):
 with ``S`` the collective's buffer size in bytes (the whole gathered / reduced tensor), ``n``

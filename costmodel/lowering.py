@@ -814,15 +814,20 @@ class Lowerer:
                                             self.hw.n_devices, st.g_item[gi], *self._links)
         counts = np.append(counts, (0, 0))
         coll, parts, cost = _NO_COLL, _NO_PARTS, None
-        # a microbatched producer or reader (``_microbatched``) keeps its transfers point to
-        # point: one collective over all of them would wait for every microbatch and serialise
-        # the pipeline. Except the reads of what holds no batch (a loop-carried state, or an op
-        # computed from states only: a weight's cast to bf16): every microbatch on a device
-        # needs the same data, gathered once, as FSDP does; no microbatch then waits for another.
-        if self.collectives and counts[1] >= 2 and not _microbatched(pp) and (
-                batch_free or not any(_microbatched(pieces[r]) for r, _ in readers)):
-            reduce = all(ops[r].kernel == "accumulate" for r, _ in readers)
-            coll, parts, cost, ex = self._collectives(counts, ints, flts, pp.dev, reduce)
+        # a microbatched producer or reader (``_microbatched``): one collective per microbatch's
+        # exchange among peers, found over shards, not devices (``shard_exchanges``), as
+        # Megatron-LM runs each microbatch's tensor-parallel reductions and gathers (one over all
+        # microbatches would wait for every one and serialise the pipeline; as point-to-point
+        # transfers, a 70B 3D plan on 512 GPUs had 1.1 million). A group with an exchange from
+        # some devices to others (a pipeline's send between stages, which Megatron-LM posts
+        # rank to rank, in order: ``lookahead``'s port order) stays point to point. The reads of
+        # what holds no batch (a loop-carried state, or an op computed from states only: a
+        # weight's cast to bf16) are one collective for every microbatch on a device: the same
+        # data, gathered once, as FSDP does.
+        reduce = all(ops[r].kernel == "accumulate" for r, _ in readers)
+        mb = _microbatched(pp) or (not batch_free and any(_microbatched(pieces[r]) for r, _ in readers))
+        if self.collectives and counts[1] >= 2:
+            coll, parts, cost, ex = self._collectives(counts, ints, flts, pp.dev, reduce, r_counts if mb else None)
             if cost is not None:
                 counts[3], counts[4] = parts.shape[0], coll.shape[0]
                 counts, ints, flts, sizes = _compact_collective(counts, ints, flts, *ex)
@@ -833,11 +838,13 @@ class Lowerer:
         self._trim()
         return piece
 
-    def _collectives(self, counts, ints, flts, p_dev, reduce: bool):
+    def _collectives(self, counts, ints, flts, p_dev, reduce: bool, r_counts: np.ndarray | None = None):
         """(coll, parts, costs, (t_ex, q_ex, C)) when a group's transfers are collectives, one
-        per independent exchange (``_exchanges``; each must be one), else no collective."""
+        per independent exchange (``_exchanges``; each must be one), else no collective. With
+        ``r_counts`` (the reader shards of each reader: a microbatched group), the exchanges are
+        found over shards (``_kernels.shard_exchanges``): one per microbatch."""
         none = _NO_COLL, _NO_PARTS, None, None
-        L, T = int(counts[0]), int(counts[1])
+        L, T, Q = int(counts[0]), int(counts[1]), int(counts[2])
         rows = ints[L:L + T]
         shard = rows[:, 0]
         src = p_dev[shard]
@@ -845,9 +852,18 @@ class Lowerer:
         if np.count_nonzero(np.bincount(np.concatenate((src, dst)), minlength=self.hw.n_devices)) < C.MIN_RANKS:
             return none  # the common case, decided without sorting
         nbytes, epb = flts[:, 0], flts[:, 2]
-        t_ex, q_ex, n_ex = _exchanges(ints[:L + T + int(counts[2])], L, T, src, self.hw.n_devices)
+        if r_counts is None:
+            t_ex, q_ex, n_ex = _exchanges(ints[:L + T + Q], L, T, src, self.hw.n_devices)
+        else:
+            t_ex, n_ex = K.shard_exchanges(ints[:L + T + Q], L, T, p_dev.shape[0], r_counts,
+                                           np.ascontiguousarray(p_dev, np.int64), self.hw.n_devices)
+            if n_ex < 0:
+                return none
+            q_ex = t_ex[ints[L + T:L + T + Q, 0]]
         rows_, parts, costs = [], [], []
         for sel in _rows_of(t_ex, n_ex):
+            if r_counts is not None and not np.isin(dst[sel], src[sel]).all():
+                return none  # a microbatch's data sent to other devices: a pipeline's send
             one = self._collective(src[sel], dst[sel], nbytes[sel], shard[sel], epb[sel], reduce)
             if one is None:
                 return none

@@ -278,3 +278,74 @@ def test_each_data_parallel_replica_reduces_on_its_own():
         assert sorted(low.dev[outs].tolist()) == list(range(8 * r, 8 * r + 8))
     e = Evaluator(HW64)(g)
     assert e.feasible
+
+
+def test_shard_exchanges_split_microbatches_and_refuse_mixed_partials():
+    """``_kernels.shard_exchanges``: two microbatches' partials on devices 0-2, each reduced into
+    its own microbatch's accumulate shards on the same devices, are two exchanges (over devices
+    they would be one); partials of both microbatches reduced into one shard per device (an
+    accumulation across microbatches) are refused (-1: the group stays point to point)."""
+    from costmodel._kernels import shard_exchanges
+
+    # producer shard p = 3·j + d (microbatch j on device d); reader shard 3·j + e on device e
+    p_dev = np.array([0, 1, 2, 0, 1, 2], np.int64)
+    local, trans, reads = [], [], []
+    for j in range(2):
+        for d in range(3):
+            for e in range(3):
+                if d == e:
+                    local.append((3 * j + d, 0, 3 * j + e))
+                else:
+                    reads.append((len(trans), 0, 3 * j + e))
+                    trans.append((3 * j + d, e, 0))
+    rows = np.array(local + trans + reads, np.int64)
+    ex, n = shard_exchanges(rows, len(local), len(trans), 6, np.array([6], np.int64), p_dev, 8)
+    assert n == 2
+    assert ex.tolist() == [0] * 6 + [1] * 6  # the first six transfers are microbatch 0's
+    # one accumulate shard per device for both microbatches: reader shard e
+    rows2 = rows.copy()
+    rows2[:, 2] = np.where(np.arange(len(rows)) < len(local), rows[:, 2] % 3, rows[:, 2])
+    rows2[len(local) + len(trans):, 2] %= 3
+    ex2, n2 = shard_exchanges(rows2, len(local), len(trans), 6, np.array([3], np.int64), p_dev, 8)
+    assert n2 == -1
+
+
+def test_each_microbatch_reduces_in_its_own_collective():
+    """A Megatron 3D plan (tiny llama on 64 GPUs: tensor parallelism over each node's 8 GPUs x 2
+    data-parallel replicas x 4 stages, 8 microbatches): each microbatch's tensor-parallel
+    reduction of ``o_proj`` is one collective among its replica's 8 devices, fed by that
+    microbatch's partials and feeding that microbatch's accumulate shards only (16 per layer:
+    8 microbatches x 2 replicas; they were 56 point-to-point transfers each); the sends between
+    the stages stay point to point."""
+    from costmodel.lookahead import _microbatch_of_nodes, pipeline_units
+    from ir import workloads
+    from optimizer.search.baselines import megatron_3d
+
+    step = workloads.build("llama", layers=4, d_model=64, heads=8, kv_heads=8, d_ff=128, vocab=64, seq=16,
+                           batch=16, mode="train")
+    plan = megatron_3d(step, 64, pp=4)
+    low = Lowerer(HW64, collectives=True).lower(plan)
+    nc, n = low.n_compute, low.kind.shape[0]
+    mb = _microbatch_of_nodes(low, plan)
+    names = np.array(low.op_names)
+    preds: dict[int, list[int]] = {}
+    for i in range(nc):
+        for v in low.succ_idx[low.succ_ptr[i]:low.succ_ptr[i + 1]]:
+            preds.setdefault(int(v), []).append(i)
+    coll = [c for c in range(nc, n) if low.kind[c] == 2 and names[low.transfer_src_op[c - nc]] == "l0.o_proj"]
+    assert len(coll) == 16
+    seen = set()
+    for c in coll:
+        readers = low.succ_idx[low.succ_ptr[c]:low.succ_ptr[c + 1]]
+        ranks = low.part_dev[low.part_ptr[c]:low.part_ptr[c + 1]]
+        j = set(mb[readers].tolist() + mb[preds[c]].tolist())
+        assert len(j) == 1 and min(j) >= 0  # one microbatch's partials and readers
+        assert set(names[np.searchsorted(low.op_offsets, readers, side="right") - 1]) == {"l0.o_proj.acc"}
+        assert len(ranks) == 8 and len(set(ranks // 8)) == 1  # one node: the tensor-parallel group
+        seen.add((min(j), int(ranks[0]) // 8))
+    assert len(seen) == 16
+    stage = pipeline_units(low, plan).stage
+    t = np.arange(nc, n)[low.kind[nc:] == 1]
+    assert (stage[low.dev[t]] != stage[low.dst[t]]).any()  # the pipeline's sends
+    e = Evaluator(HW64)(plan)
+    assert e.feasible and np.isfinite(e.makespan)
