@@ -553,41 +553,34 @@ def resident_kernel(lo, hi, dev, n_dev, itemsize):
 
 
 @njit(cache=True, nogil=True)
+def _root(parent, a):
+    """The root of ``a`` in a union-find forest, halving the path on the way."""
+    while parent[a] != a:
+        parent[a] = parent[parent[a]]
+        a = parent[a]
+    return a
+
+
+@njit(cache=True, nogil=True)
 def exchanges(src, dst, n_devices):
     """The connected sets of devices of a group's transfers (``src[i] -> dst[i]``), by union-find:
     the set of each transfer, numbered in order of first transfer, and how many there are."""
     parent = np.arange(n_devices)
     for i in range(src.shape[0]):
-        a = src[i]
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        b = dst[i]
-        while parent[b] != b:
-            parent[b] = parent[parent[b]]
-            b = parent[b]
+        a = _root(parent, src[i])
+        b = _root(parent, dst[i])
         if a != b:
             parent[max(a, b)] = min(a, b)
     number = np.full(n_devices, -1, np.int64)
     out = np.empty(src.shape[0], np.int64)
     k = 0
     for i in range(src.shape[0]):
-        a = src[i]
-        while parent[a] != a:
-            a = parent[a]
+        a = _root(parent, src[i])
         if number[a] < 0:
             number[a] = k
             k += 1
         out[i] = number[a]
     return out, k
-
-
-@njit(cache=True, nogil=True)
-def _root(parent, a):
-    while parent[a] != a:
-        parent[a] = parent[parent[a]]
-        a = parent[a]
-    return a
 
 
 @njit(cache=True, nogil=True)
