@@ -303,6 +303,22 @@ def test_recomputed_forward_runs_in_the_backward_units():
     assert e_rec.peak_memory < 0.8 * e_keep.peak_memory, (e_rec.peak_memory, e_keep.peak_memory)
 
 
+def _tiny_llama_step():
+    from ir import workloads
+
+    return workloads.build("llama", layers=4, d_model=32, heads=4, kv_heads=2, d_ff=64, vocab=64, seq=8, batch=8,
+                           mode="train")
+
+
+def _placed_against_1f1b(step):
+    """A tiny llama Megatron 3D plan on 8 GPUs (pp 4) with a forward op of stage 1 and a backward
+    op of stage 0 each placed on every stage's devices (two ``place`` moves a walk found)."""
+    from optimizer.search.baselines import megatron_3d
+
+    return parse_move("place{op=l1.ff_act,devices=[5,6,7,0,1,2,3,4]}; "
+                      "place{op=l0.attn_av.db,devices=[1,2,3,4,5,6,7,0]}").apply(megatron_3d(step, 8, pp=4))
+
+
 def test_a_placement_against_1f1b_gets_gpipe_order():
     """A forward op of stage 1 and a backward op of stage 0 each placed on every stage's devices
     (two ``place`` moves of a search's walk, found by one): 1F1B's unit chain, which interleaves
@@ -310,13 +326,9 @@ def test_a_placement_against_1f1b_gets_gpipe_order():
     then follows GPipe's order (every device runs all its forward units before its backward
     ones) instead of no pipeline order at all."""
     from costmodel.lookahead import _acyclic, _unit_chain_edges
-    from ir import workloads
-    from optimizer.search.baselines import megatron_3d
 
-    step = workloads.build("llama", layers=4, d_model=32, heads=4, kv_heads=2, d_ff=64, vocab=64, seq=8, batch=8,
-                           mode="train")
-    plan = parse_move("place{op=l1.ff_act,devices=[5,6,7,0,1,2,3,4]}; "
-                      "place{op=l0.attn_av.db,devices=[1,2,3,4,5,6,7,0]}").apply(megatron_3d(step, 8, pp=4))
+    step = _tiny_llama_step()
+    plan = _placed_against_1f1b(step)
     ev = Evaluator("h100-sxm-8")
     low = ev.lowerer.lower(plan)
     unit, policy = pipeline_units(low, plan)
@@ -345,13 +357,10 @@ def test_the_evaluator_follows_the_first_acyclic_tier():
     simulated with ``cycle_ok`` gives None where it would raise."""
     from costmodel.lookahead import lookahead_tiers
     from costmodel.simulate import SimulationError
-    from ir import workloads
     from optimizer.search.baselines import megatron_3d
 
-    step = workloads.build("llama", layers=4, d_model=32, heads=4, kv_heads=2, d_ff=64, vocab=64, seq=8, batch=8,
-                           mode="train")
-    plan = parse_move("place{op=l1.ff_act,devices=[5,6,7,0,1,2,3,4]}; "
-                      "place{op=l0.attn_av.db,devices=[1,2,3,4,5,6,7,0]}").apply(megatron_3d(step, 8, pp=4))
+    step = _tiny_llama_step()
+    plan = _placed_against_1f1b(step)
     ev = Evaluator("h100-sxm-8")
     low = ev.lowerer.lower(plan)
     tiers = list(lookahead_tiers(low, plan))

@@ -17,6 +17,20 @@ from optimizer.search.baselines import megatron_3d
 TINY = dict(d_model=32, heads=4, kv_heads=2, d_ff=64, vocab=64, seq=8, batch=8, mode="train")
 
 
+def _walk(g, n: int, seed: int, steps: int) -> list:
+    """``g`` and the plans of a walk of ``steps`` random moves from it (moves that do not apply
+    are skipped)."""
+    rng = np.random.default_rng(seed)
+    plans, q = [g], g
+    for _ in range(steps):
+        try:
+            q, _move = random_rewrite(q, rng, n)
+        except RewriteError:
+            continue
+        plans.append(q)
+    return plans
+
+
 def _stages(low, g) -> dict[int, int]:
     """Device -> the program position of its first microbatched forward op, among the layers of
     which it holds at least half as many microbatched forward nodes as of its busiest layer (the
@@ -83,16 +97,8 @@ def _reference(low, g, unit: np.ndarray) -> tuple[list[int], list[int]]:
 @pytest.mark.parametrize("family,n,kw", [("llama", 8, {}), ("gpt", 8, dict(pp=4)), ("llama", 64, {}),
                                          ("gpt", 64, dict(pp=2, m=4))])
 def test_port_order_edges_follow_the_rule(family, n, kw):
-    g = megatron_3d(workloads.build(family, layers=4, **TINY), n, **kw)
     ev = Evaluator(f"h100-sxm-{n}")
-    rng = np.random.default_rng(n)
-    plans, q = [g], g
-    for _ in range(8):
-        try:
-            q, _move = random_rewrite(q, rng, n)
-        except RewriteError:
-            continue
-        plans.append(q)
+    plans = _walk(megatron_3d(workloads.build(family, layers=4, **TINY), n, **kw), n, seed=n, steps=8)
     checked = 0
     for p in plans:
         low = ev.lowerer.lower(p)
@@ -236,16 +242,8 @@ def test_units_and_their_chain_follow_the_rule(family, n, kw):
     grouping in plain Python, on 3D plans after random moves."""
     from costmodel.lookahead import _unit_chain_edges
 
-    g = megatron_3d(workloads.build(family, layers=4, **TINY), n, **kw)
     ev = Evaluator(f"h100-sxm-{n}")
-    rng = np.random.default_rng(n + 1)
-    plans, q = [g], g
-    for _ in range(10):
-        try:
-            q, _move = random_rewrite(q, rng, n)
-        except RewriteError:
-            continue
-        plans.append(q)
+    plans = _walk(megatron_3d(workloads.build(family, layers=4, **TINY), n, **kw), n, seed=n + 1, steps=10)
     checked = 0
     for p in plans:
         low = ev.lowerer.lower(p)
