@@ -300,7 +300,8 @@ def lookahead_tiers(low, g: Graph, window: int = DEFAULT_WINDOW,
     window's alone (edges only forward in program order: always acyclic). The simulator's own
     topological pass tells whether a set is acyclic (``Evaluator`` tries them in turn), so the
     usual plan pays for no separate check: a pipelined 70B truncation at 512 GPUs spent ~0.2 s
-    in two of them."""
+    in two of them. ``pipeline``: ``auto`` (1F1B where the structure allows, else GPipe),
+    ``gpipe``, ``1f1b`` (GPipe where 1F1B's order is cyclic) or ``off`` (the window's alone)."""
     pipe = pipeline_units(low, g, pipeline) if pipeline != "off" else None
     if pipe is not None:
         skip = pipe[0] >= 0  # pipeline units have their own order (the same nodes under GPipe's)
