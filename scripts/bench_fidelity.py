@@ -1,4 +1,5 @@
-"""Rank-fidelity benchmark: does the calibrated ``cpu`` model rank real NumPy executions of plans?
+"""Rank-fidelity benchmark: does the calibrated model rank real executions of plans (NumPy on this
+CPU against the ``cpu`` model, or CuPy on a GPU against its preset, ``--backend cupy``)?
 
 Random plans (``ir.rewrites.random_walk`` over 4 devices) of three workloads (an MLP, a
 transformer block, a convnet) are run for real with NumPy, device-aware and verified
@@ -30,6 +31,11 @@ plans and per workload:
 
 Goal (issue 13): Spearman >= 0.9 and mean |log| <= 0.2, with and without the online refit.
 
+``--backend cupy``: the same on the local GPU (every plan device mapped onto it), against
+``--hardware`` (default: ``h200-sxm-8`` on an H200, else ``h100-sxm-8``) and the GPU kernel spread;
+the workloads are larger (``GPU_WORKLOADS``: a few ms per plan, shards from launch-bound to
+compute-bound on an H100). The reference outputs are still computed with NumPy.
+
 ``--retest``: no models; the plans under test are measured twice, one complete measurement after
 the other (each ``--rounds`` passes), and the two are compared (Spearman and mean |log| of one
 against the other): the measurement's self-consistency, about the best any model can show.
@@ -37,25 +43,26 @@ against the other): the measurement's self-consistency, about the best any model
 Also printed: residuals of the calibrated model per kernel (median log(model / measured) of the
 plans' shards), the data for choosing efficiency classes.
 
-On this CPU the script pins BLAS to one thread (``OPENBLAS_NUM_THREADS=1`` etc., set before NumPy)
+On the CPU the script pins BLAS to one thread (``OPENBLAS_NUM_THREADS=1`` etc., set before NumPy)
 so that timings do not swing with other load. Prints tables and one JSON line; ``--json PATH``
 writes the JSON too.
 
-Usage: ``python scripts/bench_fidelity.py [--plans 50] [--rounds 3] [--repeats 2] [--every 5] [--seed 0]
+Usage: ``python scripts/bench_fidelity.py [--backend numpy|cupy] [--hardware PRESET] [--plans 50] [--rounds 3] [--repeats 2] [--every 5] [--seed 0]
 [--cal-plans 3] [--statistic min|median] [--retest] [--quick] [--json PATH]``
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_v, "1")
+if "cupy" not in sys.argv:  # on CPU: one BLAS thread (set before NumPy); on a GPU the NumPy references use all
+    for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_v, "1")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -70,6 +77,13 @@ WORKLOADS = {
     "mlp": dict(batch=128, widths=(512, 2048, 512), activation="gelu"),
     "transformer": dict(batch=4, seq=128, d_model=256, heads=4, d_ff=1024),
     "convnet": dict(batch=4, channels=(3, 32, 32), size=32),
+}
+#: on a GPU (``--backend cupy``): larger, so that shards range from launch-bound (a few us) to
+#: compute-bound (ms) and a plan's NumPy reference stays well under a second on a 16-core host
+GPU_WORKLOADS = {
+    "mlp": dict(batch=4096, widths=(1024, 4096, 1024), activation="gelu"),
+    "transformer": dict(batch=4, seq=512, d_model=1024, heads=8, d_ff=4096),
+    "convnet": dict(batch=16, channels=(3, 64, 64), size=64),
 }
 QUICK = {
     "mlp": dict(batch=16, widths=(64, 128, 64)),
@@ -155,12 +169,12 @@ def retest(a, sizes: dict) -> dict:
     from optimizer.realrun.measurement import executed_hardware
     from optimizer.realrun.rounds import measure_rounds
 
-    hw = executed_hardware(load_hardware("cpu"))
+    hw = executed_hardware(load_hardware(a.hardware))
     jobs = test_jobs(sizes, a.plans, a.seed)
     passes, loads = [], [os.getloadavg()[0]]
     for k in range(2):
         t = time.perf_counter()
-        _, merged = measure_rounds([], list(enumerate(g for _, g in jobs)), hw, "numpy", rounds=a.rounds,
+        _, merged = measure_rounds([], list(enumerate(g for _, g in jobs)), hw, a.backend, rounds=a.rounds,
                                    repeats=a.repeats, statistic=a.statistic, seed=a.seed + 17 * k,
                                    progress=lambda r, n: print(f"  pass {k + 1}: round {r}/{n}", file=sys.stderr,
                                                                flush=True))
@@ -185,6 +199,10 @@ def retest(a, sizes: dict) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", choices=("numpy", "cupy"), default="numpy",
+                    help="numpy: this CPU; cupy: the local GPU (every plan device mapped onto it)")
+    ap.add_argument("--hardware", default=None,
+                    help="the model's preset or YAML (default: cpu; with cupy h200-sxm-8 on an H200, else h100-sxm-8)")
     ap.add_argument("--plans", type=int, default=50, help="plans in all, spread over the three workloads")
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved passes over all items (optimizer.realrun.rounds)")
@@ -209,23 +227,35 @@ def main() -> int:
     from optimizer.realrun.online import plan_points, predict_plans, refit
     from optimizer.realrun.rounds import measure_rounds
 
+    from executor.device_run import device_name
+
     t0 = time.perf_counter()
-    sizes = QUICK if a.quick else WORKLOADS
-    print(f"# bench_fidelity: NumPy on {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, BLAS threads {os.environ.get('OPENBLAS_NUM_THREADS')}, "
-          f"load average {os.getloadavg()[0]:.2f}\n", flush=True)
+    gpu = a.backend == "cupy"
+    sizes = QUICK if a.quick else GPU_WORKLOADS if gpu else WORKLOADS
+    from executor.backend import BackendError
+
+    try:
+        machine = device_name(a.backend)
+    except BackendError as e:
+        print(f"bench_fidelity: --backend {a.backend}: {e}", file=sys.stderr)
+        return 2
+    if a.hardware is None:
+        a.hardware = ("h200-sxm-8" if "H200" in machine else "h100-sxm-8") if gpu else "cpu"
+    print(f"# bench_fidelity: {'CuPy' if gpu else 'NumPy'} on {machine}, model {a.hardware}; host "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, BLAS threads "
+          f"{os.environ.get('OPENBLAS_NUM_THREADS')}, load average {os.getloadavg()[0]:.2f}\n", flush=True)
     if a.retest:
         out = retest(a, sizes)
     else:
-        preset = executed_hardware(load_hardware("cpu"))
-        cases = kernel_spread("numpy", a.quick)
+        preset = executed_hardware(load_hardware(a.hardware))
+        cases = kernel_spread(a.backend, a.quick)
         cal_jobs = calibration_plans(sizes, a.cal_plans, seed=a.seed + 1000)
         jobs = test_jobs(sizes, a.plans, a.seed)
         items = ([(("cal", i), g) for i, (_, g) in enumerate(cal_jobs)]
                  + [(("test", i), g) for i, (_, g) in enumerate(jobs)])
         load0 = os.getloadavg()[0]
         kernel_recs, merged = measure_rounds(
-            cases, items, preset, "numpy", rounds=a.rounds, repeats=a.repeats, statistic=a.statistic, seed=a.seed,
+            cases, items, preset, a.backend, rounds=a.rounds, repeats=a.repeats, statistic=a.statistic, seed=a.seed,
             progress=lambda r, n: print(f"  round {r}/{n} ({time.perf_counter() - t0:.0f} s, load average "
                                         f"{os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True))
         load1 = os.getloadavg()[0]
@@ -263,9 +293,9 @@ def main() -> int:
         meas = [r["measured_s"] for r in rows]
         models = {"preset": "preset_s", "calibrated": "calibrated_s", "calibrated + transfers": "calibrated_transfers_s",
                   "online refit (held out)": "online_s"}
-        out = {"bench": "fidelity", "plans": len(rows), "rounds": a.rounds, "repeats": a.repeats,
+        out = {"bench": "fidelity", "backend": a.backend, "hardware": a.hardware, "plans": len(rows), "rounds": a.rounds, "repeats": a.repeats,
                "statistic": a.statistic, "every": a.every, "seed": a.seed, "quick": a.quick,
-               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+               "machine": f"{machine}; host {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
                "load_average": [load0, load1],
                "offline_calibration": {"points": cal_res.before["n"], "before": cal_res.before["mean_abs_log"],
                                        "dispatch_s": dispatch, "dispatch_plans": n_disp,

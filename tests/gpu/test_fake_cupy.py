@@ -128,3 +128,23 @@ def test_bench_gpu_runs_its_cupy_path(fake, monkeypatch, capsys):
     assert set(line["factors"]) == {"conv", "elementwise", "matmul", "matmul.attention", "matmul.norm", "reduction",
                                     "rowwise"}
     assert fake.stats["elapsed"] > 0  # timed with (fake) CUDA events
+
+
+def test_bench_fidelity_runs_its_cupy_path(fake, monkeypatch, capsys):
+    """``scripts/bench_fidelity.py --backend cupy`` end to end (quick workloads, 6 plans) on the
+    fake GPU: the GPU preset as the model, every plan verified, the three models scored."""
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_fidelity.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--backend", "cupy", "--quick", "--plans", "6", "--rounds", "1",
+                                      "--repeats", "1", "--cal-plans", "1", "--every", "2"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(script), run_name="__main__")
+    assert e.value.code == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["backend"] == "cupy" and line["hardware"] == "h100-sxm-8"
+    assert line["machine"].startswith("Fake GPU 0")
+    assert line["plans"] == 6 and line["verified"] == 6
+    assert {"preset", "calibrated", "online refit (held out)"} <= set(line["models"])
+    assert fake.stats["elapsed"] > 0  # timed with (fake) CUDA events
