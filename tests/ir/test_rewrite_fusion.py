@@ -182,3 +182,31 @@ def test_fused_ops_in_every_workload_verify(kit):
         assert any(o.kernel == "fused" for o in h.ops.values()), name
         kit.assert_rewrite_ok(h, g)
         assert unshard(h).digest == unshard(g).digest
+
+
+def test_fused_run_builds_its_stage_signatures_once_per_op(chain, monkeypatch):
+    """An executor runs every shard of a fused op: the stages' signatures are built once per
+    (input specs, stages), not per shard, and two chains with the same specs but other stages
+    still run their own stages."""
+    import numpy as np
+
+    from executor.run import execute, random_inputs
+    from ir.kernels import fused as fused_mod
+    h = split(fuse(fuse(chain, "fc", "act"), "fc+act", "t"), "fc+act+t", "n", 3)
+    b = GraphBuilder()  # the same specs and shapes, another chain (gelu for tanh)
+    y = b.relu(b.linear(b.input("x", (6, 5)), b.parameter("W", (5, 8)), b.parameter("b", (8,)), name="fc"), name="act")
+    b.mul(b.gelu(y, name="t"), b.parameter("scale", (8,)), name="s")
+    other = fuse(fuse(b.build(), "fc", "act"), "fc+act", "t")
+    calls = []
+    real = fused_mod.Fused.stage_signatures
+    monkeypatch.setattr(fused_mod.Fused, "stage_signatures",
+                        lambda self, ins, params: calls.append(1) or real(self, ins, params))
+    fused_mod._RUN_STAGES.clear()
+    x = random_inputs(chain, 0)
+    want = execute(chain, x, "numpy")["s.out"]
+    got = execute(h, x, "numpy")["s.out"]
+    assert np.allclose(got, want, rtol=1e-6)
+    n_first = len(calls)
+    assert np.allclose(execute(h, x, "numpy")["s.out"], want, rtol=1e-6)
+    assert len(calls) == n_first  # the second run (3 more shards) built nothing
+    assert not np.allclose(execute(other, x, "numpy")["s.out"], want)  # gelu: its own stages, not tanh's
