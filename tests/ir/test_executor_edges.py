@@ -126,3 +126,17 @@ def test_cupy_backend_matches_numpy(kit):
 def test_random_inputs_cover_sources_only(kit):
     g = kit.small("convnet")
     assert set(random_inputs(g)) == {n for n, t in g.tensors.items() if t.role in ("input", "parameter")}
+
+
+def test_read_box_matches_a_zero_padded_reference():
+    """Boxes inside, across and outside the array's edges (lo <= hi, within 3 cells of it) read
+    what slicing the array padded with zeros reads: the fast path for inner boxes included."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((4, 5, 3))
+    m = 3
+    padded = np.pad(a, m)
+    for _ in range(400):
+        lo = rng.integers(-m, np.array(a.shape) + m)
+        hi = lo + rng.integers(0, np.array(a.shape) + m - lo + 1)
+        got = read_box(np, a, lo, hi)
+        np.testing.assert_array_equal(got, padded[tuple(slice(x + m, y + m) for x, y in zip(lo, hi))])
