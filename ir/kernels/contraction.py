@@ -68,7 +68,9 @@ class Einsum(Kernel):
 
     name = "einsum"
     inputs = ("a", "b")
-    kernel_class = "matmul"
+    # its own subclass: executors pay its operands' transposes (NumPy's and CuPy's einsum); a
+    # hardware without a "matmul.einsum" entry charges it as "matmul" (costmodel.hardware)
+    kernel_class = "matmul.einsum"
     # ``origin``: the chain a reassociation replaced (``ir.rewrites.substitute_reassoc``), else None.
     params_defaults = {"equation": "", "alpha": 1.0, "origin": None}
 

@@ -2,8 +2,9 @@
 
 The spread (``kernel_spread``) covers every efficiency class the cost model distinguishes:
 ``matmul`` (matmul and linear, square and skinny), its subclasses ``matmul.attention``
-(attention of a transformer's heads) and ``matmul.norm`` (a layernorm fused into the linear or
-per-head projection that reads it), ``elementwise`` (add, relu, gelu), ``rowwise`` (softmax,
+(attention of a transformer's heads), ``matmul.norm`` (a layernorm fused into the linear or
+per-head projection that reads it) and ``matmul.einsum`` (a transformer's per-head projections,
+whose transposes the executor pays), ``elementwise`` (add, relu, gelu), ``rowwise`` (softmax,
 layernorm), ``conv`` (conv2d 3x3) and ``reduction`` (reduce_sum), each at several sizes from
 launch-bound to bandwidth- or compute-bound. Sizes depend on the backend (a
 GPU needs far bigger shards to leave the launch-bound regime); ``quick`` keeps a few small ones
@@ -97,7 +98,8 @@ def kernel_spread(backend: str = "numpy", quick: bool = False, dtypes: tuple[str
         for m, k, n in mm:
             add(f"matmul {m}x{k}x{n}{tag}", "matmul", _one_op("matmul", dt, {"a": (m, k), "b": (k, n)},
                                                                  {"b": "parameter"}))
-        lin = [(64, 128, 128)] if quick else ([(4096, 4096, 4096), (512, 1024, 4096)] if gpu else
+        lin = [(64, 128, 128)] if quick else ([(4096, 4096, 4096), (512, 1024, 4096), (1024, 1024, 1024),
+                                                (256, 1024, 1024), (64, 1024, 4096)] if gpu else
                                                [(256, 512, 512), (64, 256, 1024)])
         for nb, f, o in lin:
             add(f"linear {nb}x{f}->{o}{tag}", "linear",
@@ -105,20 +107,35 @@ def kernel_spread(backend: str = "numpy", quick: bool = False, dtypes: tuple[str
         # the GEMM subclasses: attention (batch x heads, seq, head dim 64) and norm_matmul (narrow outputs
         # too: a plan's column shards each normalise their rows whole, so the norm weighs more)
         att = [(2, 16, 16), (4, 32, 16), (2, 64, 32)] if quick else (
-            [(8, 2048, 128), (32, 1024, 128), (4, 4096, 128)] if gpu else
+            [(8, 2048, 128), (32, 1024, 128), (4, 4096, 128), (8, 512, 128), (4, 256, 64)] if gpu else
             [(4, 64, 64), (16, 128, 64), (8, 256, 64), (4, 512, 64), (4, 128, 64), (2, 128, 64)])
         for bh, sq, e in att:
             add(f"attention {bh}x{sq}x{e}{tag}", "attention",
                 _one_op("attention", dt, {"q": (bh, sq, e), "k": (bh, sq, e), "v": (bh, sq, e)}, scale=e ** -0.5))
+        # down to launch-bound sizes: a plan's norm_matmul shards are small, and points of one size
+        # band left the fit free to trade the launch for the rate (on the 2-vCPU Xeon the
+        # calibrated shards' median log(model/measured) swung from -1.07 to +0.39 between runs)
         nm = [(32, 64, 64, 0), (32, 64, 64, 2), (64, 128, 64, 0)] if quick else (
-            [(8192, 4096, 4096, 0), (8192, 4096, 4096, 32), (2048, 1024, 4096, 0)] if gpu else
-            [(128, 256, 1024, 0), (512, 256, 256, 4), (256, 256, 1024, 0), (128, 1024, 256, 0), (512, 256, 1024, 0)])
-        nm = [(*c, 1) for c in nm] + ([(64, 64, 64, 0, 2)] if quick else [] if gpu else
+            [(8192, 4096, 4096, 0), (8192, 4096, 4096, 32), (2048, 1024, 4096, 0), (512, 1024, 1024, 0),
+             (256, 1024, 256, 0)] if gpu else
+            [(128, 256, 1024, 0), (512, 256, 256, 4), (256, 256, 1024, 0), (128, 1024, 256, 0), (512, 256, 1024, 0),
+             (32, 256, 256, 0), (64, 256, 64, 0)])
+        nm = [(*c, 1) for c in nm] + ([(64, 64, 64, 0, 2)] if quick else [(512, 1024, 1024, 0, 8)] if gpu else
                                       [(512, 256, 1024, 0, 4), (512, 256, 1024, 0, 8), (128, 256, 1024, 0, 4),
-                                       (512, 256, 256, 4, 4), (256, 256, 256, 4, 2)])
+                                       (512, 256, 256, 4, 4), (256, 256, 256, 4, 2), (64, 256, 1024, 0, 8)])
         for r, d_in, o, h, k in nm:
             what = f"{' heads ' + str(h) if h else ''}{f' in {k} shards' if k > 1 else ''}"
             add(f"norm_matmul {r}x{d_in}->{o}{what}{tag}", "norm_matmul", _norm_matmul(dt, r, d_in, o, h, k))
+        # matmul.einsum: a transformer's per-head projections in and out (b, s, d, heads, head dim)
+        ein = [(1, 16, 32, 2, 16), (2, 16, 32, 2, 16), (2, 32, 64, 2, 16)] if quick else (
+            [(8, 1024, 1024, 16, 64), (4, 512, 1024, 8, 128), (2, 256, 1024, 8, 64), (1, 64, 1024, 4, 64)] if gpu else
+            [(4, 128, 256, 4, 64), (1, 128, 256, 4, 64), (2, 64, 256, 2, 64), (1, 32, 256, 1, 64)])
+        for bb, sq, d, h, e in ein:
+            add(f"einsum in {bb}x{sq}x{d}->{h}x{e}{tag}", "einsum",
+                _one_op("einsum", dt, {"a": (bb, sq, d), "b": (d, h, e)}, {"b": "parameter"}, equation="bsd,dhe->bhse"))
+            add(f"einsum out {bb}x{h}x{sq}x{e}->{d}{tag}", "einsum",
+                _one_op("einsum", dt, {"a": (bb, h, sq, e), "b": (h, e, d)}, {"b": "parameter"},
+                        equation="bhse,hed->bsd"))
         # elementwise: one size ladder for add, a shorter one for relu and gelu
         ladder = [1 << 12, 1 << 15, 1 << 17] if quick else (
             [1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26] if gpu else [1 << 12, 1 << 16, 1 << 19, 1 << 21, 1 << 22])

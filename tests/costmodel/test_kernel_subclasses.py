@@ -1,4 +1,4 @@
-"""Kernel subclasses (``matmul.attention``, ``matmul.norm``): their own factors where a hardware
+"""Kernel subclasses (``matmul.attention``, ``matmul.norm``, ``matmul.einsum``): their own factors where a hardware
 has them, their parent's where it does not; targets that never name them are costed as before."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from costmodel.lowering import Lowerer, kernel_class_of
 from costmodel.presets import PRESETS
 from ir import workloads
 from ir.kernels.attention import Attention
+from ir.kernels.contraction import Einsum
 from ir.kernels.prenorm import NormMatmul
 from ir.rewrites import fuse_attention, fuse_norm, split
 
@@ -46,15 +47,17 @@ def _plan():
     return split(split(g, att, 0, 2), nm, 0, 2), att, nm
 
 
-def test_attention_and_norm_matmul_have_their_subclasses():
+def test_attention_norm_matmul_and_einsum_have_their_subclasses():
     g, att, nm = _plan()
     assert kernel_class_of(g.ops[att]) == "matmul.attention"
     assert kernel_class_of(g.ops[nm]) == "matmul.norm"
+    assert kernel_class_of(g.ops["o_proj"]) == "matmul.einsum"
+    assert kernel_class_of(g.ops["ff2"]) == "matmul"  # linear stays a plain GEMM
 
 
 @pytest.mark.parametrize("preset", ["h100-sxm-8", "h200-sxm-8", "cpu"])
 def test_targets_that_never_name_a_subclass_are_costed_as_before(preset, monkeypatch):
-    """The same plan with the two kernels declared plain ``matmul`` (the old classes) gives
+    """The same plan with the three kernels declared plain ``matmul`` (the old classes) gives
     bit-identical shard durations and makespan, GEMM efficiency curves included (H100, H200)."""
     g, att, nm = _plan()
     hw = PRESETS[preset]
@@ -62,7 +65,8 @@ def test_targets_that_never_name_a_subclass_are_costed_as_before(preset, monkeyp
     new_dur = Lowerer(hw).lower(g).dur.copy()
     monkeypatch.setattr(Attention, "kernel_class", "matmul")
     monkeypatch.setattr(NormMatmul, "kernel_class", "matmul")
-    assert kernel_class_of(g.ops[att]) == "matmul"
+    monkeypatch.setattr(Einsum, "kernel_class", "matmul")
+    assert kernel_class_of(g.ops[att]) == "matmul" and kernel_class_of(g.ops["o_proj"]) == "matmul"
     old = Evaluator(hw)(g)
     old_dur = Lowerer(hw).lower(g).dur
     np.testing.assert_array_equal(new_dur, old_dur)

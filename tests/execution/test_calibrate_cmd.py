@@ -32,7 +32,8 @@ def test_quick_numpy_calibration_writes_a_better_hardware_file(tmp_path, capsys)
     doc = json.loads(js.read_text())
     points = doc["points"]
     classes = {p["kernel_class"] for p in points}
-    assert classes == {"matmul", "matmul.attention", "matmul.norm", "elementwise", "rowwise", "conv", "reduction"}
+    assert classes == {"matmul", "matmul.attention", "matmul.einsum", "matmul.norm", "elementwise", "rowwise", "conv",
+                       "reduction"}
     records = [{"kernel_class": p["kernel_class"], "flops": p["flops"], "bytes": p["bytes"], "dtype": "float32",
                 "seconds": p["measured"]} for p in points]
     before, after = errors(records, base), errors(records, cal)  # the file as loaded, not the in-memory fit

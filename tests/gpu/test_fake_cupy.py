@@ -125,8 +125,8 @@ def test_bench_gpu_runs_its_cupy_path(fake, monkeypatch, capsys):
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["device"] == "Fake GPU 0" and line["backend"] == "cupy" and line["hardware"] == "h100-sxm-8"
     assert line["plans"] == 4 and line["verified"] == 4
-    assert set(line["factors"]) == {"conv", "elementwise", "matmul", "matmul.attention", "matmul.norm", "reduction",
-                                    "rowwise"}
+    assert set(line["factors"]) == {"conv", "elementwise", "matmul", "matmul.attention", "matmul.einsum", "matmul.norm",
+                                    "reduction", "rowwise"}
     assert fake.stats["elapsed"] > 0  # timed with (fake) CUDA events
 
 
