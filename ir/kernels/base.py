@@ -128,6 +128,14 @@ class Kernel:
         """Compute for reduction block ``block`` of a split op (linear adds its bias once)."""
         return self.compute(xp, blocks, params)
 
+    def batched_partials(self, xp: Any, blocks: Mapping[str, Any], params: Mapping[str, Any],
+                         spans: Mapping[str, int], first: int, n: int, chunk: int) -> Any:
+        """The partials of reduction blocks ``first .. first + n`` of a split op in one call,
+        stacked on a new leading axis (what :meth:`run`'s loop over :meth:`partial_compute`
+        returns), or None where the kernel has no such form. ``spans``: the tensor dim of each
+        port that the split reduction runs along (``chunk`` cells a block)."""
+        return None
+
     def value_range(self, port: str, ins: Mapping[str, TensorSpec],
                     params: Mapping[str, Any]) -> tuple[float, float] | None:
         """The half-open range ``[lo, hi)`` of values port ``port`` accepts, or None for any value.
@@ -183,6 +191,11 @@ class Kernel:
         red = sig.split_from
         chunk = red.extent // split["parts"]
         spans = dict(red.spans)
+        n = box.end[0] - box.start[0]
+        if n > 1:  # one batched call, not a kernel launch (and on a GPU ~0.1 ms of host time) a block
+            stacked = self.batched_partials(xp, blocks, params, spans, int(box.start[0]), int(n), chunk)
+            if stacked is not None:
+                return stacked
         parts = []
         for j in range(box.start[0], box.end[0]):
             local = j - box.start[0]

@@ -63,6 +63,23 @@ def _scaled(y: Any, alpha: float) -> Any:
     return y if alpha == 1.0 else y * alpha
 
 
+def _blocks_first(xp: Any, arr: Any, dim: int, n: int, chunk: int) -> Any:
+    """``arr`` with its dim ``dim`` (``n`` reduction blocks of ``chunk``) split in two and the
+    block axis moved to the front (a view: splitting one axis needs no copy)."""
+    shape = tuple(arr.shape)
+    return xp.moveaxis(arr.reshape(shape[:dim] + (n, chunk) + shape[dim + 1:]), dim, 0)
+
+
+def _batched_matmul(xp: Any, a: Any, b: Any, spans: Any, n: int, chunk: int, ports: tuple[str, str]) -> Any:
+    """``matmul`` of every block's chunks at once (broadcast over the block axis in front); the
+    right operand gets unit axes where the left has batch dims it lacks (linear's ``W``)."""
+    a = _blocks_first(xp, a, spans[ports[0]], n, chunk)
+    b = _blocks_first(xp, b, spans[ports[1]], n, chunk)
+    if b.ndim < a.ndim:
+        b = b.reshape((b.shape[0],) + (1,) * (a.ndim - b.ndim) + tuple(b.shape[1:]))
+    return xp.matmul(a, b)
+
+
 class Einsum(Kernel):
     """General two-operand contraction, e.g. ``bsd,dhe->bhse`` for per-head projections."""
 
@@ -100,6 +117,9 @@ class Matmul(Kernel):
     def compute(self, xp, blocks, params):
         return _scaled(xp.matmul(blocks["a"], blocks["b"]), params["alpha"])
 
+    def batched_partials(self, xp, blocks, params, spans, first, n, chunk):
+        return _scaled(_batched_matmul(xp, blocks["a"], blocks["b"], spans, n, chunk, ("a", "b")), params["alpha"])
+
 
 class BatchedMatmul(Kernel):
     """``y[*b,m,n] = alpha · Σ_k a[*b,m,k] b[*b,k,n]`` with equal leading batch dims."""
@@ -118,6 +138,9 @@ class BatchedMatmul(Kernel):
 
     def compute(self, xp, blocks, params):
         return _scaled(xp.matmul(blocks["a"], blocks["b"]), params["alpha"])
+
+    def batched_partials(self, xp, blocks, params, spans, first, n, chunk):
+        return _scaled(_batched_matmul(xp, blocks["a"], blocks["b"], spans, n, chunk, ("a", "b")), params["alpha"])
 
 
 class Linear(Kernel):
@@ -149,6 +172,12 @@ class Linear(Kernel):
         # The bias belongs to exactly one partial, so the accumulated sum adds it once.
         y = xp.matmul(blocks["x"], blocks["W"])
         return y + blocks["b"] if block == 0 else y
+
+    def batched_partials(self, xp, blocks, params, spans, first, n, chunk):
+        y = _batched_matmul(xp, blocks["x"], blocks["W"], spans, n, chunk, ("x", "W"))
+        if first == 0:  # the bias goes with block 0 alone, as in partial_compute
+            y[0] += blocks["b"]
+        return y
 
 
 KERNELS = (Einsum, Matmul, BatchedMatmul, Linear)

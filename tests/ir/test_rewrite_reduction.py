@@ -123,3 +123,38 @@ def test_merge_reduction_refusals(kit, mlp):
         merge_reduction(h, "fc1")
     kit.assert_rewrite_ok(h, mlp)
     assert unshard(h).digest == mlp.digest
+
+
+@pytest.mark.parametrize("kind", ["matmul", "bmm", "linear2d", "linear3d"])
+def test_blocks_of_a_shard_run_batched_as_the_loop_runs_them(kind, monkeypatch):
+    """A shard over several reduction blocks computes them in one batched matmul (one launch, not
+    one per block): the partials equal the block-by-block loop's and the closed form, the bias in
+    block 0 alone (also when the shard starting at block 3 holds no block 0), alpha applied."""
+    from ir.kernels import get_kernel
+    from ir.kernels.base import Kernel
+
+    b = GraphBuilder()
+    if kind == "matmul":
+        b.matmul(b.input("a", (5, 12)), b.parameter("w", (12, 7)), name="op", alpha=0.5)
+    elif kind == "bmm":
+        b.bmm(b.input("a", (2, 3, 5, 12)), b.input("w", (2, 3, 12, 7)), name="op", alpha=2.0)
+    else:
+        shape = (5, 12) if kind == "linear2d" else (2, 5, 12)
+        b.linear(b.input("a", shape), b.parameter("w", (12, 7)), b.parameter("bias", (7,)), name="op")
+    g = b.build()
+    h = split(split_reduction(g, "op", 6), "op", "kb", 2)  # two shards of 3 blocks of 2
+    assert h.ops["op"].shards.lo[:, 0].tolist() == [0, 3]
+    batched = execute(h)
+    env = dict(batched)
+    for cls in (Kernel, type(get_kernel(g.ops["op"].kernel))):  # the loop over blocks, as before
+        monkeypatch.setattr(cls, "batched_partials", lambda self, *a: None)
+    looped = execute(h)
+    np.testing.assert_array_equal(batched["op.partial"], looped["op.partial"])
+    a, w = env["a"], env["w"]
+    alpha = {"matmul": 0.5, "bmm": 2.0}.get(kind, 1.0)
+    for j in range(6):
+        want = alpha * (a[..., 2 * j:2 * j + 2] @ (w[..., 2 * j:2 * j + 2, :]))
+        if kind.startswith("linear") and j == 0:
+            want = want + env["bias"]
+        np.testing.assert_allclose(batched["op.partial"][j], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(batched["op.out"], execute(g)["op.out"], rtol=1e-5, atol=1e-5)
