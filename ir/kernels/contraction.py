@@ -75,9 +75,13 @@ def _batched_matmul(xp: Any, a: Any, b: Any, spans: Any, n: int, chunk: int, por
     right operand gets unit axes where the left has batch dims it lacks (linear's ``W``)."""
     a = _blocks_first(xp, a, spans[ports[0]], n, chunk)
     b = _blocks_first(xp, b, spans[ports[1]], n, chunk)
+    vector = a.ndim == 2  # linear of one feature vector: a row per block, dropped again after
+    if vector:
+        a = a.reshape((n, 1, chunk))
     if b.ndim < a.ndim:
         b = b.reshape((b.shape[0],) + (1,) * (a.ndim - b.ndim) + tuple(b.shape[1:]))
-    return xp.matmul(a, b)
+    y = xp.matmul(a, b)
+    return y.reshape((n,) + tuple(y.shape[2:])) if vector else y
 
 
 class Einsum(Kernel):

@@ -125,7 +125,7 @@ def test_merge_reduction_refusals(kit, mlp):
     assert unshard(h).digest == mlp.digest
 
 
-@pytest.mark.parametrize("kind", ["matmul", "bmm", "linear2d", "linear3d"])
+@pytest.mark.parametrize("kind", ["matmul", "bmm", "linear1d", "linear2d", "linear3d"])
 def test_blocks_of_a_shard_run_batched_as_the_loop_runs_them(kind, monkeypatch):
     """A shard over several reduction blocks computes them in one batched matmul (one launch, not
     one per block): the partials equal the block-by-block loop's and the closed form, the bias in
@@ -139,7 +139,7 @@ def test_blocks_of_a_shard_run_batched_as_the_loop_runs_them(kind, monkeypatch):
     elif kind == "bmm":
         b.bmm(b.input("a", (2, 3, 5, 12)), b.input("w", (2, 3, 12, 7)), name="op", alpha=2.0)
     else:
-        shape = (5, 12) if kind == "linear2d" else (2, 5, 12)
+        shape = {"linear1d": (12,), "linear2d": (5, 12), "linear3d": (2, 5, 12)}[kind]
         b.linear(b.input("a", shape), b.parameter("w", (12, 7)), b.parameter("bias", (7,)), name="op")
     g = b.build()
     h = split(split_reduction(g, "op", 6), "op", "kb", 2)  # two shards of 3 blocks of 2
