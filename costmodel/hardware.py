@@ -14,8 +14,8 @@ Per-kernel-class efficiency factors scale the datasheet peaks: a shard of kernel
 at ``peak_flops[dtype] * compute_eff[c]`` and ``mem_bandwidth * memory_eff[c]``. Class
 ``"default"`` is always present and is used for classes without an entry. A class may be a
 *subclass* of another, written ``parent.child`` (``matmul.attention``, ``matmul.norm``,
-``matmul.einsum``: ops of the GEMM family whose measured efficiency differs from a plain GEMM's where the executor runs them as
-several kernels); a subclass without an entry of its own takes its parent's factors and launch
+``matmul.einsum``: ops of the GEMM family whose measured efficiency differs from a plain GEMM's
+where the executor runs them as several kernels or pays transposes); a subclass without an entry of its own takes its parent's factors and launch
 overhead, then ``"default"``'s (:func:`class_chain`), so a hardware description that never names a
 subclass behaves as if the subclass were its parent. Code that asks what *kind* of kernel a class
 is (e.g. whether the GEMM efficiency curve applies) asks :func:`class_family`. Calibration (from

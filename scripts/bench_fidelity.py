@@ -47,8 +47,9 @@ On the CPU the script pins BLAS to one thread (``OPENBLAS_NUM_THREADS=1`` etc., 
 so that timings do not swing with other load. Prints tables and one JSON line; ``--json PATH``
 writes the JSON too.
 
-Usage: ``python scripts/bench_fidelity.py [--backend numpy|cupy] [--hardware PRESET] [--plans 50] [--rounds 3] [--repeats 2] [--every 5] [--seed 0]
-[--cal-plans 3] [--statistic min|median] [--retest] [--quick] [--json PATH]``
+Usage: ``python scripts/bench_fidelity.py [--backend numpy|cupy] [--hardware PRESET] [--plans 50]
+[--rounds 3] [--repeats 2] [--every 5] [--seed 0] [--cal-plans 3] [--statistic min|median] [--retest]
+[--quick] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -241,6 +242,13 @@ def main() -> int:
         return 2
     if a.hardware is None:
         a.hardware = ("h200-sxm-8" if "H200" in machine else "h100-sxm-8") if gpu else "cpu"
+    from costmodel.hardware import HardwareError
+
+    try:
+        load_hardware(a.hardware)
+    except (HardwareError, OSError, ValueError) as e:
+        print(f"bench_fidelity: --hardware {a.hardware!r}: {e}", file=sys.stderr)
+        return 2
     print(f"# bench_fidelity: {'CuPy' if gpu else 'NumPy'} on {machine}, model {a.hardware}; host "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, BLAS threads "
           f"{os.environ.get('OPENBLAS_NUM_THREADS')}, load average {os.getloadavg()[0]:.2f}\n", flush=True)
@@ -293,7 +301,8 @@ def main() -> int:
         meas = [r["measured_s"] for r in rows]
         models = {"preset": "preset_s", "calibrated": "calibrated_s", "calibrated + transfers": "calibrated_transfers_s",
                   "online refit (held out)": "online_s"}
-        out = {"bench": "fidelity", "backend": a.backend, "hardware": a.hardware, "plans": len(rows), "rounds": a.rounds, "repeats": a.repeats,
+        out = {"bench": "fidelity", "backend": a.backend, "hardware": a.hardware, "plans": len(rows),
+               "rounds": a.rounds, "repeats": a.repeats,
                "statistic": a.statistic, "every": a.every, "seed": a.seed, "quick": a.quick,
                "machine": f"{machine}; host {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
                "load_average": [load0, load1],

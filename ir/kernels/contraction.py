@@ -84,6 +84,11 @@ def _batched_matmul(xp: Any, a: Any, b: Any, spans: Any, n: int, chunk: int, por
     return y.reshape((n,) + tuple(y.shape[2:])) if vector else y
 
 
+def _ab_partials(self: Kernel, xp: Any, blocks: Any, params: Any, spans: Any, first: int, n: int, chunk: int) -> Any:
+    """``Kernel.batched_partials`` of ``matmul`` and ``bmm`` (operands ``a`` and ``b``)."""
+    return _scaled(_batched_matmul(xp, blocks["a"], blocks["b"], spans, n, chunk, ("a", "b")), params["alpha"])
+
+
 class Einsum(Kernel):
     """General two-operand contraction, e.g. ``bsd,dhe->bhse`` for per-head projections."""
 
@@ -121,8 +126,7 @@ class Matmul(Kernel):
     def compute(self, xp, blocks, params):
         return _scaled(xp.matmul(blocks["a"], blocks["b"]), params["alpha"])
 
-    def batched_partials(self, xp, blocks, params, spans, first, n, chunk):
-        return _scaled(_batched_matmul(xp, blocks["a"], blocks["b"], spans, n, chunk, ("a", "b")), params["alpha"])
+    batched_partials = _ab_partials
 
 
 class BatchedMatmul(Kernel):
@@ -143,8 +147,7 @@ class BatchedMatmul(Kernel):
     def compute(self, xp, blocks, params):
         return _scaled(xp.matmul(blocks["a"], blocks["b"]), params["alpha"])
 
-    def batched_partials(self, xp, blocks, params, spans, first, n, chunk):
-        return _scaled(_batched_matmul(xp, blocks["a"], blocks["b"], spans, n, chunk, ("a", "b")), params["alpha"])
+    batched_partials = _ab_partials
 
 
 class Linear(Kernel):

@@ -148,3 +148,17 @@ def test_bench_fidelity_runs_its_cupy_path(fake, monkeypatch, capsys):
     assert line["plans"] == 6 and line["verified"] == 6
     assert {"preset", "calibrated", "online refit (held out)"} <= set(line["models"])
     assert fake.stats["elapsed"] > 0  # timed with (fake) CUDA events
+
+
+def test_bench_fidelity_refuses_an_unknown_hardware(monkeypatch, capsys):
+    """A typo in ``--hardware`` is one clear line and exit status 2, before anything is timed."""
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_fidelity.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--hardware", "h100-sxm-9", "--quick"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(script), run_name="__main__")
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--hardware 'h100-sxm-9'" in err and "known presets" in err and "Traceback" not in err
