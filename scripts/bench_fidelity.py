@@ -36,6 +36,12 @@ Goal (issue 13): Spearman >= 0.9 and mean |log| <= 0.2, with and without the onl
 the workloads are larger (``GPU_WORKLOADS``: a few ms per plan, shards from launch-bound to
 compute-bound on an H100). The reference outputs are still computed with NumPy.
 
+``--records PATH`` writes every measured record (kernel points, every plan's shards and
+transfers); ``--replay PATH`` scores the models on such a file without measuring: a GPU's run,
+say, re-scored here with later calibration or model code (the plans are rebuilt from the seed
+and checked against the recorded digests; plans this code no longer draws are predicted from
+their recorded shard work, without modelled transfers or residuals by kernel).
+
 ``--retest``: no models; the plans under test are measured twice, one complete measurement after
 the other (each ``--rounds`` passes), and the two are compared (Spearman and mean |log| of one
 against the other): the measurement's self-consistency, about the best any model can show.
@@ -49,7 +55,7 @@ writes the JSON too.
 
 Usage: ``python scripts/bench_fidelity.py [--backend numpy|cupy] [--hardware PRESET] [--plans 50]
 [--rounds 3] [--repeats 2] [--every 5] [--seed 0] [--cal-plans 3] [--statistic min|median] [--retest]
-[--quick] [--json PATH]``
+[--quick] [--json PATH] [--records PATH] [--replay PATH]``
 """
 
 from __future__ import annotations
@@ -198,6 +204,28 @@ def retest(a, sizes: dict) -> dict:
     return out
 
 
+def write_records(a, sizes: dict, machine: str, kernel_recs: list, merged: dict, n_cal: int, jobs: list,
+                  loads: tuple[float, float]) -> None:
+    """Every measured record of the run, for ``--replay``: the kernel points, the calibration
+    plans' and the test plans' records (with each test plan's workload and digest)."""
+    doc = {"bench": "fidelity-records", "backend": a.backend, "hardware": a.hardware, "machine": machine,
+           "quick": a.quick, "seed": a.seed, "plans": a.plans, "rounds": a.rounds, "repeats": a.repeats,
+           "statistic": a.statistic, "sizes": sizes, "load_average": list(loads),
+           "kernel": kernel_recs, "cal": [merged[("cal", i)] for i in range(n_cal)],
+           "test": [{"workload": w, "digest": g.digest, "records": merged[("test", i)]}
+                    for i, (w, g) in enumerate(jobs)]}
+    Path(a.records).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.records).write_text(json.dumps(doc, default=float) + "\n")
+
+
+def replay_records(doc: dict) -> tuple[list, dict, int, tuple[float, float]]:
+    """``(kernel records, {("cal"|"test", i): records}, calibration plans, load averages)`` of a
+    ``--records`` file."""
+    merged = {("cal", i): recs for i, recs in enumerate(doc["cal"])}
+    merged.update({("test", i): t["records"] for i, t in enumerate(doc["test"])})
+    return doc["kernel"], merged, len(doc["cal"]), tuple(doc["load_average"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=("numpy", "cupy"), default="numpy",
@@ -218,6 +246,10 @@ def main() -> int:
                     help="measure the plans under test twice and compare (self-consistency); no models")
     ap.add_argument("--quick", action="store_true", help="tiny workloads and the quick kernel spread (smoke test)")
     ap.add_argument("--json", help="also write the results as JSON to this path")
+    ap.add_argument("--records", help="also write every measured record (kernel points, plans' shards and "
+                                      "transfers) as JSON to this path, for --replay")
+    ap.add_argument("--replay", help="no measurements: score the models on the records of an earlier run "
+                                     "(--records), e.g. a GPU's, with this code's calibration and model")
     a = ap.parse_args()
 
     from costmodel.evaluate import serial_prediction
@@ -235,11 +267,24 @@ def main() -> int:
     sizes = QUICK if a.quick else GPU_WORKLOADS if gpu else WORKLOADS
     from executor.backend import BackendError
 
-    try:
-        machine = device_name(a.backend)
-    except BackendError as e:
-        print(f"bench_fidelity: --backend {a.backend}: {e}", file=sys.stderr)
-        return 2
+    replay = None
+    if a.replay:
+        try:
+            replay = json.loads(Path(a.replay).read_text())
+            a.backend, a.quick, a.seed, a.plans = replay["backend"], replay["quick"], replay["seed"], replay["plans"]
+            a.hardware, machine = a.hardware or replay["hardware"], replay["machine"] + " (replayed)"
+            a.rounds, a.repeats, a.statistic = replay["rounds"], replay["repeats"], replay["statistic"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"bench_fidelity: --replay {a.replay!r}: not the records of a run (--records): {e}", file=sys.stderr)
+            return 2
+        gpu = a.backend == "cupy"
+        sizes = {k: dict(v) for k, v in replay["sizes"].items()}
+    else:
+        try:
+            machine = device_name(a.backend)
+        except BackendError as e:
+            print(f"bench_fidelity: --backend {a.backend}: {e}", file=sys.stderr)
+            return 2
     if a.hardware is None:
         a.hardware = ("h200-sxm-8" if "H200" in machine else "h100-sxm-8") if gpu else "cpu"
     from costmodel.hardware import HardwareError
@@ -256,17 +301,30 @@ def main() -> int:
         out = retest(a, sizes)
     else:
         preset = executed_hardware(load_hardware(a.hardware))
-        cases = kernel_spread(a.backend, a.quick)
-        cal_jobs = calibration_plans(sizes, a.cal_plans, seed=a.seed + 1000)
         jobs = test_jobs(sizes, a.plans, a.seed)
-        items = ([(("cal", i), g) for i, (_, g) in enumerate(cal_jobs)]
-                 + [(("test", i), g) for i, (_, g) in enumerate(jobs)])
-        load0 = os.getloadavg()[0]
-        kernel_recs, merged = measure_rounds(
-            cases, items, preset, a.backend, rounds=a.rounds, repeats=a.repeats, statistic=a.statistic, seed=a.seed,
-            progress=lambda r, n: print(f"  round {r}/{n} ({time.perf_counter() - t0:.0f} s, load average "
-                                        f"{os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True))
-        load1 = os.getloadavg()[0]
+        if replay is None:
+            cases = kernel_spread(a.backend, a.quick)
+            cal_jobs = calibration_plans(sizes, a.cal_plans, seed=a.seed + 1000)
+            items = ([(("cal", i), g) for i, (_, g) in enumerate(cal_jobs)]
+                     + [(("test", i), g) for i, (_, g) in enumerate(jobs)])
+            load0 = os.getloadavg()[0]
+            kernel_recs, merged = measure_rounds(
+                cases, items, preset, a.backend, rounds=a.rounds, repeats=a.repeats, statistic=a.statistic,
+                seed=a.seed, progress=lambda r, n: print(f"  round {r}/{n} ({time.perf_counter() - t0:.0f} s, load "
+                                                         f"average {os.getloadavg()[0]:.2f})", file=sys.stderr,
+                                                         flush=True))
+            load1 = os.getloadavg()[0]
+            if a.records:
+                write_records(a, sizes, machine, kernel_recs, merged, len(cal_jobs), jobs, (load0, load1))
+        else:
+            kernel_recs, merged, n_cal, (load0, load1) = replay_records(replay)
+            cal_jobs = [None] * n_cal
+            if [w for w, _ in jobs] != [t["workload"] for t in replay["test"]] or any(
+                    g.digest != t["digest"] for (_, g), t in zip(jobs, replay["test"])):
+                print("bench_fidelity: this code's random plans differ from the recorded ones: plans are predicted "
+                      "from their recorded shard work (no modelled transfers, no residuals by kernel)",
+                      file=sys.stderr)
+                jobs = [(t["workload"], None) for t in replay["test"]]
         # offline calibration: the kernel spread, then the shards of the held-out calibration plans
         cal_res = calibrate_records(kernel_recs, preset)
         cal_records = [r for i in range(len(cal_jobs)) for r in merged[("cal", i)]]
@@ -285,13 +343,20 @@ def main() -> int:
             plan = recs[-1]
             records += recs
             # the refit made before this plan was measured (held out)
-            online = float(predict_plans(plan_points(recs), online_hw)[0])
-            serial, with_transfers = plan_predictions(g, cal)
-            rows.append({"workload": name, "digest": g.digest[:12], "shards": g.n_shards,
+            pts = plan_points(recs)
+            online = float(predict_plans(pts, online_hw)[0])
+            if g is not None:
+                serial, with_transfers = plan_predictions(g, cal)
+                at_preset = serial_prediction(g, preset)
+            else:  # replayed records of other plans: the serial model from the shards' recorded work
+                serial, at_preset = float(predict_plans(pts, cal)[0]), float(predict_plans(pts, preset)[0])
+                with_transfers = float("nan")
+            n_shards = len(pts[0]["shards"])
+            rows.append({"workload": name, "digest": plan["plan_digest"][:12], "shards": n_shards,
                          "transfers": plan["details"]["transfers"], "verified": plan["verified"],
-                         "measured_s": plan["measured_seconds"], "preset_s": serial_prediction(g, preset),
+                         "measured_s": plan["measured_seconds"], "preset_s": at_preset,
                          "calibrated_s": serial, "calibrated_transfers_s": with_transfers, "online_s": online})
-            print(f"  plan {i:2d} {name:11s} {g.n_shards:3d} shards {rows[-1]['transfers']:3d} transfers: measured "
+            print(f"  plan {i:2d} {name:11s} {n_shards:3d} shards {rows[-1]['transfers']:3d} transfers: measured "
                   f"{plan['measured_seconds'] * 1e3:8.2f} ms, calibrated {serial * 1e3:8.2f} ms, "
                   f"online {online * 1e3:8.2f} ms", file=sys.stderr, flush=True)
             if (i + 1) % a.every == 0:  # the campaign's refit, from the offline-calibrated hardware
@@ -301,7 +366,10 @@ def main() -> int:
         meas = [r["measured_s"] for r in rows]
         models = {"preset": "preset_s", "calibrated": "calibrated_s", "calibrated + transfers": "calibrated_transfers_s",
                   "online refit (held out)": "online_s"}
+        if any(r["calibrated_transfers_s"] != r["calibrated_transfers_s"] for r in rows):  # NaN: not replayable
+            del models["calibrated + transfers"]
         out = {"bench": "fidelity", "backend": a.backend, "hardware": a.hardware, "plans": len(rows),
+               "replayed": a.replay,
                "rounds": a.rounds, "repeats": a.repeats,
                "statistic": a.statistic, "every": a.every, "seed": a.seed, "quick": a.quick,
                "machine": f"{machine}; host {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
@@ -328,7 +396,8 @@ def main() -> int:
               f"({out['verified']} verified; measured {min(meas) * 1e3:.2f}-{max(meas) * 1e3:.2f} ms; "
               f"load average {load0:.2f} -> {load1:.2f}):\n")
         print_table(["model", "all", *sizes], table)
-        res = kernel_residuals(jobs, [merged[("test", i)] for i in range(len(jobs))], cal)
+        res = kernel_residuals(jobs, [merged[("test", i)] for i in range(len(jobs))], cal) if all(
+            g is not None for _, g in jobs) else []
         out["residuals"] = res
         print("\nresiduals of the calibrated model per kernel [class], the test plans' shards:\n")
         print_table(["kernel [class]", "shards", "measured", "median log(model/measured)", "quartiles"],

@@ -23,6 +23,7 @@ step() {  # name, seconds, command...
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   echo "== $name: rc=$? in $((SECONDS - t)) s"; tail -25 "$OUT/$name.log" | cut -c1-400
 }
-step fidelity "${1:-240}" python3 scripts/bench_fidelity.py --backend cupy --rounds 2 --repeats 3 --json "$OUT/fidelity.json"
+step fidelity "${1:-240}" python3 scripts/bench_fidelity.py --backend cupy --rounds 2 --repeats 3 --json "$OUT/fidelity.json" \
+  --records "$OUT/fidelity_records.json"
 step bench_gpu "${2:-150}" python3 scripts/bench_gpu.py --json "$OUT/bench_gpu.json"
 step pytest_gpu "${3:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu
