@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of this repository in one run, for a lent GPU machine (the device tool's bare
 # image: CuPy, torch and NumPy there, this project's other dependencies carried as wheels in .whl/,
-# see docs/benchmarks.md "GPU"). Each step has its own time limit, so one that hangs leaves the
+# made here by scripts/gpu_wheels.sh). Each step has its own time limit, so one that hangs leaves the
 # others' results. Logs and JSON go to $OUT (default out/gpu).
 #   bash scripts/gpu_checks.sh [fidelity_s=240] [bench_gpu_s=150] [pytest_s=120]
 set -u
