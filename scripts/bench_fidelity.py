@@ -260,13 +260,11 @@ def main() -> int:
     from optimizer.realrun.online import plan_points, predict_plans, refit
     from optimizer.realrun.rounds import measure_rounds
 
+    from costmodel.hardware import HardwareError
+    from executor.backend import BackendError
     from executor.device_run import device_name
 
     t0 = time.perf_counter()
-    gpu = a.backend == "cupy"
-    sizes = QUICK if a.quick else GPU_WORKLOADS if gpu else WORKLOADS
-    from executor.backend import BackendError
-
     replay = None
     if a.replay:
         try:
@@ -277,18 +275,17 @@ def main() -> int:
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"bench_fidelity: --replay {a.replay!r}: not the records of a run (--records): {e}", file=sys.stderr)
             return 2
-        gpu = a.backend == "cupy"
-        sizes = {k: dict(v) for k, v in replay["sizes"].items()}
     else:
         try:
             machine = device_name(a.backend)
         except BackendError as e:
             print(f"bench_fidelity: --backend {a.backend}: {e}", file=sys.stderr)
             return 2
+    gpu = a.backend == "cupy"
+    sizes = ({k: dict(v) for k, v in replay["sizes"].items()} if replay else
+             QUICK if a.quick else GPU_WORKLOADS if gpu else WORKLOADS)
     if a.hardware is None:
         a.hardware = ("h200-sxm-8" if "H200" in machine else "h100-sxm-8") if gpu else "cpu"
-    from costmodel.hardware import HardwareError
-
     try:
         load_hardware(a.hardware)
     except (HardwareError, OSError, ValueError) as e:

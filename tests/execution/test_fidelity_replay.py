@@ -1,6 +1,7 @@
-"""``scripts/bench_fidelity.py --records`` / ``--replay``: a run's measurements scored again
-offline (a GPU's, with later code) give the run's own figures when nothing changed, and the
-recorded plans' shard work stands in for plans this code no longer draws."""
+"""``scripts/bench_fidelity.py``'s command line. ``--records`` / ``--replay``: a run's
+measurements scored again offline (a GPU's, with later code) give the run's own figures when
+nothing changed, and the recorded plans' shard work stands in for plans this code no longer
+draws. Bad input is refused with one line."""
 
 from __future__ import annotations
 
@@ -53,3 +54,10 @@ def test_replay_of_a_file_that_is_no_records_is_refused(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert "--replay" in err and "not the records of a run" in err and "Traceback" not in err
     assert _run(monkeypatch, "--replay", str(tmp_path / "missing.json")) == 2
+
+
+def test_an_unknown_hardware_is_refused(monkeypatch, capsys):
+    """A typo in ``--hardware`` is one clear line and exit status 2, before anything is timed."""
+    assert _run(monkeypatch, "--hardware", "h100-sxm-9", "--quick") == 2
+    err = capsys.readouterr().err
+    assert "--hardware 'h100-sxm-9'" in err and "known presets" in err and "Traceback" not in err
