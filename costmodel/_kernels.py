@@ -391,6 +391,25 @@ def _candidates(p_lo, p_hi, pi, r_counts, dims, ok, order, lo_s, hi_s, buf):
 
 
 @njit(cache=True, nogil=True)
+def _box_hash(lo, hi, a, b):
+    """53-bit hash (exact in a float64) of the bounding box of boxes ``a:b`` of ``lo``/``hi``:
+    what a transfer carries, compared among one source's transfers (``collectives.classify``)."""
+    h = np.uint64(0x9E3779B97F4A7C15)
+    for j in range(lo.shape[1]):
+        x = lo[a, j]
+        y = hi[a, j]
+        for i in range(a + 1, b):
+            if lo[i, j] < x:
+                x = lo[i, j]
+            if hi[i, j] > y:
+                y = hi[i, j]
+        for v in (x, y):
+            h = (h ^ np.uint64(v)) * np.uint64(0xBF58476D1CE4E5B9)
+            h ^= h >> np.uint64(31)
+    return np.float64(h >> np.uint64(11))
+
+
+@njit(cache=True, nogil=True)
 def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize, dev_per_node,
                  lat_intra, bw_intra, epb_intra, lat_inter, bw_inter, epb_inter):
     """Edges from the producer's shards to every reader shard of one tensor.
@@ -398,8 +417,9 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
     Returns ``counts`` int64[3] = (L, T, Q), ``ints`` int64[L + T + Q, 3] holding L local edges
     (producer shard, reader, reader shard), T transfers (producer shard, destination device, first
     reader) and Q transfer→reader edges (transfer, reader, reader shard), and ``flts``
-    float64[T, 5] = (bytes, port seconds = bytes / bandwidth, joules per byte, latency seconds,
-    link: 0 = intra-node port, 1 = inter-node port) per transfer. One transfer per (producer shard, destination device) carries the union of what
+    float64[T, 6] = (bytes, port seconds = bytes / bandwidth, joules per byte, latency seconds,
+    link: 0 = intra-node port, 1 = inter-node port, content: a 53-bit hash of the bounding box of
+    what it carries, equal for two transfers that carry the same box) per transfer. One transfer per (producer shard, destination device) carries the union of what
     that device's reader shards need from it.
     Reader shards are concatenated reader by reader (``r_counts[k]`` shards of reader ``k``).
     """
@@ -438,7 +458,7 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
                         seen[c_dev[cj]] = pi
                         T += 1
     ints = np.empty((L + T + Q, 3), np.int64)
-    flts = np.empty((T, 5), np.float64)
+    flts = np.empty((T, 6), np.float64)
     counts = np.empty(3, np.int64)
     counts[0] = L
     counts[1] = T
@@ -512,6 +532,7 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
             flts[t, 2] = epb
             flts[t, 3] = lat
             flts[t, 4] = lk
+            flts[t, 5] = _box_hash(slo, shi, pos[d], pos[d + 1])
             tid[d] = t
             t += 1
             t_row += 1

@@ -10,8 +10,10 @@ over the NIC, and reaches a known fraction of the line rate):
   op on several devices (data-parallel weight gradients, Megatron's row-parallel output);
 - **reduce**: the same into one device;
 - **all-gather**: every source shard sends the same box to several devices (the reads of a
-  sharded state: FSDP/ZeRO's parameter gather; a replicated read of an activation);
-- **broadcast**: one source shard to several devices;
+  sharded state: FSDP/ZeRO's parameter gather; a replicated read of an activation); the
+  lowering compares what the transfers carry (their boxes), not only their sizes;
+- **broadcast**: one source shard sends the same box to several devices (a different box to each
+  is a scatter, costed as an all-to-all: the source's ports carry every piece);
 - **all-to-all**: any other exchange, a reshuffle between layouts (different boxes to different
   devices), which frameworks run as one grouped send/recv to every peer (PyTorch's
   ``all_to_all_single`` on NCCL, DTensor's redistribute between shardings).
@@ -168,12 +170,14 @@ def all_to_all_time(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, hw: Ha
     return CollectiveCost("all_to_all", "pairwise", float(nbytes.sum()), ranks.shape[0], nodes, seconds, latency)
 
 
-def classify(reduce: bool, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, shard: np.ndarray) -> str | None:
+def classify(reduce: bool, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, shard: np.ndarray,
+             content: np.ndarray | None = None) -> str | None:
     """The collective a group of point-to-point transfers is (``None``: it stays point to point).
 
     ``src``/``dst``: devices of each transfer; ``shard``: the source shard it comes from;
-    ``nbytes``: its bytes; ``reduce``: the readers are ``accumulate`` ops (partials of a split
-    reduction). Rules in the module docstring."""
+    ``nbytes``: its bytes; ``content``: what it carries (equal values: the same box; the lowering
+    passes a hash of its bounding box; None: judged by bytes alone); ``reduce``: the readers are
+    ``accumulate`` ops (partials of a split reduction). Rules in the module docstring."""
     if src.shape[0] < 2:
         return None
     ranks = np.union1d(src, dst)
@@ -191,6 +195,11 @@ def classify(reduce: bool, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
     if counts.min() < 2 or np.unique(shard).shape[0] != starts.shape[0]:
         return "all_to_all"
     if not np.all(nbytes == np.repeat(nbytes[starts], counts)):
+        return "all_to_all"
+    # equal sizes are not enough: a reshuffle between layouts (rows to columns) sends each device
+    # a different block of one size, which NCCL cannot ring-gather (each rank's data is not the
+    # same for every peer): an all-to-all
+    if content is not None and not np.all(content == np.repeat(content[starts], counts)):
         return "all_to_all"
     return "broadcast" if starts.shape[0] == 1 else "all_gather"
 

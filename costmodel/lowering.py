@@ -851,7 +851,7 @@ class Lowerer:
         dst = rows[:, 1]
         if np.count_nonzero(np.bincount(np.concatenate((src, dst)), minlength=self.hw.n_devices)) < C.MIN_RANKS:
             return none  # the common case, decided without sorting
-        nbytes, epb = flts[:, 0], flts[:, 2]
+        nbytes, epb, content = flts[:, 0], flts[:, 2], flts[:, 5]
         if r_counts is None:
             t_ex, q_ex, n_ex = _exchanges(ints[:L + T + Q], L, T, src, self.hw.n_devices)
         else:
@@ -864,7 +864,7 @@ class Lowerer:
         for sel in _rows_of(t_ex, n_ex):
             if r_counts is not None and not np.isin(dst[sel], src[sel]).all():
                 return none  # a microbatch's data sent to other devices: a pipeline's send
-            one = self._collective(src[sel], dst[sel], nbytes[sel], shard[sel], epb[sel], reduce)
+            one = self._collective(src[sel], dst[sel], nbytes[sel], shard[sel], epb[sel], reduce, content[sel])
             if one is None:
                 return none
             rows_.append(one[0])
@@ -872,12 +872,12 @@ class Lowerer:
             costs.append(one[2])
         return np.stack(rows_), np.concatenate(parts), tuple(costs), (t_ex, q_ex, n_ex)
 
-    def _collective(self, src, dst, nbytes, shard, epb, reduce: bool):
+    def _collective(self, src, dst, nbytes, shard, epb, reduce: bool, content=None):
         """(coll row, parts, cost) of one exchange run as a collective, or None (point to point)."""
         seen = np.bincount(np.concatenate((src, dst)), minlength=self.hw.n_devices)
         if np.count_nonzero(seen) < C.MIN_RANKS:
             return None
-        kind = C.classify(reduce, src, dst, nbytes, shard)
+        kind = C.classify(reduce, src, dst, nbytes, shard, content)
         if kind is None:
             return None
         ranks = np.flatnonzero(seen)

@@ -102,6 +102,41 @@ def test_a_reshuffle_between_layouts_is_one_all_to_all():
     assert e.makespan == pytest.approx(pe.makespan, rel=1e-12)
 
 
+def test_rows_to_columns_is_an_all_to_all_not_an_all_gather():
+    """Rows in 4 blocks on devices 0-3 read in 4 column blocks on the same devices: every device
+    sends each other one a 64 x 64 block, all of one size but each a different block. Sizes alone
+    called it an all-gather (a ring at the bus efficiency over the whole tensor); it is an
+    all-to-all: each device sends 3 blocks and receives 3, its busiest port lasts 3 blocks /
+    NVLink's line rate. A replicated read (every device reads all rows) stays an all-gather."""
+    b = GraphBuilder()
+    b.relu(b.relu(b.input("x", (256, 256)), name="a"), name="b")
+    g = place(split(b.build(), "a", 0, 4), "a", [0, 1, 2, 3])
+    g = retile(g, "b", [1, 4], [0, 1, 2, 3])
+    low = Lowerer(HW8, collectives=True).lower(g)
+    c = low.n_compute
+    block = 64 * 64 * 4  # float32
+    assert low.kind[c:].tolist() == [2] and low.alloc[c] == 12 * block
+    assert low.dur[c] == pytest.approx(3 * block / HW8.intra_link.bandwidth, rel=1e-12) and low.lat[c] == LNV
+    assert low.part_dev.tolist() == [0, 1, 2, 3] and low.part_alloc.tolist() == [3 * block] * 4
+    # every device reads every row: each sends its whole block to the 3 others, a ring all-gather
+    b3 = GraphBuilder()
+    b3.matmul(b3.relu(b3.input("x", (256, 256)), name="a"), b3.input("w", (256, 64)), name="b")
+    g3 = place(split(b3.build(), "a", 0, 4), "a", [0, 1, 2, 3])
+    g3 = retile(g3, "b", [1, 4], [0, 1, 2, 3])  # b's 4 column blocks each read every row of a
+    low3 = Lowerer(HW8, collectives=True).lower(g3)
+    c3 = low3.n_compute
+    S = 256 * 256 * 4
+    assert low3.kind[c3:].tolist() == [2]
+    assert low3.dur[c3] == pytest.approx(3 / 4 * S / BNV, rel=1e-12) and low3.lat[c3] == pytest.approx(3 * LNV)
+    # one device's rows read in 4 blocks on devices 0-3: a scatter (each peer a different block),
+    # not a broadcast of one block: the source's egress carries all three
+    g4 = retile(b.build(), "b", [4, 1], [0, 1, 2, 3])  # a: one shard on device 0
+    low4 = Lowerer(HW8, collectives=True).lower(g4)
+    c4 = low4.n_compute
+    assert low4.kind[c4:].tolist() == [2] and low4.alloc[c4] == 3 * S / 4
+    assert low4.dur[c4] == pytest.approx(3 * S / 4 / HW8.intra_link.bandwidth, rel=1e-12)
+
+
 def test_classify():
     a = np.array
     # 3 devices each sending the same box to the 2 others: an all-gather
@@ -111,6 +146,12 @@ def test_classify():
     # different boxes to different devices: an all-to-all
     assert classify(False, src, dst, a([8.0, 4, 8, 4, 8, 4]), shard) == "all_to_all"
     assert classify(False, src, dst, np.full(6, 8.0), a([0, 1, 1, 2, 2, 3])) == "all_to_all"  # shards 0 and 3 sent once
+    # equal sizes, but each source sends different boxes: an all-to-all; the same box: all-gather
+    assert classify(False, src, dst, np.full(6, 8.0), shard, a([1.0, 2, 3, 4, 5, 6])) == "all_to_all"
+    assert classify(False, src, dst, np.full(6, 8.0), shard, a([1.0, 1, 2, 2, 3, 3])) == "all_gather"
+    # one source: the same box to each is a broadcast, a different one a scatter (an all-to-all)
+    assert classify(False, a([0, 0]), a([1, 2]), a([8.0, 8.0]), a([0, 0]), a([5.0, 5.0])) == "broadcast"
+    assert classify(False, a([0, 0]), a([1, 2]), a([8.0, 8.0]), a([0, 0]), a([5.0, 6.0])) == "all_to_all"
     # two devices: point to point
     assert classify(False, a([0, 0]), a([1, 1]), a([8.0, 8.0]), a([0, 1])) is None
     assert classify(False, a([0, 0]), a([1, 2]), a([8.0, 8.0]), a([0, 0])) == "broadcast"

@@ -45,10 +45,11 @@ def test_training_plan_lists_its_collectives_and_draws(tmp_path):
 def test_each_replica_s_collective_is_counted_once_per_row():
     """Megatron TP8 inside each of 8 nodes x DP8: each tensor-parallel all-gather and
     reduce-scatter runs in every node on its own (8 ranks, one node, NVLink), listed once with
-    a count of 8."""
+    a count of 8. (Eight heads: with four, TP8 splits the head dim and two tensors are reshuffled
+    between layouts, all-to-alls.)"""
     from optimizer.search.baselines import megatron
 
-    g = workloads.build("transformer", batch=8, seq=128, d_model=256, heads=4, d_ff=1024)
+    g = workloads.build("transformer", batch=8, seq=128, d_model=256, heads=8, d_ff=1024)
     r = explain(Evaluator(PRESETS["h100-sxm-64"]), megatron(g, 64))
     assert r["collectives"] and {c["kind"] for c in r["collectives"]} == {"all_gather", "reduce_scatter"}
     assert all((c["count"], c["ranks"], c["nodes"]) == (8, 8, 1) for c in r["collectives"])
