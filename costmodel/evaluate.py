@@ -38,6 +38,7 @@ compare, PaLM appendix B). A recomputation rewrite adds hardware FLOPs, not mode
 
 from __future__ import annotations
 
+import time
 from dataclasses import astuple, dataclass, field
 from typing import Any
 
@@ -213,6 +214,15 @@ class Evaluator:
         self._logical_facts: dict[tuple, ProgramFacts] = {}
         self._programs = GraphMemo()  # recent whole models' program numbers (layers="repeat")
         self._capacity = self.hw.device.mem_capacity
+        # seconds spent per phase (truncate, lower, lookahead, simulate) when set to a dict: where
+        # an evaluation goes, for benchmarks (scripts/bench_costmodel.py); None: not timed
+        self.phase_seconds: dict[str, float] | None = None
+
+    def _timed(self, phase: str, t0: float) -> float:
+        """Add the time since ``t0`` to ``phase`` (when timing); return the clock now."""
+        now = time.perf_counter()
+        self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + now - t0
+        return now
 
     def __call__(self, g: Graph, keep: bool = False) -> Evaluation:
         self._gc.tick()
@@ -226,10 +236,13 @@ class Evaluator:
         """``g``'s evaluation extended from two truncations (``costmodel.repetition``), or None
         (evaluate it whole). A proxy (``model_layers``) that cannot be cut is refused: its own
         figures would stand for a model ten times its size, and a search would seek them out."""
+        t0 = time.perf_counter() if self.phase_seconds is not None else 0.0
         rep = repetition(g, model_layers=self.model_layers)
         small = big = None
         if rep is not None:
             small, big = truncate(g, rep.small), truncate(g, rep.big)
+        if self.phase_seconds is not None:
+            self._timed("truncate", t0)
         if small is None or big is None:
             return self._refused(g) if self.model_layers is not None else None
         # the truncations' own program facts are needed only for a proxy (no whole program)
@@ -290,10 +303,18 @@ class Evaluator:
     def _whole(self, g: Graph, keep: bool, facts: bool = True) -> Evaluation:
         """``g`` simulated whole. ``facts=False``: without its program's facts (bound, FLOPs,
         floor left at 0), for truncations whose own program facts nobody reads."""
+        timing = self.phase_seconds is not None
+        t = time.perf_counter() if timing else 0.0
         low = self.lowerer.lower(g)
+        if timing:
+            t = self._timed("lower", t)
         s = None
         for ctl in lookahead_tiers(low, g, self.lookahead):  # the first the data edges leave acyclic
+            if timing:
+                t = self._timed("lookahead", t)
             s = low.simulate(ctl, cycle_ok=True)
+            if timing:
+                t = self._timed("simulate", t)
             if s is not None:
                 break
         if s is None:  # a cycle in the data edges themselves

@@ -24,7 +24,9 @@ A case with the suffix ``:repeat`` (``llama2-7b-train@64:repeat``) evaluates wit
 objectives extended along the layers) and ties each move to its layer's class
 (``ir.rewrites.tie``: a move in one layer is made in every layer like it, as a whole-model search
 that keeps one layout per repeated layer does); the rewrite time includes the tie. Its ``nodes``
-are the larger truncation's; it skips the split and cache runs.
+are the larger truncation's; it skips the cache runs, and its split (200 more steps, 100 for the
+70B; wall time) is the rewrite with its tie, then the evaluation's phases: ``truncate`` (cutting
+the two truncations), ``lower``, ``lookahead`` (the control edges), ``simulate`` and ``other``.
 
 Each start plan is pre-sharded with 20-25 random rewrites (tens of shards at 8 devices, hundreds
 at 64). The walk then accepts a child as the next parent with probability 1/2 and restarts from
@@ -167,7 +169,7 @@ def run_case(case: str, seconds: float, repeats: int, restart: int, seed: int) -
     if repeat:  # the whole model is never lowered: the larger truncation's nodes
         rep = ev(g0).repetition
         low = ev.lowerer.lower(truncate(g0, rep.big)) if rep is not None else ev(g0, keep=True).lowered
-        split, caches = {}, {}
+        split, caches = profile_phases(ev, g0, rng, n, cap, restart, 100 if "70b" in case else 200), {}
     else:
         low = ev(g0, keep=True).lowered
         extra = 20 if case == "llama2-7b-train@64" else 300  # steps of the split and cache runs (~1 s each there)
@@ -264,6 +266,36 @@ def profile_split(ev, g0, rng, n, cap: int, restart: int, steps: int = 300) -> d
     return {"rewrite": us(t_rw), "lower": us(t_low), "simulate": us(t_sim)}
 
 
+def profile_phases(ev, g0, rng, n, cap: int, restart: int, steps: int) -> dict:
+    """Mean microseconds per step of a ``:repeat`` walk (wall time, not timed in the rounds): the
+    rewrite with its tie, and the evaluation's phases (``Evaluator.phase_seconds``): cutting the
+    two truncations, lowering, the lookahead's control edges, simulation, and the rest (program
+    facts, extension along the layers)."""
+    t_rw = t_ev = 0.0
+    ev.phase_seconds = {}
+    g = g0
+    for i in range(steps):
+        t0 = time.perf_counter()
+        try:
+            child, _m = random_rewrite(g, rng, n, max_shards_per_op=cap)
+        except RewriteError:
+            g = g0
+            continue
+        child = tie(g, child)
+        t1 = time.perf_counter()
+        ev(child)
+        t_rw += t1 - t0
+        t_ev += time.perf_counter() - t1
+        g = child if rng.random() < 0.5 else g
+        if i % restart == restart - 1:
+            g = g0
+    phases, ev.phase_seconds = ev.phase_seconds, None
+    us = lambda x: round(x / steps * 1e6, 1)  # noqa: E731
+    out = {"rewrite": us(t_rw), **{k: us(v) for k, v in phases.items()}}
+    out["other"] = us(t_ev - sum(phases.values()))
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=3.0, help="timed seconds per round")
@@ -284,9 +316,10 @@ def main(argv: list[str] | None = None) -> dict:
           "us per step: rewrite / lower / simulate")
     for r in results:
         s = r["split_us"] or {"rewrite": float("nan"), "lower": float("nan"), "simulate": float("nan")}
+        more = ", ".join(f"{k} {s[k]:.0f}" for k in ("truncate", "lookahead", "other") if k in s)
         print(f"{r['case']:<28}{r['ops']:>5}{r['mean_shards']:>8.0f}{r['start_nodes']:>7}{r['eval_per_s']:>10.0f}"
               f"{r['step_per_s']:>10.0f}{goals.get(r['case'], float('nan')):>8.0f}   "
-              f"{s['rewrite']:.0f} / {s['lower']:.0f} / {s['simulate']:.0f}")
+              f"{s['rewrite']:.0f} / {s['lower']:.0f} / {s['simulate']:.0f}" + (f" ({more})" if more else ""))
     print("cache hit rates (entries/cap): " + "; ".join(
         f"{r['case']}: " + ", ".join(f"{k} {v['hit_rate']:.0%} ({v['entries']}/{v['cap']})"
                                      for k, v in r["caches"].items()) for r in results))

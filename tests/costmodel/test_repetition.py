@@ -110,6 +110,20 @@ def test_repeat_falls_back_to_whole():
         Evaluator("h100-sxm-8", layers="some")
 
 
+def test_phase_seconds_time_each_part_and_change_nothing():
+    """``Evaluator.phase_seconds`` (a dict): the seconds of each phase of the evaluations made
+    while it is set, two truncations each; the objectives are those of an untimed evaluator."""
+    g = zero3(workloads.build("llama", layers=9, **TINY), 4)
+    timed = Evaluator("h100-sxm-8", layers="repeat")
+    timed.phase_seconds = {}
+    e = timed(g)
+    assert e.repetition is not None
+    assert set(timed.phase_seconds) == {"truncate", "lower", "lookahead", "simulate"}
+    assert all(v > 0 for v in timed.phase_seconds.values())
+    plain = Evaluator("h100-sxm-8", layers="repeat")
+    assert plain.phase_seconds is None and plain(g).objectives() == e.objectives()
+
+
 def test_layers_made_different_are_kept_whole(plans):
     p = plans["zero3"]
     rng = np.random.default_rng(3)
