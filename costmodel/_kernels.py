@@ -391,11 +391,12 @@ def _candidates(p_lo, p_hi, pi, r_counts, dims, ok, order, lo_s, hi_s, buf):
 
 
 @njit(cache=True, nogil=True)
-def _box_hash(lo, hi, a, b):
-    """53-bit hash (exact in a float64) of the bounding box of boxes ``a:b`` of ``lo``/``hi``:
-    what a transfer carries, compared among one source's transfers (``collectives.classify``)."""
+def _box_hash(lo, hi, a, b, first):
+    """53-bit hash (exact in a float64) of the bounding box of boxes ``a:b`` of ``lo``/``hi``
+    over dims ``first:``: what a transfer carries, compared among one source's transfers
+    (``collectives.classify``)."""
     h = np.uint64(0x9E3779B97F4A7C15)
-    for j in range(lo.shape[1]):
+    for j in range(first, lo.shape[1]):
         x = lo[a, j]
         y = hi[a, j]
         for i in range(a + 1, b):
@@ -419,7 +420,8 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
     reader) and Q transfer→reader edges (transfer, reader, reader shard), and ``flts``
     float64[T, 6] = (bytes, port seconds = bytes / bandwidth, joules per byte, latency seconds,
     link: 0 = intra-node port, 1 = inter-node port, content: a 53-bit hash of the bounding box of
-    what it carries, equal for two transfers that carry the same box) per transfer. One transfer per (producer shard, destination device) carries the union of what
+    what it carries, equal for two transfers that carry the same box; the same without the first
+    dim: for partials, the box of the sum they are part of, whatever their part) per transfer. One transfer per (producer shard, destination device) carries the union of what
     that device's reader shards need from it.
     Reader shards are concatenated reader by reader (``r_counts[k]`` shards of reader ``k``).
     """
@@ -458,7 +460,7 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
                         seen[c_dev[cj]] = pi
                         T += 1
     ints = np.empty((L + T + Q, 3), np.int64)
-    flts = np.empty((T, 6), np.float64)
+    flts = np.empty((T, 7), np.float64)
     counts = np.empty(3, np.int64)
     counts[0] = L
     counts[1] = T
@@ -532,7 +534,8 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
             flts[t, 2] = epb
             flts[t, 3] = lat
             flts[t, 4] = lk
-            flts[t, 5] = _box_hash(slo, shi, pos[d], pos[d + 1])
+            flts[t, 5] = _box_hash(slo, shi, pos[d], pos[d + 1], 0)
+            flts[t, 6] = _box_hash(slo, shi, pos[d], pos[d + 1], 1)
             tid[d] = t
             t += 1
             t_row += 1
@@ -612,7 +615,7 @@ def shard_exchanges(rows, L, T, n_prod, r_counts, p_dev, n_devices):
     exchange among the same devices is its own. Returns the exchange of each transfer row,
     numbered in order of first transfer, and their count, or -1 when an exchange holds two
     producer shards on one device (partials of several microbatches reduced together: the
-    group stays point to point)."""
+    lowering sums them on each device and reduces once per exchange of devices)."""
     n_read = 0
     for k in range(r_counts.shape[0]):
         n_read += r_counts[k]

@@ -33,7 +33,9 @@ group whose producer or readers are microbatched (at least two shards per device
 collective of its own (Megatron-LM's tensor-parallel reduction per microbatch), never one over
 all microbatches (which would make each wait for all of them); such a group stays point to point
 where an exchange sends a microbatch's data to devices that hold none of it (a pipeline's send
-between stages, posted rank to rank) or reduces several microbatches' partials together. A
+between stages, posted rank to rank). Partials of several microbatches reduced together (weight
+gradients under a pipeline) are summed in place on each device first, as Megatron-LM's
+``main_grad`` does, and reduced once, one collective per exchange of devices moving one copy. A
 weight read by every microbatch (data holding no batch: a state, or its cast) is gathered once.
 
 Cost (NCCL's algorithms; nccl-tests ``doc/PERFORMANCE.md`` defines algorithm and bus bandwidth):

@@ -410,9 +410,11 @@ class GroupPiece:
     """Edges and transfers of one produced tensor (see ``_kernels.group_kernel``); ``counts``
     int64[5] = (L, T, Q, K, C): K > 0 when its transfers run as C collectives, one per
     independent exchange, with K participants in all (``coll`` float64[C, 7]: port seconds,
-    latency, joules per byte, link mask, transfer rows, reader rows, participants of each;
+    latency, joules per byte, link mask, transfer rows, reader rows, participants, in place of each;
     ``parts`` float64[K, 2] = device, bytes received; ``collective`` the tuple of their
-    :class:`CollectiveCost`). Otherwise ``coll`` is one row of zeros."""
+    :class:`CollectiveCost`; a last column 1 where the collective reduces partials of several
+    microbatches, accumulated in place on each device first). Otherwise ``coll`` is one row of
+    zeros."""
 
     __slots__ = ("counts", "ints", "flts", "keep", "coll", "parts", "collective")
 
@@ -422,7 +424,7 @@ class GroupPiece:
         self.coll, self.parts, self.collective = coll, parts, collective
 
 
-_NO_COLL = np.zeros((1, 7))
+_NO_COLL = np.zeros((1, 8))
 _NO_PARTS = np.zeros((0, 2))
 
 
@@ -447,6 +449,16 @@ def _microbatched(piece: "OpPiece") -> bool:
     return piece.n >= 2 * np.unique(piece.dev).shape[0]
 
 
+def _one_per_box(sel, src: np.ndarray, dst: np.ndarray, content: np.ndarray) -> np.ndarray:
+    """The rows of ``sel`` (an index array or slice), the first of each (source device,
+    destination device, box carried): several microbatches' partials of one box, summed on their
+    device before they are sent, move once."""
+    rows = np.arange(src.shape[0])[sel]
+    key = np.stack([src[rows].astype(np.float64), dst[rows].astype(np.float64), content[rows]], axis=1)
+    _, first = np.unique(key, axis=0, return_index=True)
+    return rows[np.sort(first)]
+
+
 def _rows_of(ex: np.ndarray, C: int) -> list:
     """The rows of each of ``C`` exchanges (``ex``: the exchange of each row), in row order: one
     stable sort for all of them rather than a comparison of every row per exchange."""
@@ -459,7 +471,8 @@ def _rows_of(ex: np.ndarray, C: int) -> list:
 
 
 def _compact_collective(counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, t_ex: np.ndarray,
-                        q_ex: np.ndarray, C: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                        q_ex: np.ndarray, C: int, totals: list | None = None
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A collective group's rows as ``_kernels.assemble`` reads them: its local edges, then for
     each of its ``C`` exchanges (``t_ex``/``q_ex``: the exchange of each transfer and reader row)
     one transfer row per producer shard it reads (the first row first: it names the op the
@@ -467,7 +480,8 @@ def _compact_collective(counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, 
     per reader shard it feeds, each in first-occurrence order. The point-to-point pairs (every
     producer shard times every destination: quadratic in the ranks, 750 MB of rows for Llama-2
     70B on 512 GPUs) are not kept: the collectives' cost came from them already. Also returns
-    the (transfer rows, reader rows) of each exchange."""
+    the (transfer rows, reader rows) of each exchange. ``totals``: each exchange's bytes where
+    they are not the sum of its rows (microbatches' partials accumulated in place: one copy moves)."""
     L, T, Q = int(counts[0]), int(counts[1]), int(counts[2])
     t_rows, q_rows = ints[L:L + T], ints[L + T:L + T + Q]
     width = int(q_rows[:, 2].max()) + 1 if Q else 1
@@ -480,7 +494,7 @@ def _compact_collective(counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, 
         q_keep = qc[np.sort(first)]
         f = np.zeros((t_keep.shape[0], flts.shape[1]))
         f[0] = fc[0]
-        f[0, 0] = fc[:, 0].sum()
+        f[0, 0] = fc[:, 0].sum() if totals is None else totals[c]
         parts += [t_keep, q_keep]
         fl.append(f)
         sizes[c] = t_keep.shape[0], q_keep.shape[0]
@@ -505,8 +519,8 @@ _flow_key = attrgetter("flow_key")
 #: each piece contributes, and the empty array
 _CATS = (("op", attrgetter("f"), np.zeros((0, 5))),
          ("group", attrgetter("ints"), np.zeros((0, 3), np.int64)),
-         ("group", attrgetter("flts"), np.zeros((0, 5))),
-         ("group", _coll_rows, np.zeros((0, 7))),
+         ("group", attrgetter("flts"), np.zeros((0, 7))),
+         ("group", _coll_rows, np.zeros((0, 8))),
          ("group", attrgetter("parts"), _NO_PARTS),
          ("source", _same_rows, np.zeros(0)))
 
@@ -844,6 +858,7 @@ class Lowerer:
         ``r_counts`` (the reader shards of each reader: a microbatched group), the exchanges are
         found over shards (``_kernels.shard_exchanges``): one per microbatch."""
         none = _NO_COLL, _NO_PARTS, None, None
+        in_place = False
         L, T, Q = int(counts[0]), int(counts[1]), int(counts[2])
         rows = ints[L:L + T]
         shard = rows[:, 0]
@@ -851,26 +866,38 @@ class Lowerer:
         dst = rows[:, 1]
         if np.count_nonzero(np.bincount(np.concatenate((src, dst)), minlength=self.hw.n_devices)) < C.MIN_RANKS:
             return none  # the common case, decided without sorting
-        nbytes, epb, content = flts[:, 0], flts[:, 2], flts[:, 5]
+        nbytes, epb, content, summed = flts[:, 0], flts[:, 2], flts[:, 5], flts[:, 6]
         if r_counts is None:
             t_ex, q_ex, n_ex = _exchanges(ints[:L + T + Q], L, T, src, self.hw.n_devices)
         else:
             t_ex, n_ex = K.shard_exchanges(ints[:L + T + Q], L, T, p_dev.shape[0], r_counts,
                                            np.ascontiguousarray(p_dev, np.int64), self.hw.n_devices)
-            if n_ex < 0:
+            if n_ex < 0 and not reduce:
                 return none
-            q_ex = t_ex[ints[L + T:L + T + Q, 0]]
-        rows_, parts, costs = [], [], []
+            if n_ex < 0:
+                # partials of several microbatches reduced together (weight gradients under a
+                # pipeline): each device adds its microbatches' partials into one buffer as they
+                # come (Megatron-LM's main_grad), then the devices reduce those sums once, one
+                # collective per exchange of devices, after their last microbatch
+                in_place = True
+                t_ex, q_ex, n_ex = _exchanges(ints[:L + T + Q], L, T, src, self.hw.n_devices)
+            else:
+                q_ex = t_ex[ints[L + T:L + T + Q, 0]]
+        rows_, parts, costs, totals = [], [], [], []
         for sel in _rows_of(t_ex, n_ex):
-            if r_counts is not None and not np.isin(dst[sel], src[sel]).all():
+            if r_counts is not None and not in_place and not np.isin(dst[sel], src[sel]).all():
                 return none  # a microbatch's data sent to other devices: a pipeline's send
+            if in_place:  # one copy of each (device, destination, box of the sum): the accumulated sum
+                sel = _one_per_box(sel, src, dst, summed)
             one = self._collective(src[sel], dst[sel], nbytes[sel], shard[sel], epb[sel], reduce, content[sel])
             if one is None:
                 return none
-            rows_.append(one[0])
+            rows_.append(np.append(one[0], 1.0 if in_place else 0.0))
             parts.append(one[1])
             costs.append(one[2])
-        return np.stack(rows_), np.concatenate(parts), tuple(costs), (t_ex, q_ex, n_ex)
+            totals.append(float(nbytes[sel].sum()))
+        return (np.stack(rows_), np.concatenate(parts), tuple(costs),
+                (t_ex, q_ex, n_ex, totals if in_place else None))
 
     def _collective(self, src, dst, nbytes, shard, epb, reduce: bool, content=None):
         """(coll row, parts, cost) of one exchange run as a collective, or None (point to point)."""
@@ -1317,7 +1344,13 @@ class Lowerer:
         low = Lowered(kind, i32, f64, ptr, idx, resident, ints, flts, n_dev, st.order, st.program, link, pptr, pdev,
                       palloc)
         acc = np.zeros(kind.shape[0], np.bool_)
-        acc[:ints[len(st.order)]] = np.repeat(st.op_acc, op_sizes)
+        nc = int(ints[len(st.order)])
+        acc[:nc] = np.repeat(st.op_acc, op_sizes)
+        if g_coll[:, 7].any():  # collectives that microbatches' partials are accumulated into
+            coll = g_counts[:, 3] > 0  # per group: C collective nodes and C rows, else T nodes and one row
+            nodes = np.where(coll, g_counts[:, 4], g_counts[:, 1])
+            rows = np.where(coll, g_counts[:, 4], 1)
+            acc[nc:][np.repeat(coll, nodes)] = g_coll[np.repeat(coll, rows), 7] > 0
         low.acc = acc
         low.flow = (st.g_prod, st.g_rptr, st.g_rop, st.g_state)
         low.op_reads, low.op_split = st.op_reads, st.op_split

@@ -46,12 +46,14 @@ array              dtype / shape        meaning
                                         read by other shards). Default: all False.
 ``acc``            bool[n], optional    keyword-only; True = an accumulate node: a buffer whose
                                         every successor is an ``acc`` node on the buffer's own
-                                        device (for a collective: on its participants) is added
-                                        into them as it is produced (freed when its node
-                                        finishes), and the accumulator's buffer is held from the
-                                        start of its first such input (gradient accumulation in
-                                        place). Default: all False. Any other collective's buffer
-                                        on a participant lives until the readers there end.
+                                        device (for a collective: on its participants; for an
+                                        ``acc`` collective it feeds: the buffer's device one of
+                                        its participants) is added into them as it is produced
+                                        (freed when its node finishes), and the accumulator's
+                                        buffer is held from the start of its first such input
+                                        (gradient accumulation in place). Default: all False.
+                                        Any other collective's buffer on a participant lives
+                                        until the readers there end.
 ``link``           int8[n], optional    keyword-only; which ports a node uses. Transfer: 0 = the
                                         intra-node port (NVLink), 1 = the inter-node port (NIC);
                                         collective: bit mask, 1 = NVLink ports, 2 = NIC ports.
@@ -597,10 +599,25 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
         for e in range(succ_ptr[i], succ_ptr[i + 1]):
             v = succ_idx[e]
             # a collective's readers are on its participants: a reduction (NCCL sums into the
-            # output as chunks arrive) holds no receive buffer beyond its own run
-            if not acc[v] or (kind[i] != 2 and dev[v] != loc):
+            # output as chunks arrive) holds no receive buffer beyond its own run; a shard read by
+            # an accumulating collective (microbatches' partials summed in place, then reduced)
+            # is added into that collective's buffer on its device as it is produced
+            if not acc[v]:
                 ok = False
                 break
+            if kind[i] != 2:
+                if kind[v] == 2:
+                    found = False
+                    for j in range(part_ptr[v], part_ptr[v + 1]):
+                        if part_dev[j] == loc:
+                            found = True
+                            break
+                    if not found:
+                        ok = False
+                        break
+                elif dev[v] != loc:
+                    ok = False
+                    break
         if ok:
             into[i] = True
             for e in range(succ_ptr[i], succ_ptr[i + 1]):

@@ -321,11 +321,57 @@ def test_each_data_parallel_replica_reduces_on_its_own():
     assert e.feasible
 
 
+def test_microbatches_partials_are_summed_in_place_then_reduced_once():
+    """A Megatron 3D plan (tiny llama on 64 GPUs, 8 microbatches): each device's weight-gradient
+    partials of its 8 microbatches are summed in one buffer as they come (Megatron-LM's
+    main_grad), then reduced once among the devices: one reduce-scatter per exchange, fed by
+    all 8 microbatches' partials, moving one copy (an eighth of the point-to-point form's
+    bytes, which sent every microbatch's partial again), its time the ring's closed form on
+    that one copy; each is flagged ``acc``, so the simulator adds every partial into its buffer
+    as it is made (``test_simulate``). Before, these groups stayed point to point."""
+    from collections import Counter
+
+    from ir import workloads
+    from optimizer.search.baselines import megatron_3d
+
+    step = workloads.build("llama", layers=4, d_model=64, heads=8, kv_heads=8, d_ff=128, vocab=64, seq=16,
+                           batch=16, mode="train")
+    plan = megatron_3d(step, 64, pp=4)
+    low = Lowerer(HW64, collectives=True).lower(plan)
+    p2p = Lowerer(HW64, collectives=False).lower(plan)
+    nc, n, pn = low.n_compute, low.kind.shape[0], p2p.n_compute
+    summed = [c for c in range(nc, n) if low.kind[c] == 2 and low.acc[c]]
+    assert len(summed) == 40  # 5 weights of 4 layers, in each of 2 replicas
+    preds: dict[int, list[int]] = {}
+    for i in range(nc):
+        for v in low.succ_idx[low.succ_ptr[i]:low.succ_ptr[i + 1]]:
+            preds.setdefault(int(v), []).append(i)
+    for c in summed:
+        ranks = low.part_dev[low.part_ptr[c]:low.part_ptr[c + 1]]
+        assert set(Counter(low.dev[preds[c]].tolist()).values()) == {8}  # 8 microbatches a device
+        assert set(low.dev[preds[c]].tolist()) == set(ranks.tolist()) and len(ranks) == 8
+        S = low.alloc[c] / 7  # a reduce-scatter's buffer from the bytes it moves
+        assert low.dur[c] == pytest.approx(7 / 8 * S / BNV, rel=1e-12)
+        assert low.lat[c] == pytest.approx(7 * LNV, rel=1e-12)
+    key = lambda lw, x, base: (lw.transfer_src_op[x - base], lw.transfer_op[x - base])  # noqa: E731
+    groups = Counter(key(low, c, nc) for c in summed)
+    for k in groups:
+        moved = sum(low.alloc[c] for c in summed if key(low, c, nc) == k)
+        sent = sum(p2p.alloc[t] for t in range(pn, p2p.kind.shape[0]) if key(p2p, t, pn) == k)
+        assert moved == pytest.approx(sent / 8, rel=1e-12)
+    ev = Evaluator(HW64)(plan, keep=True)
+    s = ev.schedule
+    for c in summed:
+        assert s.start[c] >= max(s.finish[p] for p in preds[c]) - 1e-15  # after its last microbatch
+
+
+
 def test_shard_exchanges_split_microbatches_and_refuse_mixed_partials():
     """``_kernels.shard_exchanges``: two microbatches' partials on devices 0-2, each reduced into
     its own microbatch's accumulate shards on the same devices, are two exchanges (over devices
     they would be one); partials of both microbatches reduced into one shard per device (an
-    accumulation across microbatches) are refused (-1: the group stays point to point)."""
+    accumulation across microbatches) are refused (-1: the lowering sums each device's
+    microbatches in place and reduces per exchange of devices instead)."""
     from costmodel._kernels import shard_exchanges
 
     # producer shard p = 3·j + d (microbatch j on device d); reader shard 3·j + e on device e

@@ -530,6 +530,35 @@ def test_a_collectives_buffer_lives_until_the_readers_on_its_device_end():
     assert s.peak_mem[0] == 150.0
 
 
+def test_microbatch_partials_are_summed_into_an_accumulating_collective():
+    """Two microbatch partials on each of devices 0 and 1 (100 B, 1 s each: 0-1 and 1-2 s) read by
+    one reduce-scatter (node 4, 2-3 s, 40 B received on each device) into accumulates on both
+    (nodes 5, 6: 10 B, 3-4 s). As an accumulating collective (``acc``), each partial is added
+    into the collective's buffer as it is made (Megatron-LM's main_grad): a device holds one
+    partial and the 40 B buffer (from the first partial's start) at once, 140 B. Without it,
+    both partials live until the reduction ends, with its buffer and the sums from its start:
+    250 B. On a device that is not a participant, a partial keeps its buffer either way."""
+    kind = [0, 0, 0, 0, 2, 0, 0]
+    dev = [0, 0, 1, 1, 0, 0, 1]
+    dst = [-1] * 7
+    dur = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    ptr, idx = csr_from_edges(7, [0, 1, 2, 3, 4, 4], [4, 4, 4, 4, 5, 6])
+    alloc = [100.0, 100.0, 100.0, 100.0, 0.0, 10.0, 10.0]
+    peaks = {}
+    for summed in (True, False):
+        acc = [False, False, False, False, summed, True, True]
+        s = simulate(kind, dev, dst, dur, ptr, idx, alloc, np.zeros(2), 2, link=[0, 0, 0, 0, 1, 0, 0],
+                     part_ptr=[0, 0, 0, 0, 0, 2, 2, 2], part_dev=[0, 1], part_alloc=[40.0, 40.0], acc=acc)
+        assert list(s.start) == [0.0, 1.0, 0.0, 1.0, 2.0, 3.0, 3.0]  # memory only: the same schedule
+        peaks[summed] = list(s.peak_mem)
+    assert peaks == {True: [140.0, 140.0], False: [250.0, 250.0]}
+    # a participant list without device 1: its partials are not added in place there
+    s = simulate(kind, dev, dst, dur, ptr, idx, alloc, np.zeros(2), 2, link=[0, 0, 0, 0, 1, 0, 0],
+                 part_ptr=[0, 0, 0, 0, 0, 1, 1, 1], part_dev=[0], part_alloc=[40.0],
+                 acc=[False, False, False, False, True, True, True])
+    assert list(s.peak_mem) == [140.0, 210.0]
+
+
 def test_a_reduction_collective_holds_no_buffer_past_its_run():
     """A collective (node 0, 0-1 s, NVLink) whose readers all accumulate (a reduce-scatter into
     nodes 1 and 2, 1-3 s) adds its chunks into their outputs as they arrive, as a point-to-point
