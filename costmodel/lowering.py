@@ -409,7 +409,7 @@ class OpPiece:
 class GroupPiece:
     """Edges and transfers of one produced tensor (see ``_kernels.group_kernel``); ``counts``
     int64[5] = (L, T, Q, K, C): K > 0 when its transfers run as C collectives, one per
-    independent exchange, with K participants in all (``coll`` float64[C, 7]: port seconds,
+    independent exchange, with K participants in all (``coll`` float64[C, 8]: port seconds,
     latency, joules per byte, link mask, transfer rows, reader rows, participants, in place of each;
     ``parts`` float64[K, 2] = device, bytes received; ``collective`` the tuple of their
     :class:`CollectiveCost`; a last column 1 where the collective reduces partials of several

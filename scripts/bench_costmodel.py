@@ -274,7 +274,8 @@ def profile_phases(ev, g0, rng, n, cap: int, restart: int, steps: int) -> dict:
     t_rw = t_ev = 0.0
     ev.phase_seconds = {}
     g = g0
-    for i in range(steps):
+    done = 0
+    while done < steps:
         t0 = time.perf_counter()
         try:
             child, _m = random_rewrite(g, rng, n, max_shards_per_op=cap)
@@ -286,8 +287,9 @@ def profile_phases(ev, g0, rng, n, cap: int, restart: int, steps: int) -> dict:
         ev(child)
         t_rw += t1 - t0
         t_ev += time.perf_counter() - t1
+        done += 1
         g = child if rng.random() < 0.5 else g
-        if i % restart == restart - 1:
+        if done % restart == 0:
             g = g0
     phases, ev.phase_seconds = ev.phase_seconds, None
     us = lambda x: round(x / steps * 1e6, 1)  # noqa: E731

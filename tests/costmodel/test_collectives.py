@@ -365,7 +365,6 @@ def test_microbatches_partials_are_summed_in_place_then_reduced_once():
         assert s.start[c] >= max(s.finish[p] for p in preds[c]) - 1e-15  # after its last microbatch
 
 
-
 def test_shard_exchanges_split_microbatches_and_refuse_mixed_partials():
     """``_kernels.shard_exchanges``: two microbatches' partials on devices 0-2, each reduced into
     its own microbatch's accumulate shards on the same devices, are two exchanges (over devices
