@@ -121,6 +121,7 @@ class RunResult:
     lineage: list[str]
     structure: str = ""
     wins: dict = field(default_factory=dict)
+    restarts: int = 0  # how many times the population started again (``local_search``)
 
 
 def _hv(archive: list[tuple[float, float]], ref: np.ndarray) -> float:
@@ -222,7 +223,8 @@ def run_case(case: Case, budget: float, seed: int, log, proxy: str | None = None
                 if (not feasible and e.feasible) or (e.feasible == feasible and e.makespan < final):
                     final, feasible, lineage, plan = e.makespan, bool(e.feasible), p.lineage, g
         res = RunResult(final, feasible, time_to_within(run.trace, run.best.makespan), _hv(run.archive, ref),
-                        run.evaluations, list(lineage), wins={k: [run.wins.get(k, 0), v] for k, v in run.tries.items()})
+                        run.evaluations, list(lineage), wins={k: [run.wins.get(k, 0), v] for k, v in run.tries.items()},
+                        restarts=len(run.restarts))
         lines = describe(plan, guess_mesh(plan, per)).split("\n")
         # the mesh line, then the compute ops (the bf16 casts of the weights come first and say little)
         res.structure = "\n".join(lines[:1] + [x for x in lines[1:] if "= cast[" not in x][:40])
@@ -230,7 +232,7 @@ def run_case(case: Case, budget: float, seed: int, log, proxy: str | None = None
                                     "vs_lower_bound": final / lb}
         log(f"  {mode}: {final * 1e3:.3f} ms ({'feasible' if feasible else 'INFEASIBLE'}) = "
             f"{out[mode]['vs_expert']:.3f} x best expert, {final / lb:.2f} x bound, "
-            f"{run.evaluations} evaluations, lineage {' ; '.join(lineage)[:200]}")
+            f"{run.evaluations} evaluations, {len(run.restarts)} restarts, lineage {' ; '.join(lineage)[:200]}")
     return out
 
 

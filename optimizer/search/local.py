@@ -3,7 +3,8 @@
 ``local_search(program, hw, budget_s, seeds=...)`` runs a (μ+1) evolution on makespan: each step
 picks a parent by binary tournament from the μ best plans (feasible ones first), draws an
 operator with the farm's adaptive weights (``AdaptiveWeights``: wins / tries per operator), and
-keeps the child if it beats the population's worst. Every plan carries its lineage as move texts,
+keeps the child if it beats the population's worst. A population stuck in one basin restarts
+(see ``local_search``). Every plan carries its lineage as move texts,
 so a plan found on a *proxy* (the same model with fewer identical layers: layout moves name
 regions such as ``all`` or ``l1.*``, not layer counts) replays on the full model
 (``replay``). That is how whole-model searches exploit layer repetition on the search side: the
@@ -55,6 +56,11 @@ class SearchRun:
     seconds: float
     tries: dict[str, int] = field(default_factory=dict)
     wins: dict[str, int] = field(default_factory=dict)
+    restarts: list[int] = field(default_factory=list)  # the evaluation count at each restart
+
+
+#: evaluations without a better plan before a population restarts, at least (``local_search``)
+RESTART_PATIENCE = 1000
 
 
 def _evaluate(ev: Evaluator, g: Graph, lineage: tuple[str, ...]) -> Plan:
@@ -64,12 +70,22 @@ def _evaluate(ev: Evaluator, g: Graph, lineage: tuple[str, ...]) -> Plan:
 
 def local_search(program: Graph, ev: Evaluator, budget_s: float, seeds: Mapping[str, Graph] | None = None,
                  seed: int = 0, mu: int = 12, weights: Mapping[str, float] | None = None,
-                 replayable: bool = False, tie_layers: bool = False) -> SearchRun:
+                 replayable: bool = False, tie_layers: bool = False,
+                 patience: int | None = RESTART_PATIENCE) -> SearchRun:
     """Search from ``program`` (and the ``seeds`` plans, by name) for ``budget_s`` seconds.
 
     ``replayable`` leaves out crossover (its children cannot be replayed from text alone).
     ``tie_layers``: a move in one layer is made in every layer of its class (``ir.rewrites.tie``),
-    so repeated layers keep one layout (``replay(..., tie_from=...)`` rebuilds such a lineage)."""
+    so repeated layers keep one layout (``replay(..., tie_from=...)`` rebuilds such a lineage).
+
+    Restarts: the population starts again from the start plans (the program and the seeds) when
+    its best has not improved for ``max(patience, 2 × e)`` evaluations, ``e`` being the
+    evaluations this start took to reach that best. A walk that took a step no single move undoes
+    (a reduction split, then its combine fused with the activation: the merge that would undo the
+    split no longer applies) keeps its whole population in that basin; a restart walks elsewhere,
+    while a run that is still finding better plans, however slowly, is left alone. The operator
+    weights carry over; ``population`` holds the ``mu`` best plans of all starts. ``patience=None``:
+    no restarts."""
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     hw = ev.hw
@@ -84,10 +100,19 @@ def local_search(program: Graph, ev: Evaluator, budget_s: float, seeds: Mapping[
     seen = {p.graph.digest for p in pop}
     archive = [(p.makespan, p.peak_memory) for p in pop if p.feasible]
     pop.sort(key=lambda p: p.key)
+    start = list(pop)
     best = pop[0]
     trace = [(time.perf_counter() - t0, best.makespan if best.feasible else float("inf"))]
     n_eval = len(pop)
+    hall: list[Plan] = []  # the populations of earlier starts
+    restarts: list[int] = []
+    began, gained, start_best = n_eval, n_eval, best.key
     while time.perf_counter() - t0 < budget_s:
+        if patience is not None and n_eval - gained >= max(patience, 2 * (gained - began)):
+            hall = _best_of(hall + pop, mu)
+            pop, seen = list(start), {p.graph.digest for p in start}
+            restarts.append(n_eval)
+            began, gained, start_best = n_eval, n_eval, start[0].key
         i, j = rng.integers(len(pop), size=2)
         parent = pop[min(i, j)]  # sorted: the lower index is the better plan
         op = aw.choose(rng)
@@ -112,10 +137,21 @@ def local_search(program: Graph, ev: Evaluator, budget_s: float, seeds: Mapping[
             pop.append(plan)
             pop.sort(key=lambda p: p.key)
             del pop[mu:]
+            if plan.key < start_best:
+                start_best, gained = plan.key, n_eval
             if plan.key < best.key:
                 best = plan
                 trace.append((time.perf_counter() - t0, best.makespan if best.feasible else float("inf")))
-    return SearchRun(best, pop, trace, archive, n_eval, time.perf_counter() - t0, dict(aw.tries), dict(aw.wins))
+    return SearchRun(best, _best_of(hall + pop, mu), trace, archive, n_eval, time.perf_counter() - t0,
+                     dict(aw.tries), dict(aw.wins), restarts)
+
+
+def _best_of(plans: list[Plan], mu: int) -> list[Plan]:
+    """The ``mu`` best of ``plans``, one per digest, best first."""
+    out: dict[str, Plan] = {}
+    for p in sorted(plans, key=lambda p: p.key):
+        out.setdefault(p.graph.digest, p)
+    return list(out.values())[:mu]
 
 
 _LAYER1 = re.compile(r"\bl1(?=[._])")

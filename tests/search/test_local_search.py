@@ -52,3 +52,31 @@ def test_replay_broadcasts_layer_one_moves_to_every_layer():
     assert [len(plain.ops[f"l{k}.ff1"].shards) for k in range(4)] == [2, 4, 2, 2]
     assert [len(wide.ops[f"l{k}.ff1"].shards) for k in range(4)] == [2, 4, 4, 4]  # layer 0 keeps its own
     assert [len(wide.ops[f"l{k}.ff2"].shards) for k in range(4)] == [4, 2, 2, 2]
+
+
+class _Counting:
+    """A stand-in evaluator whose plans get better for the first ``k`` evaluations, then worse:
+    the restart rule sees only the sequence of makespans."""
+
+    def __init__(self, k: int) -> None:
+        self.hw, self.k, self.calls = preset("h100-sxm-8"), k, 0
+
+    def __call__(self, g):
+        from types import SimpleNamespace
+
+        self.calls += 1
+        m = 1.0 / self.calls if self.calls <= self.k else 2.0
+        return SimpleNamespace(makespan=m, peak_memory=0.0, feasible=True)
+
+
+def test_a_population_stuck_for_its_patience_restarts_from_the_program():
+    g = workloads.build("mlp", batch=64, widths=[32, 64, 32])
+    k, patience = 20, 15
+    run = local_search(g, _Counting(k), budget_s=1.5, seed=3, patience=patience)
+    # the last gain at evaluation k (the program is evaluation 1): stuck for max(15, 2 * (k - 1)) = 38
+    assert run.restarts and run.restarts[0] == k + 2 * (k - 1)
+    # later starts never improve (every plan is worse now): one restart every `patience` evaluations
+    assert all(b - a == patience for a, b in zip(run.restarts, run.restarts[1:]))
+    assert run.best.makespan == 1.0 / k and run.population[0] is run.best  # the best of all starts kept
+    assert len({p.graph.digest for p in run.population}) == len(run.population) <= 12
+    assert local_search(g, _Counting(k), budget_s=0.5, seed=3, patience=None).restarts == []
