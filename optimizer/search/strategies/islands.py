@@ -5,6 +5,12 @@ tournament on (rank, crowding) plus, every ``migration_interval`` tasks, a migra
 global front, runs hundreds of mutate-and-evaluate steps on a worker and returns its new
 non-dominated plans; survivors are chosen by NSGA-II (rank, then crowding). The random-search
 baseline is the same machinery with plain random rewrites restarted from the program.
+
+Restarts: an island whose first front has not changed for ``search.restart_after`` of its tasks
+starts again from the start plans (the program, and the baselines where seeded), and takes no
+migrant for as many tasks, so that its new walk is its own. A population that took a step no
+single move undoes (a reduction split, then its combine fused with the activation) otherwise
+stays in that basin for good; the archive keeps every plan found, so nothing is lost.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, AdaptiveWeights
-from optimizer.search.pareto import rank_and_crowding, select_nsga2
+from optimizer.search.pareto import rank_and_crowding, ranks, select_nsga2
 from optimizer.search.strategies.base import SearchContext, Strategy
 from optimizer.search.worker import SearchTaskSpec, search_task
 
@@ -38,10 +44,15 @@ class IslandStrategy(Strategy):
         base.update(s.mutation_weights)
         self.weights = AdaptiveWeights(base, s.adaptive_weights)
         self.next_island = 0
+        self.start: list[dict] = []  # the plans every island starts (and restarts) from
+        self.stale = [0] * self.n_islands  # tasks since the island's first front last changed
+        self.quiet = [0] * self.n_islands  # tasks left without a migrant (after a restart)
+        self.restarts = 0
 
     def seed_population(self, records: list[dict]) -> None:
+        self.start = [_member(r, self.ctx.objectives) for r in records]
         for isl in self.islands:
-            isl.extend(_member(r, self.ctx.objectives) for r in records)
+            isl.extend(self.start)
 
     def _parents(self, rng: np.random.Generator, pop: list[dict], k: int) -> list[dict]:
         if len(pop) <= k:
@@ -69,8 +80,10 @@ class IslandStrategy(Strategy):
         pop = self.islands[i]
         k = self.ctx.search.parents_per_task
         parents = self._parents(rng, pop, k)
-        if front and (not parents or self.island_tasks[i] % self.ctx.search.migration_interval == 0):
+        migrate = not parents or (self.island_tasks[i] % self.ctx.search.migration_interval == 0 and not self.quiet[i])
+        if front and migrate:
             parents.append(front[int(rng.integers(len(front)))])
+        self.quiet[i] = max(self.quiet[i] - 1, 0)
         if not parents:  # this island is empty: borrow a member of another
             donors = [m for isl in self.islands for m in isl]
             parents = [donors[int(rng.integers(len(donors)))]]
@@ -90,6 +103,7 @@ class IslandStrategy(Strategy):
         self.weights.merge_stats(result.get("tries", {}), result.get("wins", {}))
         i = meta["island"]
         pop = self.islands[i]
+        before = _first_front(pop)
         seen = {m["digest"] for m in pop}
         for r in result["results"]:
             if r["digest"] not in seen:
@@ -99,13 +113,25 @@ class IslandStrategy(Strategy):
             keep = select_nsga2(np.array([m["f"] for m in pop]), self.population, np.random.default_rng(
                 [self.ctx.seed, i, meta["task"], 7]))
             self.islands[i] = [pop[j] for j in sorted(keep)]
+        self._maybe_restart(i, before)
         return result["results"]
+
+    def _maybe_restart(self, i: int, before: set[str]) -> None:
+        after = self.ctx.search.restart_after
+        if self.mode != "evolve" or not after or not self.start:
+            return
+        self.stale[i] = self.stale[i] + 1 if _first_front(self.islands[i]) == before else 0
+        if self.stale[i] >= after:
+            self.islands[i] = list(self.start)
+            self.stale[i], self.quiet[i] = 0, after
+            self.restarts += 1
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "islands": [[{"digest": m["digest"], "f": m["f"]} for m in isl]
                                                   for isl in self.islands],
                 "island_tasks": self.island_tasks, "next_island": self.next_island,
-                "weights": self.weights.to_json()}
+                "weights": self.weights.to_json(), "start": [{"digest": m["digest"], "f": m["f"]} for m in self.start],
+                "stale": self.stale, "quiet": self.quiet, "restarts": self.restarts}
 
     def load_json(self, state: dict, fetch_graph: Callable[[str], str]) -> None:
         super().load_json(state, fetch_graph)
@@ -114,6 +140,21 @@ class IslandStrategy(Strategy):
         self.island_tasks = list(state["island_tasks"])
         self.next_island = int(state["next_island"])
         self.weights = AdaptiveWeights.from_json(state["weights"])
+        # checkpoints written before restarts existed: no start plans, so no restarts
+        self.start = [{"digest": m["digest"], "f": m["f"], "graph_json": fetch_graph(m["digest"])}
+                      for m in state.get("start", [])]
+        n = len(self.islands)
+        self.stale = list(state.get("stale", [0] * n))
+        self.quiet = list(state.get("quiet", [0] * n))
+        self.restarts = int(state.get("restarts", 0))
+
+
+def _first_front(pop: list[dict]) -> set[str]:
+    """The digests of a population's non-dominated members."""
+    if not pop:
+        return set()
+    r = ranks(np.array([m["f"] for m in pop]))
+    return {m["digest"] for m, k in zip(pop, r) if k == 0}
 
 
 class RandomSearch(IslandStrategy):
