@@ -309,9 +309,14 @@ def _unsubstituted_entries(o: Op, g: Graph) -> list[tuple]:
     if o.kernel == "einsum" and p.get("origin"):
         return [_record_entry(p["origin"]["inner"]), _record_entry(p["origin"]["outer"])]
     if o.kernel == "fused":  # a split reduction's combine step fused with its consumer: no logical work
-        return [(s["op"], s["kernel"], json_key(s.get("params", {}))) for s in p["stages"]
-                if not (s["kernel"] in ("accumulate", "attention_combine") and s["op"].endswith(".acc")
-                        and s["op"][:-4] in g.ops)]
+        out = []
+        for s in p["stages"]:
+            if s["kernel"] == "norm_matmul":  # a fused norm as the GEMM's prologue: the norm and the GEMM
+                out += [_record_entry(s["params"]["norm"]), _record_entry(s["params"]["inner"])]
+            elif not (s["kernel"] in ("accumulate", "attention_combine") and s["op"].endswith(".acc")
+                      and s["op"][:-4] in g.ops):
+                out.append((s["op"], s["kernel"], json_key(s.get("params", {}))))
+        return out
     return _logical_entries(o, g)
 
 

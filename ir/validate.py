@@ -168,6 +168,8 @@ def _declared_ports(o) -> set[str] | None:  # noqa: ANN001
                 sk = get_kernel(st["kernel"])
             except Exception:  # noqa: BLE001
                 return None
+            if not sk.inputs and i == 0:  # a norm_matmul stage: its ports come from its params
+                ports |= {p for p, _ in o.inputs if p.startswith("0.")}
             ports |= {f"{i}.{port}" for port in sk.inputs if not (i > 0 and port == st.get("chain"))}
         return ports
     return None

@@ -1,5 +1,9 @@
 """Fused operations: a producer followed by a chain of elementwise consumers.
 
+The producer may be a ``norm_matmul`` (a norm in the GEMM's prologue, the elementwise chain in
+its epilogue: TransformerEngine's ``LayerNormMLP`` runs layernorm, fc1 and GELU so); its ports
+come from its params, so stage 0's ports are whatever ``0.<port>`` inputs the op has.
+
 ``params["stages"]`` lists the stages in order; each stage records its original operation name,
 kernel, params, the port (``chain``) that reads the previous stage's output and the name of that
 intermediate tensor (``via``), so ``unfuse`` restores the original operations exactly. The fused
@@ -30,6 +34,14 @@ def stage_port(i: int, port: str) -> str:
     return f"{i}.{port}"
 
 
+def _stage_ports(k: Kernel, i: int, ins: Mapping[str, Any]) -> tuple[str, ...]:
+    """Stage ``i``'s own ports: its kernel's, or for a stage 0 whose kernel takes its ports from
+    its params (``norm_matmul``), the fused op's ``0.<port>`` inputs."""
+    if k.inputs or i:
+        return tuple(k.inputs)
+    return tuple(p[2:] for p in ins if p.startswith("0."))
+
+
 class Fused(Kernel):
     name = "fused"
     inputs = ()
@@ -53,7 +65,7 @@ class Fused(Kernel):
             if st.get("params", {}).get("split"):  # run() calls compute(), which knows no reduction blocks
                 raise SignatureError(f"fused stage {i} ({st['kernel']}) has a split reduction; split ops are not fused")
             own = {}
-            for port in k.inputs:
+            for port in _stage_ports(k, i, ins):
                 if i > 0 and port == st["chain"]:
                     own[port] = prev_spec
                 elif stage_port(i, port) in ins:
@@ -123,7 +135,8 @@ class Fused(Kernel):
         specs = sig.in_specs
         y = None
         for i, (k, ssig, M) in enumerate(self._run_stages(specs, params)):
-            own = {port: blocks[stage_port(i, port)] for port in k.inputs if not (i and port == stages[i]["chain"])}
+            own = {port: blocks[stage_port(i, port)] for port in _stage_ports(k, i, specs)
+                   if not (i and port == stages[i]["chain"])}
             if i:
                 own[stages[i]["chain"]] = y
             # Stage 0's index box is the fused op's box: kernels that need it (causal masks, attention) get it.

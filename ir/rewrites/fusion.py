@@ -37,7 +37,7 @@ def fusable(g: Graph, producer: str, consumer: str) -> str | None:
         return f"{consumer} ({c.kernel}) is not an elementwise kernel"
     if p.params.get("split"):
         return f"{producer} produces partials; only its accumulate may read them"
-    if p.kernel != "fused" and not get_kernel(p.kernel).inputs:  # a substitution's op (norm_matmul)
+    if p.kernel not in ("fused", "norm_matmul") and not get_kernel(p.kernel).inputs:
         return f"{producer} ({p.kernel}) has named stage ports of its own; it cannot be a fused stage"
     t = p.output
     if g.tensors[t].role == "output":

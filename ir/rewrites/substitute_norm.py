@@ -14,8 +14,14 @@ normalised tensor is not a graph output. The fused op keeps the consumer's shard
 pays: the normalised activations are neither written nor read back, and the norm's launch is
 saved; each shard repeats the normalisation of its rows (see ``ir.kernels.prenorm``).
 
+The consumer may also be a fused op whose first stage is such a contraction (``ff1+ff_act =
+fused[linear → gelu]``): the norm becomes that stage's prologue, ``ln2+ff1+ff_act =
+fused[norm_matmul → gelu]`` (one kernel for layernorm, fc1 and GELU, as TransformerEngine's
+``LayerNormMLP`` runs them), the same as fusing the norm first and the activation after.
+
 ``unfuse_norm(g, "ln2+ff1")`` restores the consumer and, if it is gone, the norm op (one whole
-shard on the fused op's first device) and its output tensor.
+shard on the fused op's first device) and its output tensor; on ``ln2+ff1+ff_act`` it restores
+``ff1+ff_act``.
 """
 
 from __future__ import annotations
@@ -34,20 +40,32 @@ def fusable_norm(g: Graph, norm: str, consumer: str) -> str | None:
         return f"no operation {norm if n is None else consumer!r}"
     if n.kernel not in NORMS or n.params.get("split"):
         return f"{norm} ({n.kernel}) is not a plain {' or '.join(NORMS)}"
-    if c.kernel not in INNERS or c.params.get("split"):
-        return f"{consumer} ({c.kernel}) is not a plain {'/'.join(INNERS)}"
+    inner = _head(c)
+    if inner is None:
+        return (f"{consumer} ({c.kernel}) is not a plain {'/'.join(INNERS)}, nor a fused op whose first stage "
+                f"is one")
     if g.tensors[n.output].role == "output":
         return f"{n.output} is a graph output and must stay materialised"
-    ports = [p for p, t in c.inputs if t == n.output]
-    if len(ports) != 1:
-        return f"{consumer} does not read {n.output} through exactly one port"
+    ports = [p for p, t in inner.inputs if t == n.output]
+    if len(ports) != 1 or sum(t == n.output for _, t in c.inputs) != 1:
+        return f"{consumer} does not read {n.output} through exactly one port of its contraction"
     try:
-        get_kernel("norm_matmul").signature(_ins(g, n, c, ports[0]), _params(n, c, ports[0]))
+        get_kernel("norm_matmul").signature(_ins(g, n, inner, ports[0]), _params(n, inner, ports[0]))
     except SignatureError as e:
         return str(e)
     if f"{norm}+{consumer}" in g.ops:
         return f"an operation named {norm}+{consumer} exists"
     return None
+
+
+def _head(c: Op) -> Op | None:
+    """The contraction a norm can be fused into: ``c`` itself, or a fused op's first stage (as an
+    op with that stage's own ports); None if there is none."""
+    if c.kernel == "fused":
+        st = c.params["stages"][0]
+        c = Op(st["op"], st["kernel"], tuple((p[2:], t) for p, t in c.inputs if p.startswith("0.")), c.output,
+               dict(st.get("params", {})), c.shards)
+    return c if c.kernel in INNERS and not c.params.get("split") else None
 
 
 def _params(n: Op, c: Op, chain: str) -> dict:
@@ -78,8 +96,17 @@ def fuse_norm(g: Graph, norm: str, consumer: str | None = None) -> Graph:
     replace: dict[str, Op | None] = {}
     for c in targets:
         o = g.ops[c]
-        chain = next(p for p, t in o.inputs if t == n.output)
-        replace[c] = Op(f"{norm}+{c}", "norm_matmul", _inputs(n, o, chain), o.output, _params(n, o, chain), o.shards)
+        inner = _head(o)
+        chain = next(p for p, t in inner.inputs if t == n.output)
+        if o.kernel == "fused":  # the norm_matmul becomes the first stage
+            stages = [{"op": f"{norm}+{inner.name}", "kernel": "norm_matmul", "params": _params(n, inner, chain),
+                       "chain": None, "via": None}] + [dict(st) for st in o.params["stages"][1:]]
+            ins = tuple((f"0.{p}", t) for p, t in _inputs(n, inner, chain)) + tuple(
+                (p, t) for p, t in o.inputs if not p.startswith("0."))
+            replace[c] = Op(f"{norm}+{c}", "fused", ins, o.output, {"stages": stages}, o.shards)
+        else:
+            replace[c] = Op(f"{norm}+{c}", "norm_matmul", _inputs(n, o, chain), o.output, _params(n, o, chain),
+                            o.shards)
     tensors: dict[str, Tensor | None] = {}
     if set(readers) <= set(targets):  # nobody reads the normalised tensor any more
         replace[norm] = None
@@ -90,15 +117,26 @@ def fuse_norm(g: Graph, norm: str, consumer: str | None = None) -> Graph:
 def unfuse_norm(g: Graph, op: str) -> Graph:
     """Restore the contraction (and, if it is gone, the norm op) that ``op`` replaced."""
     o = get_op(g, op)
-    if o.kernel != "norm_matmul":
-        raise RewriteError(f"{op} is not a norm_matmul op")
-    norm, inner = o.params["norm"], o.params["inner"]
-    ins = o.input_map
+    fused = o.kernel == "fused" and o.params["stages"][0]["kernel"] == "norm_matmul"
+    if o.kernel != "norm_matmul" and not fused:
+        raise RewriteError(f"{op} is not a norm_matmul op, nor a fused op whose first stage is one")
+    head = o.params["stages"][0] if fused else None
+    p0 = head["params"] if fused else o.params
+    norm, inner = p0["norm"], p0["inner"]
+    ins = {p[2:]: t for p, t in o.inputs if p.startswith("0.")} if fused else o.input_map
     c_inputs = tuple((p, norm["output"] if p == inner["chain"] else ins[f"m.{p}"])
                      for p in get_kernel(inner["kernel"]).inputs)
-    restored = Op(inner["op"], inner["kernel"], c_inputs, o.output, dict(inner["params"]), o.shards)
-    if inner["op"] in g.ops:
-        raise RewriteError(f"cannot unfuse {op}: an operation named {inner['op']} exists")
+    if fused:  # the fused op again, its first stage the contraction
+        stages = [{"op": inner["op"], "kernel": inner["kernel"], "params": dict(inner["params"]), "chain": None,
+                   "via": None}] + [dict(st) for st in o.params["stages"][1:]]
+        restored = Op("+".join(st["op"] for st in stages), "fused",
+                      tuple((f"0.{p}", t) for p, t in c_inputs) + tuple((p, t) for p, t in o.inputs
+                                                                        if not p.startswith("0.")),
+                      o.output, {"stages": stages}, o.shards)
+    else:
+        restored = Op(inner["op"], inner["kernel"], c_inputs, o.output, dict(inner["params"]), o.shards)
+    if restored.name in g.ops:
+        raise RewriteError(f"cannot unfuse {op}: an operation named {restored.name} exists")
     if norm["op"] in g.ops:
         n = g.ops[norm["op"]]
         if n.output != norm["output"] or n.kernel != norm["kernel"]:
@@ -128,4 +166,6 @@ def norm_sites(g: Graph) -> list[str]:
 
 
 def fused_norms(g: Graph) -> list[str]:
-    return [n for n, o in g.ops.items() if o.kernel == "norm_matmul"]
+    """Ops that ``unfuse_norm`` applies to: norm_matmul ops and fused ops that start with one."""
+    return [n for n, o in g.ops.items() if o.kernel == "norm_matmul"
+            or (o.kernel == "fused" and o.params["stages"][0]["kernel"] == "norm_matmul")]

@@ -13,8 +13,8 @@ from ir import workloads
 from ir.builder import GraphBuilder
 from ir.dot import to_dot
 from ir.rewrites import (RewriteError, fuse, fuse_norm, parse_move, place, random_rewrite, split, split_reduction,
-                         unfuse_norm, unshard)
-from ir.rewrites.substitute_norm import norm_sites
+                         unfuse, unfuse_norm, unshard)
+from ir.rewrites.substitute_norm import fused_norms, norm_sites
 from ir.serialize import dumps, loads
 from ir.validate import validate
 
@@ -103,8 +103,7 @@ def test_moves_json_picture_and_search(kit):
     assert parse_move("unfuse_norm{op=ln2+ff1}").apply(h).digest == g.digest
     assert loads(dumps(h)).digest == h.digest
     assert "norm_matmul[layernorm → linear]" in to_dot(h)
-    with pytest.raises(RewriteError, match="cannot be a fused stage"):
-        fuse(h, "ln2+ff1", "ff_act")
+    assert "fused[norm_matmul → gelu]" in to_dot(fuse(h, "ln2+ff1", "ff_act"))  # the GEMM's epilogue
     h2, move = random_rewrite(g, np.random.default_rng(0), 2, weights={"fuse_norm": 1.0})
     assert str(move).startswith("fuse_norm{norm=ln") and validate(h2) == []
 
@@ -121,3 +120,33 @@ def test_the_cost_model_gains():
     un = {o["op"]: o for o in a.breakdown().ops}
     # The fused op does the contraction's FLOPs plus the norm's once per row (8 per element).
     assert ops["ln2+ff1"]["flops"] == pytest.approx(un["ff1"]["flops"] + un["ln2"]["flops"])
+
+
+def test_a_norm_fused_into_a_fused_gemm_and_activation_either_way(kit):
+    """ln2 → ff1 → ff_act as one kernel (TransformerEngine's LayerNormMLP): the norm fused into the
+    fused GEMM + GELU, or the GELU fused onto the norm_matmul, give the same op; it runs equal to
+    the program, comes apart both ways, unshards to the program, and is cheaper than either pair."""
+    g = kit.small("transformer")
+    a = fuse_norm(fuse(g, "ff1", "ff_act"), "ln2")
+    b = fuse(fuse_norm(g, "ln2"), "ln2+ff1", "ff_act")
+    assert a.digest == b.digest and a.ops["ln2+ff1+ff_act"].kernel == "fused"
+    assert "ln2" not in a.ops and "ln2.out" not in a.tensors and validate(a) == []
+    assert verify(a, reference=g).ok
+    assert unfuse_norm(a, "ln2+ff1+ff_act").digest == fuse(g, "ff1", "ff_act").digest
+    assert unfuse(a, "ln2+ff1+ff_act").digest == fuse_norm(g, "ln2").digest
+    assert unshard(a).digest == g.digest and fused_norms(a) == ["ln2+ff1+ff_act"]
+    assert loads(dumps(a)).digest == a.digest
+    big = workloads.build("transformer", batch=8, seq=1024, d_model=1024, heads=16, d_ff=4096, dtype="bfloat16")
+    one = evaluate(fuse_norm(fuse(big, "ff1", "ff_act"), "ln2"), "h100-sxm-8").makespan
+    assert one < min(evaluate(fuse(big, "ff1", "ff_act"), "h100-sxm-8").makespan,
+                     evaluate(fuse_norm(big, "ln2"), "h100-sxm-8").makespan)
+
+
+def test_a_fused_consumer_must_start_with_the_contraction(kit):
+    g = kit.small("transformer")
+    with pytest.raises(RewriteError, match="nor a fused op whose first stage"):
+        fuse_norm(g, "ln2", "resid2")  # an add
+    with pytest.raises(RewriteError, match="exactly one port of its contraction"):
+        fuse_norm(fuse(g, "ff2", "resid2"), "ln2", "ff2+resid2")  # its GEMM reads ff_act.out
+    with pytest.raises(RewriteError, match="nor a fused op whose first stage"):
+        unfuse_norm(fuse(g, "ff1", "ff_act"), "ff1+ff_act")
