@@ -105,7 +105,8 @@ class SearchConfig(Strict):
     adaptive_weights: bool = True
     migration_interval: int = Field(default=4, ge=1, le=1_000_000, description="tasks per island between migrations")
     restart_after: int | None = Field(default=8, ge=1, le=1_000_000, description="tasks an island may run without "
-                                      "changing its first front before it restarts from the start plans; null: never")
+                                      "bettering any objective's best by 0.1% before it restarts from the start "
+                                      "plans; null: never")
     epsilon: float = Field(default=0.01, gt=0, le=1, description="relative ε-box size of the front archive")
     max_shards_per_op: int | None = Field(default=None, ge=1, le=1_000_000)
     seed_baselines: bool = Field(default=True, description="start from the hand-built baselines, not only "

@@ -1,5 +1,6 @@
-"""Island restarts: an island whose first front stays the same for ``search.restart_after`` tasks
-starts again from the start plans and takes no migrant for as many tasks; checkpoints keep it."""
+"""Island restarts: an island whose best value of every objective stays the same for
+``search.restart_after`` tasks starts again from the start plans and takes no migrant for as
+many tasks; checkpoints keep it."""
 
 from __future__ import annotations
 
@@ -36,13 +37,13 @@ def _task(s: IslandStrategy, results: list[dict], front: list[dict]) -> list[str
     return [d for d, _ in spec.parents]
 
 
-def test_an_island_whose_front_stands_still_restarts_without_migrants():
+def test_an_island_whose_best_values_stand_still_restarts_without_migrants():
     s = _strategy(restart_after=3)
     front = [{"digest": "elite", "graph_json": "{}", "f": [1.0, 1.0]}]
-    _task(s, [_rec("a", 5.0, 5.0)], front)  # the front changes: a dominates the program
-    for k in range(3):  # dominated children only: the first front {a} stands still
+    _task(s, [_rec("a", 5.0, 5.0)], front)  # a betters both objectives
+    for k in range(3):  # then a trade-off point (the front changes, no best value) and worse ones
         assert s.restarts == 0
-        _task(s, [_rec(f"worse{k}", 6.0 + k, 6.0 + k)], front)
+        _task(s, [_rec(f"worse{k}", 4.9999 if k == 0 else 6.0 + k, 9.0 if k == 0 else 6.0 + k)], front)
     assert s.restarts == 1 and [m["digest"] for m in s.islands[0]] == ["program"]
     # three tasks without the global front's member (the new walk improving), then migration resumes
     parents = [_task(s, [_rec(f"new{k}", 9.0 - k, 9.0 - k)], front) for k in range(4)]

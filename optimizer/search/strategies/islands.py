@@ -6,9 +6,11 @@ global front, runs hundreds of mutate-and-evaluate steps on a worker and returns
 non-dominated plans; survivors are chosen by NSGA-II (rank, then crowding). The random-search
 baseline is the same machinery with plain random rewrites restarted from the program.
 
-Restarts: an island whose first front has not changed for ``search.restart_after`` of its tasks
-starts again from the start plans (the program, and the baselines where seeded), and takes no
-migrant for as many tasks, so that its new walk is its own. A population that took a step no
+Restarts: an island whose best value of every objective (its ideal point) has not improved by
+0.1% for ``search.restart_after`` of its tasks starts again from the start plans (the program,
+and the baselines where seeded), and takes no migrant for as many tasks, so that its new walk is
+its own. (Its first front as a set would do as a test only in theory: some trade-off point in the
+middle of a front changes in nearly every task.) A population that took a step no
 single move undoes (a reduction split, then its combine fused with the activation) otherwise
 stays in that basin for good; the archive keeps every plan found, so nothing is lost.
 """
@@ -20,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from optimizer.search.mutation import DEFAULT_OPERATOR_WEIGHTS, AdaptiveWeights
-from optimizer.search.pareto import rank_and_crowding, ranks, select_nsga2
+from optimizer.search.pareto import rank_and_crowding, select_nsga2
 from optimizer.search.strategies.base import SearchContext, Strategy
 from optimizer.search.worker import SearchTaskSpec, search_task
 
@@ -103,7 +105,7 @@ class IslandStrategy(Strategy):
         self.weights.merge_stats(result.get("tries", {}), result.get("wins", {}))
         i = meta["island"]
         pop = self.islands[i]
-        before = _first_front(pop)
+        before = _ideal(pop)
         seen = {m["digest"] for m in pop}
         for r in result["results"]:
             if r["digest"] not in seen:
@@ -116,11 +118,13 @@ class IslandStrategy(Strategy):
         self._maybe_restart(i, before)
         return result["results"]
 
-    def _maybe_restart(self, i: int, before: set[str]) -> None:
+    def _maybe_restart(self, i: int, before: np.ndarray | None) -> None:
         after = self.ctx.search.restart_after
         if self.mode != "evolve" or not after or not self.start:
             return
-        self.stale[i] = self.stale[i] + 1 if _first_front(self.islands[i]) == before else 0
+        now = _ideal(self.islands[i])
+        better = before is None or (now is not None and bool(np.any(now < before * (1.0 - IMPROVEMENT))))
+        self.stale[i] = 0 if better else self.stale[i] + 1
         if self.stale[i] >= after:
             self.islands[i] = list(self.start)
             self.stale[i], self.quiet[i] = 0, after
@@ -149,12 +153,13 @@ class IslandStrategy(Strategy):
         self.restarts = int(state.get("restarts", 0))
 
 
-def _first_front(pop: list[dict]) -> set[str]:
-    """The digests of a population's non-dominated members."""
-    if not pop:
-        return set()
-    r = ranks(np.array([m["f"] for m in pop]))
-    return {m["digest"] for m, k in zip(pop, r) if k == 0}
+#: the relative gain in some objective's best value that counts as progress (restarts)
+IMPROVEMENT = 1e-3
+
+
+def _ideal(pop: list[dict]) -> np.ndarray | None:
+    """The best value of each objective over a population (None when it is empty)."""
+    return np.array([m["f"] for m in pop]).min(axis=0) if pop else None
 
 
 class RandomSearch(IslandStrategy):
