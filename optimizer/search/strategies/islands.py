@@ -9,10 +9,10 @@ baseline is the same machinery with plain random rewrites restarted from the pro
 Restarts: an island whose best value of every objective (its ideal point) has not improved by
 0.1% for ``search.restart_after`` of its tasks starts again from the start plans (the program,
 and the baselines where seeded), and takes no migrant for as many tasks, so that its new walk is
-its own. (Its first front as a set would do as a test only in theory: some trade-off point in the
-middle of a front changes in nearly every task.) A population that took a step no
-single move undoes (a reduction split, then its combine fused with the activation) otherwise
-stays in that basin for good; the archive keeps every plan found, so nothing is lost.
+its own. A population that took a step no single move undoes (a reduction split, then its
+combine fused with the activation) otherwise stays in that basin for good; the archive keeps
+every plan found, so nothing is lost. (The island's first front as a set is no test of progress:
+some trade-off point in the middle of a front changes in nearly every task.)
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class IslandStrategy(Strategy):
         self.weights = AdaptiveWeights(base, s.adaptive_weights)
         self.next_island = 0
         self.start: list[dict] = []  # the plans every island starts (and restarts) from
-        self.stale = [0] * self.n_islands  # tasks since the island's first front last changed
+        self.stale = [0] * self.n_islands  # tasks since some best value of the island last improved
         self.quiet = [0] * self.n_islands  # tasks left without a migrant (after a restart)
         self.restarts = 0
 
