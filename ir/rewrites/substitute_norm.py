@@ -117,7 +117,7 @@ def fuse_norm(g: Graph, norm: str, consumer: str | None = None) -> Graph:
 def unfuse_norm(g: Graph, op: str) -> Graph:
     """Restore the contraction (and, if it is gone, the norm op) that ``op`` replaced."""
     o = get_op(g, op)
-    fused = o.kernel == "fused" and o.params["stages"][0]["kernel"] == "norm_matmul"
+    fused = _fused_with_norm(o)
     if o.kernel != "norm_matmul" and not fused:
         raise RewriteError(f"{op} is not a norm_matmul op, nor a fused op whose first stage is one")
     head = o.params["stages"][0] if fused else None
@@ -167,5 +167,9 @@ def norm_sites(g: Graph) -> list[str]:
 
 def fused_norms(g: Graph) -> list[str]:
     """Ops that ``unfuse_norm`` applies to: norm_matmul ops and fused ops that start with one."""
-    return [n for n, o in g.ops.items() if o.kernel == "norm_matmul"
-            or (o.kernel == "fused" and o.params["stages"][0]["kernel"] == "norm_matmul")]
+    return [n for n, o in g.ops.items() if o.kernel == "norm_matmul" or _fused_with_norm(o)]
+
+
+def _fused_with_norm(o: Op) -> bool:
+    """Whether ``o`` is a fused op whose first stage is a norm_matmul."""
+    return o.kernel == "fused" and o.params["stages"][0]["kernel"] == "norm_matmul"
