@@ -224,6 +224,7 @@ class Graph:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
+        state.pop("_backward_index", None)  # a memo (ir.rewrites.substitute_attention)
         state["edit"] = None  # lineage is local to a process (a weak reference)
         state["origin"] = None
         state["tensor_delta"] = None

@@ -96,6 +96,22 @@ def backward_of(g: Graph, op: str) -> str | None:
     return m.group("op") if m and m.group("op") in g.ops and m.group("op") != op else None
 
 
+def _backward_index(g: Graph) -> dict[str, list[tuple[int, str]]]:
+    """forward op -> [(program position, backward op)] of the ops ``ir.autodiff`` emitted for it,
+    memoised on the graph (as its cached properties are): ``attention_sites`` matches every
+    scores candidate, and one scan of the ops per candidate was most of a 32-layer model's
+    rewrite time."""
+    idx = g.__dict__.get("_backward_index")
+    if idx is None:
+        idx = {}
+        for i, n in enumerate(g.topo_order):
+            f = backward_of(g, n)
+            if f is not None:
+                idx.setdefault(f, []).append((i, n))
+        g.__dict__["_backward_index"] = idx
+    return idx
+
+
 def _sole_reader(g: Graph, t: str) -> tuple[str, str] | str:
     """The one forward ``(op, port)`` reading intermediate ``t`` (backward ops aside), or why not one."""
     if g.tensors[t].role == "output":
@@ -206,7 +222,8 @@ def _match_backward(g: Graph, m: AttentionMatch, p_port: str) -> AttentionMatch 
     other result (dP, the softmax and mask gradients, dS) must be read inside the set only."""
     names = {n for _, n in m.ops}
     roles = dict(m.ops)
-    backward = [n for n in g.topo_order if backward_of(g, n) in names]
+    idx = _backward_index(g)
+    backward = [n for _, n in sorted(x for f in names for x in idx.get(f, ()))]
     for role, n in m.ops:  # the forward intermediates: read by the pattern and its backward only
         if role == "av":
             continue
