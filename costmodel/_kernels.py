@@ -411,6 +411,72 @@ def _box_hash(lo, hi, a, b, first):
 
 
 @njit(cache=True, nogil=True)
+def _replica_classes(p_lo, p_hi):
+    """Replicated producer shards (equal boxes: the same cells computed on several devices):
+    ``cls[pi]``, the first shard of ``pi``'s box, and whether any box has more than one shard."""
+    n = p_lo.shape[0]
+    cls = np.arange(n)
+    if n < 2:
+        return cls, False
+    h = np.empty(n, np.float64)
+    for i in range(n):
+        h[i] = _box_hash(p_lo, p_hi, i, i + 1, 0)
+    o = np.argsort(h, kind="mergesort")
+    any_rep = False
+    a = 0
+    while a < n:
+        b = a + 1
+        while b < n and h[o[b]] == h[o[a]]:
+            b += 1
+        # equal hashes: compare the boxes (a stable sort: the first of a box in the run is its
+        # lowest shard, which represents it)
+        for x in range(a + 1, b):
+            i = o[x]
+            for y in range(a, x):
+                j = o[y]
+                if cls[j] == j and _same_box(p_lo, p_hi, i, j):
+                    cls[i] = j
+                    any_rep = True
+                    break
+        a = b
+    return cls, any_rep
+
+
+@njit(cache=True, nogil=True)
+def _same_box(lo, hi, i, j):
+    for d in range(lo.shape[1]):
+        if lo[i, d] != lo[j, d] or hi[i, d] != hi[j, d]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _serves(pi, d, cls, members, m_ptr, p_dev, dev_per_node):
+    """Whether producer shard ``pi`` is the replica of its box that device ``d`` reads: the one
+    on ``d`` if there is one, else one on ``d``'s node, else any; among several, the one at
+    ``d`` modulo their number (readers on different devices spread over the replicas)."""
+    c = cls[pi]
+    a = m_ptr[c]
+    b = m_ptr[c + 1]
+    if b - a <= 1:
+        return True
+    same = 0
+    for x in range(a, b):
+        q = p_dev[members[x]]
+        if q == d:
+            return members[x] == pi
+        if q // dev_per_node == d // dev_per_node:
+            same += 1
+    pick = d % same if same else d % (b - a)
+    for x in range(a, b):
+        if same == 0 or p_dev[members[x]] // dev_per_node == d // dev_per_node:
+            if pick == 0:
+                return members[x] == pi
+            pick -= 1
+    return False
+
+
+@njit(cache=True, nogil=True)
 def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize, dev_per_node,
                  lat_intra, bw_intra, epb_intra, lat_inter, bw_inter, epb_inter):
     """Edges from the producer's shards to every reader shard of one tensor.
@@ -422,7 +488,8 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
     link: 0 = intra-node port, 1 = inter-node port, content: a 53-bit hash of the bounding box of
     what it carries, equal for two transfers that carry the same box; the same without the first
     dim: for partials, the box of the sum they are part of, whatever their part) per transfer. One transfer per (producer shard, destination device) carries the union of what
-    that device's reader shards need from it.
+    that device's reader shards need from it. A box computed on several devices (replicas) is
+    read from one of them (``_serves``: the reader's own device, else its node, else any).
     Reader shards are concatenated reader by reader (``r_counts[k]`` shards of reader ``k``).
     """
     npr = p_lo.shape[0]
@@ -447,10 +514,25 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
     # devices every pair of a 512-way tensor is 262,144 tests, most of them empty
     dims, ok, order, lo_s, hi_s = _reader_index(c_lo, c_hi, r_counts, R)
     buf = np.empty(nc, np.int64)
+    # a replicated box is read from one of its replicas (``_serves``), not from each of them
+    cls, any_rep = _replica_classes(p_lo, p_hi)
+    m_ptr = np.zeros(npr + 1, np.int64)
+    members = np.empty(npr, np.int64)
+    if any_rep:
+        for i in range(npr):
+            m_ptr[cls[i] + 1] += 1
+        for i in range(npr):
+            m_ptr[i + 1] += m_ptr[i]
+        fill = m_ptr[:npr].copy()
+        for i in range(npr):
+            members[fill[cls[i]]] = i
+            fill[cls[i]] += 1
     for pi in range(npr):
         m = _candidates(p_lo, p_hi, pi, r_counts, dims, ok, order, lo_s, hi_s, buf)
         for q in range(m):
             cj = buf[q]
+            if any_rep and not _serves(pi, c_dev[cj], cls, members, m_ptr, p_dev, dev_per_node):
+                continue
             if _inter(p_lo, p_hi, pi, c_lo, c_hi, cj, one_lo, one_hi, 0) > 0:
                 if c_dev[cj] == p_dev[pi]:
                     L += 1
@@ -486,6 +568,8 @@ def group_kernel(p_lo, p_hi, p_dev, c_lo, c_hi, c_dev, r_counts, n_dev, itemsize
         m = _candidates(p_lo, p_hi, pi, r_counts, dims, ok, order, lo_s, hi_s, buf)
         for q0 in range(m):
             cj = buf[q0]
+            if any_rep and not _serves(pi, c_dev[cj], cls, members, m_ptr, p_dev, dev_per_node):
+                continue
             if _inter(p_lo, p_hi, pi, c_lo, c_hi, cj, plo, phi, npair) > 0:
                 if c_dev[cj] == p_dev[pi]:
                     ints[l_row, 0] = pi

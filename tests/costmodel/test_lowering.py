@@ -3,6 +3,7 @@ transfers, exact unions, and incremental == fresh lowering on random rewrite seq
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import pickle
 
@@ -17,7 +18,7 @@ from costmodel.structure import build_structure
 from costmodel.presets import PRESETS
 from ir import workloads
 from ir.builder import GraphBuilder
-from ir.graph import SOURCE_ROLES
+from ir.graph import SOURCE_ROLES, Shards
 from ir.kernels import ITEMSIZE
 from ir.rewrites import RewriteError, fuse, place, random_rewrite, random_walk, retile, split, split_reduction
 from ir.zspace import ZRange
@@ -79,6 +80,8 @@ def reference(g, hw):
                     if inter.is_empty:
                         continue
                     cdev = int(g.ops[c].shards.device[j])
+                    if not reads_replica(p.shards, i, cdev, hw.devices_per_node):
+                        continue  # another replica of this box serves that device
                     if cdev == pdev:
                         edges.add(((pname, i), (c, j), None))
                     else:
@@ -99,6 +102,18 @@ def reference(g, hw):
         for d, cs in per_dev.items():
             resident[d] += len(cs) * ITEMSIZE[tensor.dtype]
     return compute, transfers, edges, resident
+
+
+def reads_replica(shards, i: int, d: int, per_node: int) -> bool:
+    """The rule for a box computed on several devices (replicas), written out: device ``d`` reads
+    a replicated box from its own replica, else from one on its node, else from any: the
+    ``d % count``-th of those candidates. Whether ``d`` reads shard ``i`` of ``shards``."""
+    box = (tuple(shards.lo[i]), tuple(shards.hi[i]))
+    members = [k for k in range(len(shards)) if (tuple(shards.lo[k]), tuple(shards.hi[k])) == box]
+    devs = [int(shards.device[k]) for k in members]
+    local = [k for k, x in zip(members, devs) if x == d]
+    near = [k for k, x in zip(members, devs) if x // per_node == d // per_node]
+    return i == (local[0] if local else near[d % len(near)] if near else members[d % len(members)])
 
 
 def decode(low):
@@ -387,3 +402,30 @@ def test_a_child_of_a_plan_whose_state_is_gone_derives_its_structure_from_the_pl
     child.origin = None
     gc.collect()
     assert key not in inc._sketches  # the plan is gone: so is its sketch
+
+
+def replicated(g, op: str, devices: list[int]):
+    """``op`` computed whole on each of ``devices`` (one replica each)."""
+    o = g.ops[op]
+    ext = list(g.signature(o).extents)
+    n = len(devices)
+    return g.with_ops({op: dataclasses.replace(o, shards=Shards([[0] * len(ext)] * n, [ext] * n, devices))})
+
+
+@pytest.mark.parametrize("replicas, act, sources", [
+    ([0, 1, 2, 3], [0], []),  # a replica on the reader's device: nothing moves
+    ([1, 2, 3], [0], [1]),  # none there: the one on its node (NVLink), once
+    ([2, 3], [0], [2]),  # none on its node: one of the others (0 % 2), once
+    ([2, 3], [0, 1], [2, 3]),  # two readers spread over the two replicas (d % 2)
+])
+def test_a_replicated_box_is_read_from_one_replica(replicas, act, sources):
+    M, K, N = 64, 32, 48
+    g = replicated(chain_graph(M, K, N), "mm", replicas)
+    g = retile(g, "act", [len(act), 1], act)
+    low = Lowerer(HW4).lower(g)
+    tr = np.nonzero(low.kind != 0)[0]
+    assert sorted(low.dev[tr].tolist()) == sources  # before: every replica sent its box to every reader
+    assert low.alloc[tr].sum() == M * N * 4 * len(sources) // len(act)
+    _, rt, _, _ = reference(g, HW4)
+    _, t, _, _ = decode(low)
+    assert t == rt
