@@ -53,6 +53,7 @@ from costmodel.lowering import Lowered, Lowerer, same_data_flow, kernel_class_of
 from costmodel.lookahead import DEFAULT_WINDOW, lookahead_tiers
 from costmodel.repetition import Repetition, repetition
 from costmodel.simulate import Schedule
+from ir.folding import fold_constants
 from ir.graph import SOURCE_ROLES, Graph
 from ir.layers import GraphMemo, truncate
 from ir.kernels import ELEMENTWISE, ITEMSIZE, get_kernel
@@ -209,7 +210,8 @@ class Evaluator:
             if curves != "default":
                 raise ValueError(f"curves: expected a Curves, 'default' or None, got {curves!r}")
             curves = curves_for(self.hw)
-        self.lowerer = Lowerer(self.hw, collectives=collectives, curves=curves)
+        # priced as a production runtime runs a plan (weights-only ops folded, slices as views)
+        self.lowerer = Lowerer(self.hw, collectives=collectives, curves=curves, runtime=True)
         self._bounds: dict[int, ProgramFacts] = {}
         self._logical_facts: dict[tuple, ProgramFacts] = {}
         self._programs = GraphMemo()  # recent whole models' program numbers (layers="repeat")
@@ -309,7 +311,7 @@ class Evaluator:
         if timing:
             t = self._timed("lower", t)
         s = None
-        for ctl in lookahead_tiers(low, g, self.lookahead):  # the first the data edges leave acyclic
+        for ctl in lookahead_tiers(low, fold_constants(g), self.lookahead):  # the graph lowered  # the first the data edges leave acyclic
             if timing:
                 t = self._timed("lookahead", t)
             s = low.simulate(ctl, cycle_ok=True)

@@ -18,7 +18,10 @@ What a plan becomes
   order, then by (producer shard, destination device).
 - **Graph inputs and weights** are resident where their readers need them before the run: per
   device, the union of the boxes read there counts as resident memory (replication costs memory,
-  not time). Outputs stay where they are produced.
+  not time). Outputs stay where they are produced. With ``Lowerer(runtime=True)`` (the
+  ``Evaluator``'s), ops computed from such weights alone (a merged Q/K/V's stacked weight) are
+  folded first (``ir.folding``: they run once at load time, their outputs are weights), and a
+  contiguous slice is a view (no kernel).
 - **Loop-carried state** (``Graph.carried``: a parameter or state ``P`` whose next value
   ``P.next`` the step produces) is different: ``P`` lives where the shards of ``P.next``'s
   producer write it (its *home*, box by box: the update op's sharding is the state's layout), and
@@ -67,6 +70,7 @@ from costmodel import collectives as C
 from costmodel import efficiency as E
 from costmodel.hardware import Hardware, HardwareError, class_family
 from costmodel.structure import Structure, build_structure, derive_structure
+from ir.folding import fold_constants
 from ir.graph import SOURCE_ROLES, Graph, Op
 from ir.kernels import ITEMSIZE, get_kernel
 from ir.kernels.base import Signature
@@ -285,7 +289,10 @@ def _merged_contraction(name: str, g: Graph) -> Op | None:
     weight concat (``<merged>.wcat<i>``) it is; else None."""
     base = name.rsplit(".wcat", 1)[0] if ".wcat" in name else name
     o = g.ops.get(base)
-    if o is None or "+" not in base or o.kernel not in ("einsum", "matmul") or f"{base}.wcat1" not in g.ops:
+    if o is None or "+" not in base or o.kernel not in ("einsum", "matmul"):
+        return None
+    # its concat, or (folded at load time, ``ir.folding``) the stacked weight the concat made
+    if f"{base}.wcat1" not in g.ops and not any(t.startswith(f"{base}.wcat") for _, t in o.inputs):
         return None
     return o
 
@@ -654,8 +661,13 @@ class Lowerer:
     SKETCH_MIN_OPS = 200
 
     def __init__(self, hw: Hardware, cache_size: int = 8000, states: int = 6, collectives: bool = False,
-                 curves: E.Curves | None = None, cache_bytes: float = 2e9) -> None:
+                 curves: E.Curves | None = None, cache_bytes: float = 2e9, runtime: bool = False) -> None:
         self.hw = hw
+        # runtime: price a plan as a production runtime runs it (what a search optimises; Evaluator):
+        # weights-only ops folded at load time (ir.folding) and contiguous slices as views. Off, as
+        # this repository's executor runs it (every op each step, a slice a copy): what its
+        # measurements are predicted with (optimizer.realrun, serial_prediction)
+        self.runtime = runtime
         # group pieces hold every overlapping producer/reader shard pair of a tensor: at 512 GPUs tens
         # of MB each, so the piece cache is bounded by their bytes as well as by its entries
         self.cache_bytes = cache_bytes
@@ -796,6 +808,12 @@ class Lowerer:
                                 f"devices 0..{self.hw.n_devices - 1}")
         if self.hw.staged_fusion and o.kernel == "fused":  # its stages run one by one (costmodel.efficiency)
             f[:, 1] = E.staged_fused_seconds(self.hw, pk.sig, o.params, kclass, dtype, f)
+        elif self.runtime and o.kernel == "slice" and o.params.get("step", 1) == 1:
+            # a contiguous slice is a view (``torch.narrow``; its readers take the strides): no
+            # kernel, no launch, no traffic; its buffer stays counted (the viewed bytes live until
+            # its readers end)
+            f[:, 1] = 0.0
+            f[:, 4] = 0.0
         return OpPiece(o, f, out_lo, out_hi, in_lo, in_hi, pk, kclass, dtype, src_port, res)
 
     def _group_piece(self, g: Graph, st: Structure, gi: int, ops: list[Op], pieces: list[OpPiece]) -> GroupPiece:
@@ -1194,6 +1212,8 @@ class Lowerer:
 
     # -- whole plan ------------------------------------------------------------------------
     def lower(self, g: Graph) -> Lowered:
+        if self.runtime:  # weights-only ops run once, at load time, not in the step (ir.folding)
+            g = fold_constants(g)
         base, changed = self._find_base(g)
         if base is not None and not changed:
             self.stats["exact"] += 1

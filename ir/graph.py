@@ -224,7 +224,8 @@ class Graph:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.pop("_backward_index", None)  # a memo (ir.rewrites.substitute_attention)
+        state.pop("_backward_index", None)  # memos (ir.rewrites.substitute_attention, ir.folding)
+        state.pop("_folded", None)
         state["edit"] = None  # lineage is local to a process (a weak reference)
         state["origin"] = None
         state["tensor_delta"] = None

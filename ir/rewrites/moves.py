@@ -218,13 +218,15 @@ class UnfuseNorm(Move):
 
 @dataclass(frozen=True)
 class MergeMatmuls(Move):
-    """Merge contractions that share their input into one over concatenated weights (QKV)."""
+    """Merge contractions that share their input into one over concatenated weights (QKV),
+    stacked along the weight letter ``along`` (None: the first it can be)."""
 
     ops: tuple[str, ...]
+    along: str | None = None
     kind: ClassVar[str] = "merge_matmuls"
 
     def apply(self, g: Graph) -> Graph:
-        return substitute_merge.merge_matmuls(g, self.ops)
+        return substitute_merge.merge_matmuls(g, self.ops, self.along)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from ir.rewrites import moves as M
 from ir.rewrites.errors import RewriteError
 from ir.rewrites.fusion import fusable
 from ir.rewrites.substitute_attention import attention_sites, fused_attentions
-from ir.rewrites.substitute_merge import merge_sites, merged_matmuls
+from ir.rewrites.substitute_merge import merge_sites, merged_matmuls, stack_letters
 from ir.rewrites.substitute_norm import fused_norms, norm_sites
 from ir.rewrites.substitute_reassoc import reassociated, reassociation_sites
 
@@ -150,7 +150,10 @@ def draw_move(g: Graph, rng: np.random.Generator, n_devices: int, kind: str,
         return M.UnfuseNorm(_choice(rng, cands)) if cands else None
     if kind == "merge_matmuls":
         cands = structure(g).merge_sites
-        return M.MergeMatmuls(_choice(rng, cands)) if cands else None
+        if not cands:
+            return None
+        ops = _choice(rng, cands)
+        return M.MergeMatmuls(ops, _choice(rng, stack_letters(g, ops[0])))
     if kind == "split_matmuls":
         cands = structure(g).merged
         return M.SplitMatmuls(_choice(rng, cands)) if cands else None

@@ -20,14 +20,19 @@ keep the original op names and output tensors: the rest of the graph is untouche
 
 Conditions: at least two einsum or matmul ops (plain: unfused, unsplit) with one kernel, equation
 and alpha, reading the same tensor on port ``a``; their ``b`` operands are parameters of one shape
-with a letter kept in the output and absent from ``a`` (the stacking axis: ``h`` above, ``f`` for
-``bsd,df->bsf``). What it buys: the shared input is read once and one launch replaces n; what it
-costs in this cost model: the concat (weight bytes) and the slices (a copy of each output). It
-pays where one large GEMM runs faster than n small ones, which the roofline model does not see.
+with a letter kept in the output and absent from ``a`` (the stacking axis ``along``: ``h`` above,
+``f`` for ``bsd,df->bsf``). Stacked along the head dim ``e`` instead (``along="e"``), each head's
+k and v sit side by side, as in Megatron-LM's fused QKV weight, so a split over the heads gives
+every device its own heads' k and v in one GEMM. What it buys: the shared input is read once and
+one launch replaces n, and the GEMM's shape changes (under the efficiency curves, fewer or fuller
+waves). What it costs in the cost model: in an inference program, nothing for the concat (a
+weights-only op, folded at load time: ``ir.folding``) nor for the slices (views); in a training
+step the concat runs every step (the weights change).
 """
 
 from __future__ import annotations
 
+from itertools import combinations
 from typing import Sequence
 
 from ir.graph import Graph, Op, Shards, Tensor
@@ -38,11 +43,18 @@ from ir.rewrites.substitute_attention import contraction_letters
 KERNELS = ("einsum", "matmul")
 
 
-def _stack_letter(la: str, lb: str, lo: str) -> str | None:
-    return next((L for L in lb if L in lo and L not in la), None)
+def _stack_letters(la: str, lb: str, lo: str) -> list[str]:
+    """The letters a merge can stack along: the weight's, kept in the output, not in ``a``."""
+    return [L for L in lb if L in lo and L not in la]
 
 
-def mergeable(g: Graph, ops: Sequence[str]) -> str | None:
+def stack_letters(g: Graph, op: str) -> list[str]:
+    """The letters ``merge_matmuls`` can stack ``op``'s weights along (``along``)."""
+    view = contraction_letters(g.ops[op], g)
+    return _stack_letters(*view[:3]) if view is not None else []
+
+
+def mergeable(g: Graph, ops: Sequence[str], along: str | None = None) -> str | None:
     """Why ``ops`` cannot be merged, or ``None`` when they can."""
     if len(ops) < 2 or len(set(ops)) != len(ops):
         return f"needs at least two distinct ops, got {list(ops)}"
@@ -66,23 +78,29 @@ def mergeable(g: Graph, ops: Sequence[str]) -> str | None:
     if len({w.shape for w in ws}) != 1 or len({w.dtype for w in ws}) != 1:
         return f"the weights differ in shape or dtype: {[(w.name, list(w.shape)) for w in ws]}"
     la, lb, lo, _ = contraction_letters(first, g)
-    if _stack_letter(la, lb, lo) is None:
+    letters = _stack_letters(la, lb, lo)
+    if not letters:
         return f"{first.name}'s weight has no output letter to stack along ({la},{lb}->{lo})"
+    if along is not None and along not in letters:
+        return f"cannot stack along {along!r}: the letters of {first.name}'s weight kept in its output are {letters}"
     name = "+".join(ops)
     if name in g.ops or f"{name}.out" in g.tensors:
         return f"an operation or tensor named {name} exists"
     return None
 
 
-def merge_matmuls(g: Graph, ops: Sequence[str]) -> Graph:
-    """Merge contractions sharing their input ``a`` into one over the concatenated weights."""
-    why = mergeable(g, ops)
+def merge_matmuls(g: Graph, ops: Sequence[str], along: str | None = None) -> Graph:
+    """Merge contractions sharing their input ``a`` into one over the concatenated weights,
+    stacked along the weight letter ``along`` (default: the first one it can be; see the module
+    docstring). When the ops are laid out alike and none splits that letter, the merged op keeps
+    their layout (each shard grown along it) and the slices keep theirs."""
+    why = mergeable(g, ops, along)
     if why:
         raise RewriteError(f"cannot merge {list(ops)}: {why}")
     os_ = [g.ops[n] for n in ops]
     first = os_[0]
     la, lb, lo, _ = contraction_letters(first, g)
-    letter = _stack_letter(la, lb, lo)
+    letter = along or _stack_letters(la, lb, lo)[0]
     wax, oax = lb.index(letter), lo.index(letter)
     name = "+".join(ops)
     w0 = g.tensors[first.input_map["b"]]
@@ -103,12 +121,27 @@ def merge_matmuls(g: Graph, ops: Sequence[str]) -> Graph:
     mshape = out0.shape[:oax] + (len(os_) * oext,) + out0.shape[oax + 1:]
     tensors[f"{name}.out"] = Tensor(f"{name}.out", mshape, out0.dtype, "intermediate")
     new_ops.append(Op(name, first.kernel, (("a", first.input_map["a"]), ("b", prev)), f"{name}.out",
-                      dict(first.params), Shards.whole(mshape, dev)))
+                      dict(first.params), _grown(g, os_, letter, len(os_)) or Shards.whole(mshape, dev)))
     replace = {o.name: Op(o.name, "slice", (("x", f"{name}.out"),), o.output,
                           {"axis": oax, "start": i * oext, "stop": (i + 1) * oext, "step": 1}, o.shards)
                for i, o in enumerate(os_)}
     # the merged op waits for every weight, and each slice for the merged op: op order follows
     return g.with_ops(replace, insert_after={first.name: new_ops}, tensors=tensors).in_program_order()
+
+
+def _grown(g: Graph, os_: list[Op], letter: str, n: int) -> Shards | None:
+    """The shards of the ops ``os_`` (all alike, none splitting the index dim of ``letter``) with
+    that dim ``n`` times as long: the merged op laid out as they were; None if they differ."""
+    sh = os_[0].shards
+    if any(not (o.shards is sh or o.shards == sh) for o in os_[1:]):
+        return None
+    sig = g.signature(os_[0])
+    d = sig.dims.index(letter) if letter in sig.dims else -1
+    if d < 0 or not ((sh.lo[:, d] == 0) & (sh.hi[:, d] == sig.extents[d])).all():
+        return None
+    hi = sh.hi.copy()
+    hi[:, d] = sig.extents[d] * n
+    return Shards(sh.lo, hi, sh.device)
 
 
 def _weights_of(g: Graph, op: str) -> list[str] | None:
@@ -152,12 +185,20 @@ def split_matmuls(g: Graph, op: str) -> Graph:
 
 
 def merge_sites(g: Graph) -> list[tuple[str, ...]]:
-    """Groups of contractions that ``merge_matmuls`` can merge (all readers of one input alike)."""
+    """Groups of contractions that ``merge_matmuls`` can merge: all readers of one input alike
+    (Q, K and V), and each pair of them (K and V alone make one GEMM of a better shape for some
+    layouts)."""
     groups: dict[tuple, list[str]] = {}
     for n, o in g.ops.items():
         if o.kernel in KERNELS and "a" in o.input_map:
             groups.setdefault((o.input_map["a"], o.kernel, o.params_key), []).append(n)
-    return [tuple(v) for v in groups.values() if len(v) > 1 and mergeable(g, v) is None]
+    out = []
+    for v in groups.values():
+        if len(v) > 1 and mergeable(g, v) is None:
+            out.append(tuple(v))
+            if len(v) > 2:
+                out += list(combinations(v, 2))
+    return out
 
 
 def merged_matmuls(g: Graph) -> list[str]:

@@ -8,7 +8,10 @@
 Both are einsums over the same letters, summed in another order: ``Σ_r Σ_d x·Wd·Wu``. The inner
 op's other operand (``keep``: ``"a"`` keeps ``A`` outside and pairs ``B`` with ``R``, ``"b"`` keeps
 ``B``) decides which pair is contracted first. Which order is cheaper depends only on the
-extents: ``reassociation_flops`` gives both, and the search only proposes the cheaper one.
+extents: ``reassociation_flops`` gives both, and the search only proposes the cheaper one. Where
+``B`` and ``R`` are both weights of an inference program (a low-rank adapter's ``Wd·Wu``), the new
+inner op is weights-only: the cost model folds it at load time (``ir.folding``), as merging an
+adapter into its base weight does.
 
 Conditions: both ops are plain einsum/matmul ops (not fused, reduction not split); the inner
 output is read only by the outer op and is not a graph output. Letters of the outer equation
