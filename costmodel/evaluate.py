@@ -311,7 +311,8 @@ class Evaluator:
         if timing:
             t = self._timed("lower", t)
         s = None
-        for ctl in lookahead_tiers(low, fold_constants(g), self.lookahead):  # the graph lowered  # the first the data edges leave acyclic
+        # the first tier the data edges leave acyclic, on the graph lowered (weights-only ops folded)
+        for ctl in lookahead_tiers(low, fold_constants(g), self.lookahead):
             if timing:
                 t = self._timed("lookahead", t)
             s = low.simulate(ctl, cycle_ok=True)
