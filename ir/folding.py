@@ -9,8 +9,9 @@ value *is* how the weights are stored. ``ir.rewrites.substitute_merge``'s weight
 are the case that matters: merged Q/K/V projections read one stacked weight.
 
 :func:`fold_constants` gives the graph a runtime runs after loading: the folded ops removed, their
-outputs turned into parameters. The cost model lowers that graph (``costmodel.lowering``); the
-executor and ``verify`` run the plan as written, folded ops included (same values).
+outputs turned into parameters. The search's cost model lowers that graph (``Lowerer(runtime=True)``,
+the ``Evaluator``'s); the executor, ``verify`` and the predictions of measured plans
+(``Lowerer()``) take the plan as written, folded ops included (same values).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ __all__ = ["fold_constants", "folded_ops"]
 
 def folded_ops(g: Graph) -> tuple[str, ...]:
     """The ops of ``g`` computed from non-carried parameters only (directly or through other
-    such ops), in op order; never one whose output is a graph output. Memoised per tensor table
-    (structural rewrites make a new one; shard moves keep it, and with it the answer)."""
+    such ops, earlier in op order), in op order; never one whose output is a graph output.
+    Memoised per tensor table (structural rewrites make a new one; shard moves keep it, and with
+    it the answer)."""
     return _folding(g)[0]
 
 
@@ -37,13 +39,18 @@ def _folding(g: Graph) -> tuple[tuple[str, ...], dict | None]:
     tensors = g.tensors
     const: set[str] = set()
     out: list[str] = []
-    for name in g.topo_order:
-        o = g.ops[name]
-        if not o.inputs or tensors[o.output].role == "output":
+    # op order (program order almost always; where it is not, a chain folds less, never wrongly):
+    # a truncated model's new tables pass here, and its topological order would cost more
+    for o in g.ops.values():
+        if not o.inputs:
             continue
-        if all(t in const or (tensors[t].role == "parameter" and not g.is_carried(t)) for _, t in o.inputs):
-            const.add(o.output)
-            out.append(name)
+        for _, t in o.inputs:
+            if t not in const and (tensors[t].role != "parameter" or g.is_carried(t)):
+                break
+        else:
+            if tensors[o.output].role != "output":
+                const.add(o.output)
+                out.append(o.name)
     table = None
     if out:
         table = dict(tensors)
