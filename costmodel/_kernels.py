@@ -940,3 +940,30 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
         for d in range(n_dev):
             resident[d] += res[s * n_dev + d]
     return kind, i32, f64, ptr, idx, resident, ints, flts, link, part_ptr, part_dev, part_alloc
+
+
+@njit(cache=True, nogil=True)
+def topo_hint(op_offsets, t_src_op, t_op, n):
+    """``Lowered.topo_hint``: a counting sort of the nodes by slot: op ``k``'s compute nodes in
+    slot ``2k + 1``, a transfer or collective of producer ``s`` read first by op ``r > s`` in
+    slot ``2s + 2`` (after its producer, before its readers), one read by an op at or before its
+    producer (a loop-carried state, read at the step's start) in slot 0."""
+    k = op_offsets.shape[0] - 1
+    nc = op_offsets[k]
+    slot = np.empty(n, np.int64)
+    for o in range(k):
+        for i in range(op_offsets[o], op_offsets[o + 1]):
+            slot[i] = 2 * o + 1
+    for t in range(n - nc):
+        s = t_src_op[t]
+        slot[nc + t] = 2 * s + 2 if s < t_op[t] else 0
+    count = np.zeros(2 * k + 3, np.int64)
+    for i in range(n):
+        count[slot[i] + 1] += 1
+    for j in range(2 * k + 2):
+        count[j + 1] += count[j]
+    out = np.empty(n, np.int32)
+    for i in range(n):
+        out[count[slot[i]]] = i
+        count[slot[i]] += 1
+    return out

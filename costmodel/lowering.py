@@ -148,7 +148,7 @@ class Lowered:
 
     __slots__ = ("kind", "dev", "dst", "dur", "lat", "alloc", "succ_ptr", "succ_idx", "resident", "n_devices",
                  "op_names", "program", "_ints", "_flts", "link", "part_ptr", "part_dev", "part_alloc", "contention",
-                 "acc", "flow", "op_reads", "op_split")
+                 "acc", "flow", "op_reads", "op_split", "_topo")
 
     def __init__(self, kind, i32, f64, succ_ptr, succ_idx, resident, ints, flts, n_devices: int,
                  op_names: tuple[str, ...], program: int = 0, link=None, part_ptr=None, part_dev=None,
@@ -166,6 +166,7 @@ class Lowered:
         self.flow = None
         self.op_reads = None  # int64 per op: how many inputs it reads (set with ``flow``)
         self.op_split = None  # bool per op: a split reduction's partial op (set with ``flow``)
+        self._topo = None
 
     def simulate(self, ctl=None, contention: float | None = None, cycle_ok: bool = False):
         """The schedule of these arrays (``costmodel.simulate.simulate_arrays``, ports and
@@ -182,7 +183,17 @@ class Lowered:
         return simulate_arrays(self.kind, self.dev, self.dst, self.dur, self.succ_ptr, self.succ_idx, self.alloc,
                                self.resident, self.n_devices, lat=self.lat, link=self.link, part_ptr=self.part_ptr,
                                part_dev=self.part_dev, part_alloc=self.part_alloc, ctl_ptr=ctl_ptr, ctl_idx=ctl_idx,
-                               contention=contention, acc=self.acc, cycle_ok=cycle_ok)
+                               contention=contention, acc=self.acc, cycle_ok=cycle_ok, topo_hint=self.topo_hint)
+
+    @property
+    def topo_hint(self) -> np.ndarray:
+        """int32[n]: the nodes in program order (each op's compute nodes, then the transfers and
+        collectives of its output; those of a loop-carried state first): a topological order of
+        the data edges when the ops are in program order, which saves the simulator its own
+        topological pass (it checks the order, and falls back to the pass where it is not one)."""
+        if self._topo is None:
+            self._topo = K.topo_hint(self.op_offsets, self.transfer_src_op, self.transfer_op, self.kind.shape[0])
+        return self._topo
 
     @property
     def elapsed(self) -> np.ndarray:

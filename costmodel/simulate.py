@@ -413,31 +413,11 @@ def _charge_comm(q, t, o, comm_start, comm_end, compute_free, s):
 
 
 @njit(cache=True, nogil=True)
-def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices, keep, link,
-                   part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx, contention, acc):
-    """Returns (status, start, finish, makespan, peak_mem, busy_compute, busy_egress,
-    busy_ingress, used, rank, order, n_topo). status 0 = ok, 1 = cycle (then ``order[:n_topo]``
-    holds the nodes Kahn could order; the others lie on or behind a cycle)."""
-    n = kind.shape[0]
-    m = succ_idx.shape[0]
-    start = np.zeros(n, np.float64)
-    finish = np.zeros(n, np.float64)
-    rank = np.zeros(n, np.float64)
-    order = np.empty(n, np.int32)
-    peak_mem = resident_bytes.copy()
-    busy_compute = np.zeros(n_devices, np.float64)
-    busy_egress = np.zeros(n_devices, np.float64)
-    busy_ingress = np.zeros(n_devices, np.float64)
-    used = resident_bytes > 0.0
-
-    # --- Kahn topological order -----------------------------------------------------------
-    indeg = np.zeros(n, np.int32)
-    for e in range(m):
-        indeg[succ_idx[e]] += 1
-    for e in range(ctl_idx.shape[0]):  # control edges order the schedule too (a cycle through them is one)
-        indeg[ctl_idx[e]] += 1
+def _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, indeg, topo, rank, dur, lat):
+    """Kahn's topological order of the data and control edges into ``topo`` (``indeg``: the
+    in-degrees, left unchanged), then the upward ranks along it. Returns (status, ordered):
+    status 1 when a cycle leaves nodes unordered (``topo[:ordered]`` holds the ordered ones)."""
     deg = indeg.copy()
-    topo = order  # reuse: overwritten by the schedule order below
     tail = 0
     for i in range(n):
         if deg[i] == 0:
@@ -460,10 +440,7 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
                 topo[tail] = v
                 tail += 1
     if tail < n:
-        return (1, start, finish, 0.0, peak_mem, busy_compute, busy_egress, busy_ingress, used,
-                rank, order, tail)
-
-    # --- upward rank ----------------------------------------------------------------------
+        return 1, tail
     for k in range(n - 1, -1, -1):
         u = topo[k]
         best = 0.0
@@ -472,6 +449,62 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
             if r > best:
                 best = r
         rank[u] = dur[u] + lat[u] + best
+    return 0, n
+
+
+@njit(cache=True, nogil=True)
+def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices, keep, link,
+                   part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx, contention, acc, topo_hint):
+    """Returns (status, start, finish, makespan, peak_mem, busy_compute, busy_egress,
+    busy_ingress, used, rank, order, n_topo). status 0 = ok, 1 = cycle (then ``order[:n_topo]``
+    holds the nodes that could be ordered; the others lie on or behind a cycle).
+
+    ``topo_hint`` (int32[n], or empty): an order of the nodes believed topological for the data
+    edges (a lowering's program order, ``Lowered.topo_hint``). The ranks are then computed along
+    it, without Kahn's pass; should an edge point backwards in it, Kahn's pass runs after all,
+    and a cycle through control edges stops the list scheduling instead (the nodes it placed
+    are then those ordered)."""
+    n = kind.shape[0]
+    m = succ_idx.shape[0]
+    start = np.zeros(n, np.float64)
+    finish = np.zeros(n, np.float64)
+    rank = np.zeros(n, np.float64)
+    order = np.empty(n, np.int32)
+    peak_mem = resident_bytes.copy()
+    busy_compute = np.zeros(n_devices, np.float64)
+    busy_egress = np.zeros(n_devices, np.float64)
+    busy_ingress = np.zeros(n_devices, np.float64)
+    used = resident_bytes > 0.0
+
+    indeg = np.zeros(n, np.int32)
+    for e in range(m):
+        indeg[succ_idx[e]] += 1
+    for e in range(ctl_idx.shape[0]):  # control edges order the schedule too (a cycle through them is one)
+        indeg[ctl_idx[e]] += 1
+
+    # --- upward rank along the hint, when it is a topological order of the data edges --------
+    hinted = topo_hint.shape[0] == n
+    if hinted:
+        for i in range(n):
+            rank[i] = -1.0  # not yet ranked (a rank is >= 0)
+        for k in range(n - 1, -1, -1):
+            u = topo_hint[k]
+            best = 0.0
+            for e in range(succ_ptr[u], succ_ptr[u + 1]):
+                r = rank[succ_idx[e]]
+                if r < 0.0:  # a successor before u in the hint: not topological
+                    hinted = False
+                    break
+                if r > best:
+                    best = r
+            if not hinted:
+                break
+            rank[u] = dur[u] + lat[u] + best
+    if not hinted:
+        status, tail = _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, indeg, order, rank, dur, lat)
+        if status != 0:
+            return (1, start, finish, 0.0, peak_mem, busy_compute, busy_egress, busy_ingress, used,
+                    rank, order, tail)
 
     # --- priority: position in (rank descending, index ascending) order ---------------------
     prio = _stable_argsort(~rank.view(np.uint64))  # prio[p] = node with the p-th highest priority
@@ -490,8 +523,8 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     off, n_lev = _bitset_layout(n)
     ready_set = np.zeros(off[n_lev], np.uint64)  # priority positions of the ready nodes
     n_ready = 0
+    deg = indeg.copy()
     for i in range(n):
-        deg[i] = indeg[i]
         if indeg[i] == 0:
             _bitset_insert(ready_set, off, n_lev, pos[i])
             n_ready += 1
@@ -576,6 +609,9 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
                 _bitset_insert(ready_set, off, n_lev, pos[v])
                 n_ready += 1
 
+    if k < n:  # stalled: a cycle through control edges (the hint ordered the data edges)
+        return (1, start, finish, 0.0, peak_mem, busy_compute, busy_egress, busy_ingress, used,
+                rank, order, k)
     if contention > 1.0:  # slowdown charged to compute that had already been placed (see _charge_comm)
         for q in range(n_devices):
             if compute_free[q] > makespan:
@@ -904,12 +940,14 @@ def _validate_ports(kind, link, part_ptr, part_dev, part_alloc, n_devices) -> No
 def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
                     n_devices: int, *, lat=None, keep=None, link=None, part_ptr=None, part_dev=None,
                     part_alloc=None, ctl_ptr=None, ctl_idx=None, contention: float = 1.0, acc=None,
-                    cycle_ok: bool = False) -> Schedule | None:
+                    cycle_ok: bool = False, topo_hint=None) -> Schedule | None:
     """Fast path: arrays already of the contract's dtypes (``lat``: float64[n] or None for zeros;
     ``keep``: bool[n] or None), contiguous and valid. Unchecked: out-of-range indices or
     negative/NaN durations or latencies here are undefined behaviour (wrong results or a crash).
     Still raises on a cycle, or with ``cycle_ok`` returns None (a caller with other control edges
-    to try: ``costmodel.lookahead.lookahead_tiers``)."""
+    to try: ``costmodel.lookahead.lookahead_tiers``). ``topo_hint``: int32[n], a permutation of the
+    nodes that is probably a topological order of the data edges (``Lowered.topo_hint``), which
+    spares the simulator its own topological pass; checked, and ignored where it is not one."""
     if lat is None:
         lat = np.zeros(kind.shape[0], np.float64)
     if keep is None:
@@ -925,7 +963,7 @@ def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, reside
     (status, start, finish, makespan, peak_mem, busy_c, busy_e, busy_i, used, rank, order,
      n_topo) = _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes,
                               int(n_devices), keep, link, part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx,
-                              float(contention), acc)
+                              float(contention), acc, _NO_DEV if topo_hint is None else topo_hint)
     if status != 0:
         if cycle_ok:
             return None

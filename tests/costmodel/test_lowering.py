@@ -429,3 +429,24 @@ def test_a_replicated_box_is_read_from_one_replica(replicas, act, sources):
     _, rt, _, _ = reference(g, HW4)
     _, t, _, _ = decode(low)
     assert t == rt
+
+
+@pytest.mark.parametrize("baseline", ["zero3-8", "megatron-tp8-dp1", "data-parallel-8", "single-device"])
+def test_the_program_order_of_a_lowering_is_topological(baseline):
+    """``Lowered.topo_hint`` orders the nodes as the program does (each op's compute nodes, then
+    the transfers and collectives of its output; a loop-carried state's gathers first): every
+    data edge points forward in it, on training steps with gathered states, reductions and
+    collectives, so the simulator needs no topological pass of its own."""
+    from optimizer.search.baselines import baselines
+
+    g = workloads.build("mlp", batch=256, widths=(64, 128, 64), dtype="bfloat16", mode="train", optimizer="adamw")
+    low = Lowerer(PRESETS["h100-sxm-8"], collectives=True).lower(baselines(g, 8)[baseline])
+    hint = low.topo_hint
+    n = low.kind.shape[0]
+    assert sorted(hint.tolist()) == list(range(n))  # a permutation
+    at = np.empty(n, np.int64)
+    at[hint] = np.arange(n)
+    src = np.repeat(np.arange(n), np.diff(low.succ_ptr))
+    assert (at[src] < at[low.succ_idx]).all()
+    if baseline == "zero3-8":  # the gathers of the sharded states have no producer in the step
+        assert (low.kind != 0).sum() > 0 and (low.kind == 2).any()

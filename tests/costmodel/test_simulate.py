@@ -418,6 +418,53 @@ def test_random_dags(case):
     assert set(np.flatnonzero(s.used).tolist()) == touched
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags(), st.randoms(use_true_random=False))
+def test_a_topological_hint_changes_no_schedule(case, rnd):
+    """``topo_hint`` (a lowering's program order) spares the topological pass: with a
+    topological order of the DAG, with an order that is not one (the pass runs after all) and
+    without, the schedule is the same, bit for bit."""
+    n, nd, edges, kind, dev, dst, dur, lat, alloc, resident = case
+    e = np.array(edges, np.int64).reshape(-1, 2)
+    ptr, idx = csr_from_edges(n, e[:, 0], e[:, 1])
+    args = (np.array(kind, np.int8), np.array(dev, np.int32), np.array(dst, np.int32), np.array(dur), ptr, idx,
+            np.array(alloc), np.array(resident, np.float64), nd)
+    plain = simulate_arrays(*args, lat=np.array(lat))
+    # a random topological order (Kahn's with a random choice among the ready nodes)
+    left = np.bincount(idx, minlength=n)
+    ready = [i for i in range(n) if left[i] == 0]
+    topo = []
+    while ready:
+        u = ready.pop(rnd.randrange(len(ready)))
+        topo.append(u)
+        for v in idx[ptr[u]:ptr[u + 1]]:
+            left[v] -= 1
+            if left[v] == 0:
+                ready.append(int(v))
+    shuffled = list(range(n))
+    rnd.shuffle(shuffled)
+    for hint in (topo, shuffled, topo[::-1]):
+        s = simulate_arrays(*args, lat=np.array(lat), topo_hint=np.array(hint, np.int32))
+        for name in ("start", "finish", "rank", "peak_mem", "order", "busy_compute", "busy_egress"):
+            np.testing.assert_array_equal(getattr(s, name), getattr(plain, name), err_msg=name)
+        assert s.makespan == plain.makespan
+
+
+def test_a_cycle_through_control_edges_is_found_with_a_hint():
+    """The data edges in the hint's order, control edges closing a cycle: the list scheduler
+    stalls, and the caller hears of the cycle as from the topological pass."""
+    kind = np.zeros(3, np.int8)
+    dev = np.zeros(3, np.int32)
+    ptr, idx = csr_from_edges(3, [0, 1], [1, 2])  # 0 -> 1 -> 2
+    cptr, cidx = csr_from_edges(3, [2], [1])  # 1 may start only once 2 has: a cycle
+    args = (kind, dev, np.full(3, -1, np.int32), np.ones(3), ptr, idx, np.zeros(3), np.zeros(1), 1)
+    hint = np.arange(3, dtype=np.int32)
+    assert simulate_arrays(*args, ctl_ptr=cptr, ctl_idx=cidx, cycle_ok=True, topo_hint=hint) is None
+    assert simulate_arrays(*args, ctl_ptr=cptr, ctl_idx=cidx, cycle_ok=True) is None
+    ok = simulate_arrays(*args, topo_hint=hint)
+    np.testing.assert_array_equal(ok.start, [0, 1, 2])
+
+
 def test_large_random_dag_schedules_every_node():
     """10k nodes on 64 devices: every node scheduled once, after its predecessors (timing lives in
     scripts/bench_costmodel.py, never in tests)."""
