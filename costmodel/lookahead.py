@@ -427,12 +427,14 @@ def _window_kernel(dev_in, offs, fetch_reader, skip, has_skip, window, nd, n, su
     src = np.empty(n + n_fetch, np.int32)
     dst = np.empty(n + n_fetch, np.int32)
     m = 0
-    for k in range(nc):
-        i = order[k]
-        if dev[i] < nd and rank[i] >= window:
-            src[m] = order[k - window]
-            dst[m] = i
-            m += 1
+    for i in range(nc):  # in source order: the CSR's counting sort then writes in order
+        d = dev[i]
+        if d < nd:
+            k = starts[d] + rank[i] + window
+            if k < starts[d + 1]:
+                src[m] = i
+                dst[m] = order[k]
+                m += 1
     fed = np.zeros(n - nc, np.bool_)  # transfers with a predecessor
     for e in range(succ_idx.shape[0]):
         if succ_idx[e] >= nc:
