@@ -944,26 +944,36 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
 
 @njit(cache=True, nogil=True)
 def topo_hint(op_offsets, t_src_op, t_op, n):
-    """``Lowered.topo_hint``: a counting sort of the nodes by slot: op ``k``'s compute nodes in
-    slot ``2k + 1``, a transfer or collective of producer ``s`` read first by op ``r > s`` in
-    slot ``2s + 2`` (after its producer, before its readers), one read by an op at or before its
-    producer (a loop-carried state, read at the step's start) in slot 0."""
+    """``Lowered.topo_hint``: op ``k``'s compute nodes (already numbered in op order), each
+    followed by the transfers and collectives of producer ``k`` read first by a later op (after
+    its producer, before its readers); first, those read by an op at or before their producer
+    (a loop-carried state's, read at the step's start). A counting sort of the transfers only."""
     k = op_offsets.shape[0] - 1
     nc = op_offsets[k]
-    slot = np.empty(n, np.int64)
+    T = n - nc
+    start = np.zeros(k + 2, np.int64)  # transfers of slot j (producer j - 1; slot 0: states) from start[j]
+    for t in range(T):
+        s = t_src_op[t]
+        start[(s + 1 if s < t_op[t] else 0) + 1] += 1
+    for j in range(k + 1):
+        start[j + 1] += start[j]
+    tr = np.empty(T, np.int32)
+    fill = start.copy()
+    for t in range(T):
+        s = t_src_op[t]
+        j = s + 1 if s < t_op[t] else 0
+        tr[fill[j]] = nc + t
+        fill[j] += 1
+    out = np.empty(n, np.int32)
+    m = 0
+    for x in range(start[0], start[1]):
+        out[m] = tr[x]
+        m += 1
     for o in range(k):
         for i in range(op_offsets[o], op_offsets[o + 1]):
-            slot[i] = 2 * o + 1
-    for t in range(n - nc):
-        s = t_src_op[t]
-        slot[nc + t] = 2 * s + 2 if s < t_op[t] else 0
-    count = np.zeros(2 * k + 3, np.int64)
-    for i in range(n):
-        count[slot[i] + 1] += 1
-    for j in range(2 * k + 2):
-        count[j + 1] += count[j]
-    out = np.empty(n, np.int32)
-    for i in range(n):
-        out[count[slot[i]]] = i
-        count[slot[i]] += 1
+            out[m] = i
+            m += 1
+        for x in range(start[o + 1], start[o + 2]):
+            out[m] = tr[x]
+            m += 1
     return out
