@@ -258,8 +258,11 @@ def _window_edges_reference(low, g, window: int, skip):
 
 @pytest.mark.parametrize("plan", ["gpt-zero3", "llama-3d", "llama-3d-recompute", "walk"])
 def test_the_window_kernel_equals_the_array_passes(plan):
-    """``_window_kernel`` gives the edges the NumPy passes it replaced gave, in the same order,
-    with and without pipeline units to skip, on fixed plans and random walks."""
+    """``_window_kernel`` gives the edges the NumPy passes it replaced gave, with and without
+    pipeline units to skip, on fixed plans and random walks. The kernel gives the window's own
+    edges in source order (so that their CSR's counting sort writes in order), the passes by
+    device: the same edges, compared as sets (the order of a node's control edges changes
+    nothing in the schedule: each lowers an in-degree and raises a ready time by a max)."""
     from costmodel.lookahead import _window_edges, pipeline_units
     from costmodel.lowering import Lowerer
     from costmodel.presets import preset
@@ -291,7 +294,9 @@ def test_the_window_kernel_equals_the_array_passes(plan):
                 a = _window_edges(low, g, window, skip)
                 b = _window_edges_reference(low, g, window, skip)
                 flat = [np.concatenate(x) if x else np.zeros(0, np.int64) for x in (*a, *b)]
-                assert np.array_equal(flat[0], flat[2]) and np.array_equal(flat[1], flat[3])
+                pairs_a = sorted(zip(flat[0].tolist(), flat[1].tolist()))
+                pairs_b = sorted(zip(flat[2].tolist(), flat[3].tolist()))
+                assert pairs_a == pairs_b and len(pairs_a) == flat[0].size
 
 
 def test_microbatch_facts_taken_from_earlier_plans_equal_those_found_afresh():
