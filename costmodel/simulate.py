@@ -844,14 +844,20 @@ def _validate(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, residen
         raise SimulationError("resident_bytes: must be finite and >= 0")
 
 
-def _find_cycle(n: int, succ_ptr: np.ndarray, succ_idx: np.ndarray, ordered: np.ndarray) -> list[int]:
-    """A cycle among the nodes Kahn could not order (error path only)."""
+def _find_cycle(n: int, succ_ptr: np.ndarray, succ_idx: np.ndarray, ordered: np.ndarray,
+                ctl_ptr: np.ndarray | None = None, ctl_idx: np.ndarray | None = None) -> list[int]:
+    """A cycle among the nodes that could not be ordered, over the data and control edges
+    (error path only)."""
     bad = np.ones(n, dtype=bool)
     bad[ordered] = False
     src = np.repeat(np.arange(n, dtype=np.int64), np.diff(succ_ptr))
-    keep = bad[src] & bad[succ_idx]
+    dst = succ_idx.astype(np.int64)
+    if ctl_ptr is not None and ctl_idx is not None and ctl_idx.size:
+        src = np.concatenate([src, np.repeat(np.arange(n, dtype=np.int64), np.diff(ctl_ptr))])
+        dst = np.concatenate([dst, ctl_idx.astype(np.int64)])
+    keep = bad[src] & bad[dst]
     pred = np.full(n, -1, dtype=np.int64)
-    pred[succ_idx[keep]] = src[keep]  # every unordered node has an unordered predecessor
+    pred[dst[keep]] = src[keep]  # every unordered node has an unordered predecessor
     u = int(np.flatnonzero(bad)[0])
     seen: dict[int, int] = {}
     path: list[int] = []
@@ -967,7 +973,7 @@ def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, reside
     if status != 0:
         if cycle_ok:
             return None
-        cyc = _find_cycle(kind.shape[0], succ_ptr, succ_idx, order[:n_topo])
+        cyc = _find_cycle(kind.shape[0], succ_ptr, succ_idx, order[:n_topo], ctl_ptr, ctl_idx)
         raise SimulationError(
             f"the task graph has a cycle ({kind.shape[0] - n_topo} of {kind.shape[0]} nodes cannot be "
             f"ordered); one cycle: {' -> '.join(map(str, cyc))}")

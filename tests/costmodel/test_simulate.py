@@ -461,6 +461,9 @@ def test_a_cycle_through_control_edges_is_found_with_a_hint():
     hint = np.arange(3, dtype=np.int32)
     assert simulate_arrays(*args, ctl_ptr=cptr, ctl_idx=cidx, cycle_ok=True, topo_hint=hint) is None
     assert simulate_arrays(*args, ctl_ptr=cptr, ctl_idx=cidx, cycle_ok=True) is None
+    for h in (hint, None):  # the message names the cycle, through the control edge
+        with pytest.raises(SimulationError, match=r"2 of 3 nodes cannot be ordered\); one cycle: (1 -> 2 -> 1|2 -> 1 -> 2)$"):
+            simulate_arrays(*args, ctl_ptr=cptr, ctl_idx=cidx, topo_hint=h)
     ok = simulate_arrays(*args, topo_hint=hint)
     np.testing.assert_array_equal(ok.start, [0, 1, 2])
 
