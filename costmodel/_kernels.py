@@ -943,37 +943,68 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
 
 
 @njit(cache=True, nogil=True)
-def topo_hint(op_offsets, t_src_op, t_op, n):
-    """``Lowered.topo_hint``: op ``k``'s compute nodes (already numbered in op order), each
-    followed by the transfers and collectives of producer ``k`` read first by a later op (after
-    its producer, before its readers); first, those read by an op at or before their producer
-    (a loop-carried state's, read at the step's start). A counting sort of the transfers only."""
+def topo_hint(op_offsets, t_src_op, t_op, fetch_reader, n):
+    """``Lowered.topo_hint``. Ops in program order; before op ``o``: the gathers of loop-carried
+    states it reads first (their producer is the state's update, at the step's end), then the ops
+    fed by sources only whose first reader is ``o`` (``fetch_reader``: a weight's cast, which the
+    lookahead fetches just in time) with their transfers; then ``o``'s own compute nodes (already
+    numbered in op order) and the transfers of its output. Counting sorts of the transfers and
+    of the fetched ops only."""
     k = op_offsets.shape[0] - 1
     nc = op_offsets[k]
     T = n - nc
-    start = np.zeros(k + 2, np.int64)  # transfers of slot j (producer j - 1; slot 0: states) from start[j]
+    # per op o, transfer slots 3o (state gathers read first by o), 3o + 1 (transfers of the ops
+    # fetched for o), 3o + 2 (transfers of o's output)
+    start = np.zeros(3 * k + 1, np.int64)
+    key = np.empty(T, np.int64)
     for t in range(T):
         s = t_src_op[t]
-        start[(s + 1 if s < t_op[t] else 0) + 1] += 1
-    for j in range(k + 1):
+        if s >= t_op[t]:
+            key[t] = 3 * t_op[t]
+        elif fetch_reader[s] >= 0:
+            key[t] = 3 * fetch_reader[s] + 1
+        else:
+            key[t] = 3 * s + 2
+        start[key[t] + 1] += 1
+    for j in range(3 * k):
         start[j + 1] += start[j]
     tr = np.empty(T, np.int32)
     fill = start.copy()
     for t in range(T):
-        s = t_src_op[t]
-        j = s + 1 if s < t_op[t] else 0
-        tr[fill[j]] = nc + t
-        fill[j] += 1
+        tr[fill[key[t]]] = nc + t
+        fill[key[t]] += 1
+    # the fetched ops, by their reader (in op order)
+    f_start = np.zeros(k + 1, np.int64)
+    for o in range(k):
+        if fetch_reader[o] >= 0:
+            f_start[fetch_reader[o] + 1] += 1
+    for j in range(k):
+        f_start[j + 1] += f_start[j]
+    f_ops = np.empty(f_start[k], np.int64)
+    f_fill = f_start.copy()
+    for o in range(k):
+        if fetch_reader[o] >= 0:
+            f_ops[f_fill[fetch_reader[o]]] = o
+            f_fill[fetch_reader[o]] += 1
     out = np.empty(n, np.int32)
     m = 0
-    for x in range(start[0], start[1]):
-        out[m] = tr[x]
-        m += 1
     for o in range(k):
-        for i in range(op_offsets[o], op_offsets[o + 1]):
-            out[m] = i
+        for x in range(start[3 * o], start[3 * o + 1]):
+            out[m] = tr[x]
             m += 1
-        for x in range(start[o + 1], start[o + 2]):
+        for y in range(f_start[o], f_start[o + 1]):
+            f = f_ops[y]
+            for i in range(op_offsets[f], op_offsets[f + 1]):
+                out[m] = i
+                m += 1
+        for x in range(start[3 * o + 1], start[3 * o + 2]):
+            out[m] = tr[x]
+            m += 1
+        if fetch_reader[o] < 0:
+            for i in range(op_offsets[o], op_offsets[o + 1]):
+                out[m] = i
+                m += 1
+        for x in range(start[3 * o + 2], start[3 * o + 3]):
             out[m] = tr[x]
             m += 1
     return out

@@ -76,7 +76,7 @@ class _StructInfo:
         # ops with split params: within a structure always the same ones (splitting a reduction
         # adds an accumulate op, a new structure), only their params may change
         self.split_ops = [names[i] for i in np.nonzero(low.op_split)[0].tolist()]
-        self.fetch_reader = _fetch_readers(low.flow, low.op_reads > 0)
+        self.fetch_reader = fetch_readers(low.flow, low.op_reads > 0)
         self._flow = low.flow
         g_prod, _rptr, _rop, g_state = low.flow
         self._out_group = np.full(len(names), -1, np.int64)  # per op: the group of its output, or -1
@@ -184,7 +184,7 @@ def _barrier_kernel(tag, out_group, rptr, rop):
     return within, across, after
 
 
-def _fetch_readers(flow: tuple, has_inputs: np.ndarray | list[bool]) -> np.ndarray:
+def fetch_readers(flow: tuple, has_inputs: np.ndarray | list[bool]) -> np.ndarray:
     """Per op (``op_names`` order): for an op fed by sources only (a weight's cast, an embedding
     lookup), the program position of its output's first reader; else -1. From the lowering's
     data flow (``Lowered.flow``), vectorised: an op that reads something but no produced tensor

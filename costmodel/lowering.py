@@ -69,6 +69,7 @@ from costmodel import _kernels as K
 from costmodel import collectives as C
 from costmodel import efficiency as E
 from costmodel.hardware import Hardware, HardwareError, class_family
+from costmodel.lookahead import fetch_readers
 from costmodel.structure import Structure, build_structure, derive_structure
 from ir.folding import fold_constants
 from ir.graph import SOURCE_ROLES, Graph, Op
@@ -188,11 +189,18 @@ class Lowered:
     @property
     def topo_hint(self) -> np.ndarray:
         """int32[n]: the nodes in program order (each op's compute nodes, then the transfers and
-        collectives of its output; those of a loop-carried state first): a topological order of
-        the data edges when the ops are in program order, which saves the simulator its own
-        topological pass (it checks the order, and falls back to the pass where it is not one)."""
+        collectives of its output), except that a loop-carried state's gathers and the ops fed by
+        sources only (a weight's cast) with their transfers come just before their first reader,
+        where the lookahead fetches them (``costmodel.lookahead``): a topological order of the
+        data edges and of the lookahead window's control edges. It saves the simulator its own
+        topological pass (which checks the order and runs the pass where an edge points
+        backwards in it, as a pipeline's control edges do)."""
         if self._topo is None:
-            self._topo = K.topo_hint(self.op_offsets, self.transfer_src_op, self.transfer_op, self.kind.shape[0])
+            fetch = np.full(len(self.op_names), -1, np.int64)
+            if self.flow is not None:
+                fetch = fetch_readers(self.flow, self.op_reads > 0)
+            self._topo = K.topo_hint(self.op_offsets, self.transfer_src_op, self.transfer_op, fetch,
+                                     self.kind.shape[0])
         return self._topo
 
     @property

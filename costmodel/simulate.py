@@ -459,11 +459,11 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     busy_ingress, used, rank, order, n_topo). status 0 = ok, 1 = cycle (then ``order[:n_topo]``
     holds the nodes that could be ordered; the others lie on or behind a cycle).
 
-    ``topo_hint`` (int32[n], or empty): an order of the nodes believed topological for the data
-    edges (a lowering's program order, ``Lowered.topo_hint``). The ranks are then computed along
-    it, without Kahn's pass; should an edge point backwards in it, Kahn's pass runs after all,
-    and a cycle through control edges stops the list scheduling instead (the nodes it placed
-    are then those ordered)."""
+    ``topo_hint`` (int32[n], or empty): a permutation of the nodes, probably a topological order
+    (a lowering's program order, ``Lowered.topo_hint``). When every data and control edge points
+    forward in it, it is one (so there is no cycle), and the ranks are computed along it without
+    Kahn's pass; otherwise Kahn's pass runs, as without a hint, and finds any cycle before the
+    list scheduling starts (a pipeline's control edges often point backwards in program order)."""
     n = kind.shape[0]
     m = succ_idx.shape[0]
     start = np.zeros(n, np.float64)
@@ -482,7 +482,7 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     for e in range(ctl_idx.shape[0]):  # control edges order the schedule too (a cycle through them is one)
         indeg[ctl_idx[e]] += 1
 
-    # --- upward rank along the hint, when it is a topological order of the data edges --------
+    # --- upward rank along the hint, when every edge points forward in it ------------------
     hinted = topo_hint.shape[0] == n
     if hinted:
         for i in range(n):
@@ -497,6 +497,10 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
                     break
                 if r > best:
                     best = r
+            for e in range(ctl_ptr[u], ctl_ptr[u + 1]):  # control successors too (no rank from them)
+                if rank[ctl_idx[e]] < 0.0:
+                    hinted = False
+                    break
             if not hinted:
                 break
             rank[u] = dur[u] + lat[u] + best
@@ -609,7 +613,7 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
                 _bitset_insert(ready_set, off, n_lev, pos[v])
                 n_ready += 1
 
-    if k < n:  # stalled: a cycle through control edges (the hint ordered the data edges)
+    if k < n:  # stalled: a cycle (cannot happen after either check above; kept as a guard)
         return (1, start, finish, 0.0, peak_mem, busy_compute, busy_egress, busy_ingress, used,
                 rank, order, k)
     if contention > 1.0:  # slowdown charged to compute that had already been placed (see _charge_comm)

@@ -95,7 +95,7 @@ def _first_readers_by_walk(g, names) -> np.ndarray:
 def test_fetch_readers_from_the_lowering_flow_equal_the_graph_walk(plan):
     """The vectorised first-reader positions (from ``Lowered.flow``) equal a walk over the
     graph's consumers, for forward programs, sharded state and recomputed pipelines."""
-    from costmodel.lookahead import _fetch_readers
+    from costmodel.lookahead import fetch_readers
     from costmodel.lowering import lower
     from costmodel.presets import preset
     from optimizer.search.baselines import megatron_3d, recompute_layers, zero3
@@ -112,7 +112,7 @@ def test_fetch_readers_from_the_lowering_flow_equal_the_graph_walk(plan):
     low = lower(g, preset("h100-sxm-8"))
     names = low.op_names
     walk = _first_readers_by_walk(g, names)
-    flow = _fetch_readers(low.flow, [bool(g.ops[n].inputs) for n in names])
+    flow = fetch_readers(low.flow, [bool(g.ops[n].inputs) for n in names])
     assert np.array_equal(flow, walk)
     if plan != "mlp-forward":  # bf16 weights' casts: fetched for their first reader, which comes later
         assert (walk >= 0).sum() >= 4 and (walk[walk >= 0] > np.nonzero(walk >= 0)[0]).all()

@@ -431,16 +431,20 @@ def test_a_replicated_box_is_read_from_one_replica(replicas, act, sources):
     assert t == rt
 
 
-@pytest.mark.parametrize("baseline", ["zero3-8", "megatron-tp8-dp1", "data-parallel-8", "single-device"])
+@pytest.mark.parametrize("baseline", ["zero3-8", "zero3-8-recompute", "megatron-tp8-dp1", "data-parallel-8", "single-device"])
 def test_the_program_order_of_a_lowering_is_topological(baseline):
     """``Lowered.topo_hint`` orders the nodes as the program does (each op's compute nodes, then
-    the transfers and collectives of its output; a loop-carried state's gathers first): every
-    data edge points forward in it, on training steps with gathered states, reductions and
-    collectives, so the simulator needs no topological pass of its own."""
+    the transfers and collectives of its output; a state's gathers and a weight's cast just
+    before their first reader): every data edge and every control edge of the lookahead window
+    points forward in it, on training steps with gathered states, bf16 casts of fp32 weights,
+    reductions and collectives, so the simulator needs no topological pass of its own."""
+    from costmodel.lookahead import fetch_readers, lookahead_edges
     from optimizer.search.baselines import baselines
 
-    g = workloads.build("mlp", batch=256, widths=(64, 128, 64), dtype="bfloat16", mode="train", optimizer="adamw")
-    low = Lowerer(PRESETS["h100-sxm-8"], collectives=True).lower(baselines(g, 8)[baseline])
+    g = workloads.build("llama", mode="train", layers=4, d_model=64, heads=4, kv_heads=2, d_ff=128, vocab=50, seq=32,
+                        batch=16, dtype="bfloat16")
+    plan = baselines(g, 8)[baseline]
+    low = Lowerer(PRESETS["h100-sxm-8"], collectives=True).lower(plan)
     hint = low.topo_hint
     n = low.kind.shape[0]
     assert sorted(hint.tolist()) == list(range(n))  # a permutation
@@ -448,5 +452,10 @@ def test_the_program_order_of_a_lowering_is_topological(baseline):
     at[hint] = np.arange(n)
     src = np.repeat(np.arange(n), np.diff(low.succ_ptr))
     assert (at[src] < at[low.succ_idx]).all()
+    for window in (4, 16):
+        ctl_ptr, ctl_idx = lookahead_edges(low, plan, window)
+        ctl_src = np.repeat(np.arange(n), np.diff(ctl_ptr))
+        assert ctl_idx.size and (at[ctl_src] < at[ctl_idx]).all()
+    assert (fetch_readers(low.flow, low.op_reads > 0) >= 0).any()  # casts fetched for their readers
     if baseline == "zero3-8":  # the gathers of the sharded states have no producer in the step
-        assert (low.kind != 0).sum() > 0 and (low.kind == 2).any()
+        assert (low.kind == 2).any()
