@@ -956,8 +956,9 @@ def simulate_arrays(kind, dev, dst, dur, succ_ptr, succ_idx, alloc_bytes, reside
     negative/NaN durations or latencies here are undefined behaviour (wrong results or a crash).
     Still raises on a cycle, or with ``cycle_ok`` returns None (a caller with other control edges
     to try: ``costmodel.lookahead.lookahead_tiers``). ``topo_hint``: int32[n], a permutation of the
-    nodes that is probably a topological order of the data edges (``Lowered.topo_hint``), which
-    spares the simulator its own topological pass; checked, and ignored where it is not one."""
+    nodes that is probably a topological order of the data and control edges
+    (``Lowered.topo_hint``), which spares the simulator its own topological pass; checked, and
+    ignored where it is not one."""
     if lat is None:
         lat = np.zeros(kind.shape[0], np.float64)
     if keep is None:

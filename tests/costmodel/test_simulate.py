@@ -448,6 +448,14 @@ def test_a_topological_hint_changes_no_schedule(case, rnd):
         for name in ("start", "finish", "rank", "peak_mem", "order", "busy_compute", "busy_egress"):
             np.testing.assert_array_equal(getattr(s, name), getattr(plain, name), err_msg=name)
         assert s.makespan == plain.makespan
+    # control edges forward in the topological order (acyclic), as the lookahead's are
+    pairs = {(topo[i], topo[j]) for i, j in (sorted(rnd.sample(range(n), 2)) for _ in range(n if n > 1 else 0))}
+    cptr, cidx = csr_from_edges(n, [a for a, _ in sorted(pairs)], [b for _, b in sorted(pairs)])
+    plain = simulate_arrays(*args, lat=np.array(lat), ctl_ptr=cptr, ctl_idx=cidx)
+    for hint in (topo, shuffled):
+        s = simulate_arrays(*args, lat=np.array(lat), ctl_ptr=cptr, ctl_idx=cidx, topo_hint=np.array(hint, np.int32))
+        for name in ("start", "finish", "rank", "peak_mem", "order"):
+            np.testing.assert_array_equal(getattr(s, name), getattr(plain, name), err_msg=name)
 
 
 def test_a_cycle_through_control_edges_is_found_with_a_hint():
