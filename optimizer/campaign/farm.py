@@ -23,7 +23,9 @@ Loop (Dask "futures" pattern: bounded in-flight, refill as results land, plain d
    scheduler keeps one span for the run, not a new default span whenever nothing is in flight.
    With ``worker_lifetime`` (local clusters, ``cluster.worker_lifetime``), the same tick
    restarts the oldest worker once it has run that long (staggered by up to a tenth, one worker
-   per tick; its nanny starts a fresh process and the task it ran is resubmitted).
+   per tick; its nanny starts a fresh process and the task it ran is resubmitted). A cluster
+   left with no worker at all for ``NO_WORKERS_SECONDS`` (a restart that never came back, seen
+   on a loaded host) stops the campaign as failed, checkpointed, instead of waiting for ever.
 8. with ``driver_lifetime`` (``cluster.driver_lifetime``), once the driver has run that long it
    submits nothing more, lets the tasks in flight finish and returns ``DRIVER_RESTART``: the
    command line then replaces the process with ``tapestry resume`` (``optimizer.cli``), so the
@@ -63,6 +65,9 @@ MAX_FAILED_IN_A_ROW = 3
 #: seconds between two ``trim_memory`` calls in the driver and the workers (a trim takes
 #: milliseconds)
 TRIM_SECONDS = 60.0
+#: a local cluster left without any worker this long (a lifetime restart that never came back)
+#: stops the campaign as failed, checkpointed, instead of waiting for ever; ``resume`` goes on
+NO_WORKERS_SECONDS = 300.0
 #: the run's reason when the driver has reached its lifetime (the caller restarts it)
 DRIVER_RESTART = "driver restart after its lifetime"
 #: task functions by name, with their spec types (checkpoints name them)
@@ -116,6 +121,7 @@ class Farm:
         self.worker_lifetime: float | None = None  # seconds; set by the lifecycle for local clusters
         self.driver_lifetime: float | None = None  # seconds; set by the lifecycle
         self._worker_due: dict[str, float] = {}  # worker address -> when it is due for a restart
+        self._no_workers_since: float | None = None  # since when a local cluster has had no worker
         self._stagger = np.random.default_rng()  # not self.rng: restarts must not move the search's streams
 
     # -- state ------------------------------------------------------------------------
@@ -256,6 +262,15 @@ class Farm:
             log.debug("scheduler_info failed: %s", e)
             return None
         now = time.monotonic()
+        if not workers:  # every worker gone (a restart that timed out on a loaded host leaves none)
+            if self._no_workers_since is None:
+                self._no_workers_since = now
+            elif now - self._no_workers_since >= NO_WORKERS_SECONDS and self.stop_reason is None:
+                self.stop_reason = (f"failed: the local cluster has had no worker for "
+                                    f"{now - self._no_workers_since:.0f} s (a worker restarted on its lifetime "
+                                    f"did not come back); resume the campaign to go on")
+            return None
+        self._no_workers_since = None
         life = float(self.worker_lifetime)
         due = self._worker_due
         for gone in set(due) - set(workers):

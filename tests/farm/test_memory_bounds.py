@@ -231,3 +231,44 @@ def test_campaign_goes_on_across_worker_restarts(tmp_path, monkeypatch: pytest.M
         t.join()
     assert res["status"] == "finished" and res["evaluations"] >= 15000
     assert len(seen) >= 3, seen  # replaced more than once
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_local_cluster_left_without_workers_stops_the_campaign(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every worker of the local cluster gone and none coming back (a lifetime restart that timed
+    out on a loaded host left a campaign polling an empty cluster for ever): after
+    ``NO_WORKERS_SECONDS`` the campaign stops as failed, with a reason that says so, checkpointed
+    for ``resume``. The scheduler is made to report no worker once a task has finished."""
+    import time
+
+    from optimizer.campaign.config import parse_config
+    from optimizer.campaign.lifecycle import run_campaign
+    from tests.farm.conftest import small_config
+
+    monkeypatch.setattr(farm_module, "TRIM_SECONDS", 0.5)
+    monkeypatch.setattr(farm_module, "NO_WORKERS_SECONDS", 2.0)
+    original = Farm.restart_old_workers
+    emptied: list[float] = []
+
+    def empty_cluster(self):
+        if self.counters["tasks_done"] >= 1:
+            if not emptied:
+                emptied.append(time.monotonic())
+            info = self.client.scheduler_info
+            self.client.scheduler_info = lambda **kw: {**info(**kw), "workers": {}}
+            try:
+                return original(self)
+            finally:
+                self.client.scheduler_info = info
+        return original(self)
+
+    monkeypatch.setattr(Farm, "restart_old_workers", empty_cluster)
+    db = str(tmp_path / "empty.db")
+    cfg = parse_config(small_config("empty", db, budget={"evaluations": 10_000_000}))
+    cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"worker_lifetime": 3600.0})})
+    res = run_campaign(cfg, quiet=True)
+    assert emptied, "the campaign ended before the cluster was emptied"
+    assert res["status"] == "failed" and "no worker for" in res["reason"] and "resume" in res["reason"], res
+    assert time.monotonic() - emptied[0] < 60  # stopped soon after (it polled for ever before)
+    assert 0 < res["evaluations"] < 10_000_000
