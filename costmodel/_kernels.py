@@ -989,22 +989,27 @@ def topo_hint(op_offsets, t_src_op, t_op, fetch_reader, n):
     out = np.empty(n, np.int32)
     m = 0
     for o in range(k):
-        for x in range(start[3 * o], start[3 * o + 1]):
-            out[m] = tr[x]
-            m += 1
+        m = _put(out, m, tr[start[3 * o]:start[3 * o + 1]])
         for y in range(f_start[o], f_start[o + 1]):
-            f = f_ops[y]
-            for i in range(op_offsets[f], op_offsets[f + 1]):
-                out[m] = i
-                m += 1
-        for x in range(start[3 * o + 1], start[3 * o + 2]):
-            out[m] = tr[x]
-            m += 1
+            m = _put_range(out, m, op_offsets[f_ops[y]], op_offsets[f_ops[y] + 1])
+        m = _put(out, m, tr[start[3 * o + 1]:start[3 * o + 2]])
         if fetch_reader[o] < 0:
-            for i in range(op_offsets[o], op_offsets[o + 1]):
-                out[m] = i
-                m += 1
-        for x in range(start[3 * o + 2], start[3 * o + 3]):
-            out[m] = tr[x]
-            m += 1
+            m = _put_range(out, m, op_offsets[o], op_offsets[o + 1])
+        m = _put(out, m, tr[start[3 * o + 2]:start[3 * o + 3]])
     return out
+
+
+@njit(cache=True, nogil=True)
+def _put(out, m, items):
+    """``out[m:m + len(items)] = items``; returns the next position."""
+    for x in range(items.shape[0]):
+        out[m + x] = items[x]
+    return m + items.shape[0]
+
+
+@njit(cache=True, nogil=True)
+def _put_range(out, m, lo, hi):
+    """``out[m:m + hi - lo] = lo, ..., hi - 1``; returns the next position."""
+    for i in range(lo, hi):
+        out[m + i - lo] = i
+    return m + hi - lo

@@ -262,7 +262,7 @@ class Farm:
             log.debug("scheduler_info failed: %s", e)
             return None
         now = time.monotonic()
-        if not workers:  # every worker gone (a restart that timed out on a loaded host leaves none)
+        if not workers:  # every worker gone (seen after a lifetime restart on a loaded host)
             if self._no_workers_since is None:
                 self._no_workers_since = now
             elif now - self._no_workers_since >= NO_WORKERS_SECONDS and self.stop_reason is None:
