@@ -275,7 +275,10 @@ def attention_name(m: AttentionMatch) -> str:
 
 
 def fuse_attention(g: Graph, op: str) -> Graph:
-    """Replace the attention pattern whose scores op is ``op`` by one ``attention`` op."""
+    """Replace the attention pattern whose scores op is ``op`` by one ``attention`` op; in a
+    training step its backward ops too, by ``attention_grad_*`` ops placed whole (a backward op
+    whose reduction is split, such as a context-parallel plan's key gradients, is merged first:
+    it writes the partials of its sum, not the gradient)."""
     get_op(g, op)
     m = match_attention(g, op)
     if isinstance(m, str):
@@ -286,6 +289,13 @@ def fuse_attention(g: Graph, op: str) -> Graph:
     if copies:  # its records would name the copies, which unrecompute drops: unshard could not undo it
         raise RewriteError(f"cannot fuse attention at {op}: {copies[0]} is a recomputed copy (recompute{{...}}); "
                            f"fuse the forward's attention first, then recompute it")
+    split = [n for n in m.backward if g.ops[n].params.get("split")]
+    if split:  # a split op writes the partials of its sum, not the gradient: merged first (the fused
+        # gradient ops are placed whole, as the rest of the pattern's backward)
+        g = _merged(g, split, f"cannot fuse attention at {op}")
+        m = match_attention(g, op)
+        if isinstance(m, str):
+            raise RewriteError(f"cannot fuse attention at {op}: {m}")
     name = attention_name(m)
     if name in g.ops:
         raise RewriteError(f"cannot fuse attention at {op}: an operation named {name} exists")
@@ -341,6 +351,18 @@ def fuse_attention(g: Graph, op: str) -> Graph:
     return g.with_ops(drop, insert_after=insert, tensors=tensors)
 
 
+def _merged(g: Graph, ops: list[str], what: str) -> Graph:
+    """``g`` with the split reductions of ``ops`` merged back (``merge_reduction``)."""
+    from ir.rewrites.reduction import merge_reduction
+
+    for n in ops:
+        try:
+            g = merge_reduction(g, n)
+        except RewriteError as e:
+            raise RewriteError(f"{what}: the reduction of {n} is split and does not merge back ({e})") from None
+    return g
+
+
 def _record(o: Op, role: str) -> dict:
     return {"role": role, "op": o.name, "kernel": o.kernel, "params": dict(o.params),
             "inputs": [[p, t] for p, t in o.inputs], "output": o.output}
@@ -356,6 +378,10 @@ def unfuse_attention(g: Graph, op: str) -> Graph:
         raise RewriteError(f"{op} was written as attention (no origin to restore)")
     if o.params.get("split"):
         raise RewriteError(f"{op}: its key reduction is split (merge_reduction first)")
+    split = [n for n, x in g.ops.items() if n.startswith(f"{op}.d") and x.kernel.startswith("attention_grad_")
+             and x.params.get("split")]
+    if split:  # the records restore unsplit gradient ops (placed whole): the split ones merged first
+        g = _merged(g, split, f"cannot unfuse {op}")
     records = origin["ops"]
     for r in records:
         if r["op"] != op and r["op"] in g.ops:

@@ -133,3 +133,25 @@ def test_training_step_of_fused_program_equals_unfused(name, kw, loss):
     grads = [n for n, o in step.ops.items() if o.kernel == "attention_grad_k"]
     p = split(split_reduction(step, grads[0], 2), grads[0], "kb", 2)
     assert verify(p, reference=ref).ok
+
+
+def test_a_split_backward_reduction_is_merged_by_fuse_and_unfuse_attention():
+    """A split gradient op writes the partials of a sum, not the gradient the fused backward needs:
+    ``fuse_attention`` made an op writing k's gradient into the partials tensor (an invalid plan,
+    reachable from the context-parallel expert), and ``unfuse_attention`` restored the unsplit
+    op beside the split one (two writers). Both now merge such a reduction first."""
+    from ir.rewrites import unfuse_attention, unshard
+
+    g = workloads.build("gpt", mode="train", optimizer="sgd", layers=1, d_model=8, heads=2, vocab=10, seq=4,
+                        batch=4)
+    h = split_reduction(g, "l0.attn_qk.db", 2, "s")
+    f = fuse_attention(h, "l0.attn_qk")
+    assert validate(f) == [] and verify(f, reference=g).ok
+    assert not any(o.params.get("split") for o in f.ops.values())
+    assert unshard(f).digest == g.digest
+
+    t = workloads.build("transformer", batch=2, seq=8, d_model=16, heads=4, d_ff=32, mode="train", optimizer="sgd")
+    s = split_reduction(fuse_attention(t, "attn_qk"), "attn_qk+attn_av.dq", 2)
+    assert validate(s) == [] and verify(s, reference=t).ok and unshard(s).digest == t.digest
+    back = unfuse_attention(s, "attn_qk+attn_av")
+    assert validate(back) == [] and verify(back, reference=t).ok and back.digest == t.digest
