@@ -22,6 +22,9 @@ under this cost model. It is the larger of
 Both terms are valid bounds. (Summing per-op roofline times along the longest path is not: a
 fused op overlaps one stage's memory traffic with another's compute, a pipelined plan overlaps
 the ops.) For a training step the work term holds the forward, backward and optimizer FLOPs.
+Each term is the smallest over the program's substituted forms (``costmodel.bounds``: fused
+attention and norms launch fewer kernels on the chain, a reassociated chain costs fewer FLOPs), so
+the bound holds for plans that use substitutions too.
 
 Memory floor (``ProgramFacts.memory_floor``): the loop-carried state (parameters, optimizer
 states) of a training step must live somewhere for the whole step, so some device holds at least
@@ -32,7 +35,8 @@ Model FLOPs and MFU: ``model_flops`` is the FLOP count of the logical program (e
 step once, as the kernels declare it); ``mfu`` = model FLOPs / (makespan × peak of the devices
 used), with each op's FLOPs taken at the peak of its dtype (for a one-dtype program exactly
 ``model_flops / (makespan · n_used · peak[dtype])``, the model FLOPs utilisation practitioners
-compare, PaLM appendix B). A recomputation rewrite adds hardware FLOPs, not model FLOPs.
+compare, PaLM appendix B). A recomputation rewrite adds hardware FLOPs, not model FLOPs; a
+reassociation that needs fewer is the model's cost (the cheapest substituted form's FLOPs).
 ``Evaluation.gap`` = makespan / lower bound (1.0 would be at the limit).
 """
 
@@ -44,19 +48,20 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.bounds import bound_over, lower_bound, substituted_forms
 from costmodel.efficiency import Curves, curves_for
 from costmodel.energy import energy_breakdown
 from costmodel.gc_pacing import GcPacer
-from costmodel.hardware import Hardware, class_family
+from costmodel.hardware import Hardware
 from costmodel.hardware_io import load_hardware
-from costmodel.lowering import Lowered, Lowerer, same_data_flow, kernel_class_of, program_key
+from costmodel.lowering import Lowered, Lowerer, same_data_flow, program_key
 from costmodel.lookahead import DEFAULT_WINDOW, lookahead_tiers
 from costmodel.repetition import Repetition, repetition
 from costmodel.simulate import Schedule
 from ir.folding import fold_constants
-from ir.graph import SOURCE_ROLES, Graph
+from ir.graph import Graph
 from ir.layers import GraphMemo, truncate
-from ir.kernels import ELEMENTWISE, ITEMSIZE, get_kernel
+from ir.kernels import ITEMSIZE
 
 OBJECTIVES = ("makespan", "energy", "peak_memory", "devices")
 
@@ -384,46 +389,27 @@ _NO_FACTS = ProgramFacts(0.0, 0.0, 0.0, 0.0, 0.0)
 
 def program_facts(program: Graph, hw: Hardware, curves: Curves | None = None) -> ProgramFacts:
     """:class:`ProgramFacts` of ``program`` (the unsharded logical program) on ``hw``, whose
-    shards are timed with ``curves`` (``costmodel.efficiency``; None: the flat roofline)."""
+    shards are timed with ``curves`` (``costmodel.efficiency``; None: the flat roofline). The
+    model FLOPs are those of its cheapest substituted form (``costmodel.bounds``: a reassociated
+    low-rank chain needs fewer; the scores a fused attention's backward recomputes are hardware
+    FLOPs, not model FLOPs), so MFU stays at most 1."""
+    forms = substituted_forms(program)
+    flops, ideal = min(_flops(f, hw) for f in forms)
+    bound = bound_over(forms, hw, curves)
+    state = sum(float(np.prod(program.tensors[p].shape, dtype=np.float64)) * ITEMSIZE[program.tensors[p].dtype]
+                for p in program.carried)
+    return ProgramFacts(bound, flops, ideal, state, state / hw.n_devices)
+
+
+def _flops(program: Graph, hw: Hardware) -> tuple[float, float]:
+    """(FLOPs of every op of ``program``, seconds of them at the peak of each op's dtype)."""
     flops = ideal = 0.0
     for o in program.ops.values():
         sig = program.signature(o)
         f = float(np.prod(sig.extents, dtype=np.float64)) * sig.flops_per_point
         flops += f
         ideal += f / hw.peak_flops(program.tensors[o.output].dtype)
-    state = sum(float(np.prod(program.tensors[p].shape, dtype=np.float64)) * ITEMSIZE[program.tensors[p].dtype]
-                for p in program.carried)
-    return ProgramFacts(lower_bound(program, hw, curves), flops, ideal, state, state / hw.n_devices)
-
-
-def lower_bound(program: Graph, hw: Hardware, curves: Curves | None = None) -> float:
-    """Lower bound on the makespan of any plan of ``program`` (the unsharded logical program,
-    ``ir.rewrites.unshard``) on ``hw``; see the module docstring. With ``curves`` (the shards
-    are timed with them), no GEMM shard of an op with reduction depth ``K`` runs above
-    ``gemm_peak · K / (K + k_half)`` of the peak (its occupancy is at most 1 and its own depth
-    at most ``K``), and no shard moves bytes above ``mem_peak`` of the bandwidth."""
-    n = hw.n_devices
-    ce = max(c for c, _ in hw.efficiency.values())
-    me = max(m for _, m in hw.efficiency.values()) if curves is None else curves.mem_peak
-    launch = min([hw.device.launch_overhead] + list(hw.launch_overhead_by_class.values()))
-    work = 0.0
-    chain: dict[str, float] = {}
-    for name in program.topo_order:
-        o = program.ops[name]
-        sig = program.signature(o)
-        flops = float(np.prod(sig.extents, dtype=np.float64)) * sig.flops_per_point
-        eff = ce
-        if curves is not None and class_family(kernel_class_of(o)) == "matmul" and flops > 0:
-            k = max(sig.flops_per_point / 2.0, 1.0)
-            eff = curves.gemm_peak * k / (k + curves.k_half)
-        work += flops / (hw.peak_flops(program.tensors[o.output].dtype) * eff)
-        preds = [program.producers[t] for _, t in o.inputs if t in program.producers]
-        fusable = o.kernel != "fused" and ELEMENTWISE in get_kernel(o.kernel).properties and bool(preds)
-        chain[name] = max((chain[p] for p in preds), default=0.0) + (0.0 if fusable else launch)
-    io = sum(float(np.prod(t.shape)) * ITEMSIZE[t.dtype] for t in program.tensors.values()
-             if t.role in SOURCE_ROLES or t.role == "output")
-    work_term = max(work, io / (hw.device.mem_bandwidth * me)) / n + (launch if work > 0 or io > 0 else 0.0)
-    return max(work_term, max(chain.values(), default=0.0))
+    return flops, ideal
 
 
 def serial_prediction(g: Graph, hw: Hardware) -> float:
