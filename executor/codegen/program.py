@@ -86,12 +86,14 @@ def default_order(g: Graph) -> dict[int, list[tuple[str, int]]]:
 
 def generate_program(g: Graph, transfers: Iterable[Mapping[str, Any]], residency: Iterable[Mapping[str, Any]],
                      order: Mapping[int, Sequence[tuple[str, int]]] | None = None, title: str = "",
-                     state_transfers: Iterable[Mapping[str, Any]] = ()) -> str:
+                     state_transfers: Iterable[Mapping[str, Any]] = (), program: Graph | None = None) -> str:
     """The source of a program that runs plan ``g`` with exactly ``transfers`` (see the module
     docstring). ``order``: per device, its ``(op, shard)`` steps in the order to run them.
     ``state_transfers`` (a training step's reads of loop-carried state away from its home, whose
     homes are in ``residency``) are sent when each device starts and received before their first
-    reader, like any transfer."""
+    reader, like any transfer. ``program``: the program the plan derives from, embedded for
+    ``--check`` (without it, ``--check`` compares with the plan's own unsharded form, which shows
+    the sharding consistent, not the program computed)."""
     ops = prepare_ops(g)
     order = {int(d): [(str(o), int(i)) for o, i in steps] for d, steps in (order or default_order(g)).items()}
     seen = {(o, i) for steps in order.values() for o, i in steps}
@@ -142,6 +144,8 @@ def generate_program(g: Graph, transfers: Iterable[Mapping[str, Any]], residency
     lines = [_HEADER.format(title=title or f"plan {g.digest[:12]}", n_dev=len(devices), n_shards=g.n_shards,
                             n_transfers=len(transfers) + len(states))]
     lines.append(f"PLAN = json.loads(r'''{dumps(g, indent=None)}''')\n")
+    prog = f"json.loads(r'''{dumps(program, indent=None)}''')" if program is not None else "None"
+    lines.append(f"PROGRAM = {prog}  # the program the plan derives from (--check compares with it)\n")
     res = {d: [] for d in devices}
     for r in residency:
         res[int(r["device"])].append((r["tensor"], [[list(lo), list(hi)] for lo, hi in r["boxes"]]))
@@ -246,7 +250,7 @@ buffers, runs the kernel's block function and writes its output box. ``dev.send`
 move exactly the plan's transfer boxes between processes (``--backend torch``: by
 torch.distributed, gloo on the host or NCCL between GPUs); a read of a cell that no step,
 transfer or resident input put on the device raises. ``--check`` compares the outputs with the
-unsharded program (tapestry's executor). Needs the ``tapestry`` package (for the kernels' block
+program the plan derives from (embedded below; tapestry's executor runs it). Needs the ``tapestry`` package (for the kernels' block
 functions).
 """
 
@@ -514,10 +518,19 @@ def main(argv=None):
         np.savez(args.out, **outputs)
     if args.check:
         from executor.run import execute
-        from executor.verify import TOLERANCE, rel_error
+        from executor.verify import TOLERANCE, interface_problems, rel_error
         from ir.rewrites import unshard
+        from ir.serialize import from_json
 
-        ref = execute(unshard(g), inputs)
+        if PROGRAM is not None:
+            program, what = from_json(PROGRAM, "embedded program"), "the program the plan derives from"
+        else:
+            program, what = unshard(g), "the plan's own unsharded form (no program embedded: the sharding, not the program)"
+        problems = interface_problems(g, program)
+        if problems:
+            print(f"FAIL: the plan does not read and write the program's tensors: {'; '.join(problems)}")
+            return 1
+        ref = execute(program, inputs)
         worst = 0.0
         for t in OUTPUTS:
             err = rel_error(outputs[t], np.asarray(ref[t]))
@@ -525,9 +538,9 @@ def main(argv=None):
             print(f"{t}: max relative error {err:.2e}")
         tol = max(TOLERANCE[g.tensors[t].dtype] for t in OUTPUTS)
         if worst <= tol:
-            print(f"PASS: the outputs match the unsharded program within {tol:.0e}")
+            print(f"PASS: the outputs match {what} within {tol:.0e}")
         else:
-            print(f"FAIL: max relative error {worst:.2e} > {tol:.0e}")
+            print(f"FAIL: max relative error {worst:.2e} > {tol:.0e} against {what}")
         return 0 if worst <= tol else 1
     return 0
 

@@ -28,6 +28,38 @@ def load_plan_document(path: str, n_devices: int | None = None) -> tuple[Any, An
     return load_document(path, n_devices)
 
 
+def reference_program(g: Any, prov: Any, reference: str | None, db: str | None, self_check: bool) -> tuple[Any, str]:
+    """The program plan ``g`` (with provenance ``prov``, ``load_plan_document``) must compute, and
+    how it was found: ``--reference``, ``--self-check`` (its own unsharded form), the embedded
+    program, the archive's copy (``--db``), or the plan itself when it is unsharded; ``UserError``
+    when none can be found (a PASS would then only show the plan agrees with itself)."""
+    from ir.rewrites import unshard
+
+    want = prov.program_digest
+    if reference:
+        ref = unshard(load_plan(reference))
+        if want and ref.digest != want:
+            raise UserError(f"--reference {reference} is program {ref.digest[:12]}, but the plan derives from program "
+                            f"{want[:12]}; pass the program the plan was built from")
+        return ref, f"--reference {reference}"
+    if self_check:
+        return unshard(g), "the plan's own unsharded form (--self-check: the sharding, not the program)"
+    if prov.program is not None:
+        return prov.program, f"the embedded program {want[:12]}"
+    if want and db:
+        from optimizer.campaign.lifecycle import program_from_archive
+
+        return program_from_archive(db, want), f"program {want[:12]} from the archive"
+    if want:
+        raise UserError(f"the plan derives from program {want[:12]}, which is neither embedded in it nor given: pass "
+                        f"--reference PROGRAM.json, or --db with the archive of its campaign")
+    if unshard(g).digest == g.digest:
+        return g, "the plan is itself an unsharded program"
+    raise UserError("the plan does not say which program it derives from (plans written before this version, or "
+                    "edited by hand), so a PASS would only show it agrees with itself; pass --reference "
+                    "PROGRAM.json (e.g. from 'tapestry graph build'), or --self-check to check just the sharding")
+
+
 def parse_settings(items: list[str] | None) -> dict[str, Any]:
     """``["batch=8", "widths=[64,128]"]`` → ``{"batch": 8, "widths": [64, 128]}`` (YAML values)."""
     out: dict[str, Any] = {}

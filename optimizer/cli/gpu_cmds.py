@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from optimizer.cli.common import console, load_plan
+from optimizer.cli.common import console, load_plan_document, reference_program
 from optimizer.cli.errors import UserError
 
 
@@ -111,12 +111,20 @@ def execute_cmd(
     backend: Annotated[str, typer.Option(help="numpy or cupy (cupy: workers with --resources GPU=1)")] = "numpy",
     seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
     json_out: Annotated[Optional[str], typer.Option("--json", help="write the report as JSON")] = None,
+    reference: Annotated[Optional[str], typer.Option(help="the program the plan must compute (a plan or program "
+                                                     "file; its unsharded form is the reference)")] = None,
+    db: Annotated[Optional[str], typer.Option(help="archive to find the plan's program in (by its digest)")] = None,
+    self_check: Annotated[bool, typer.Option("--self-check", help="compare with the plan's own unsharded form: "
+                                             "proves the sharding consistent, not the program")] = False,
 ) -> None:
-    """Run a plan across Dask workers and compare its outputs with the unsharded original.
+    """Run a plan across Dask workers and compare its outputs with the program it derives from.
 
-    Plan device i runs on worker i mod n; between workers move exactly the boxes of the cost model's transfers. Exit status 0 on PASS, 1 on FAIL.
+    Plan device i runs on worker i mod n; between workers move exactly the boxes of the cost model's
+    transfers. The program is found as 'tapestry verify' finds it (--reference, the embedded
+    program, --db, or --self-check). Exit status 0 on PASS, 1 on FAIL, 2 for bad input.
     """
     from executor.device_run import IncompleteCommunication
+    from executor.verify import interface_problems
     from optimizer.campaign.cluster import grid_client
     from optimizer.realrun.grid import GridError, run_plan_on_grid
 
@@ -126,16 +134,24 @@ def execute_cmd(
         raise UserError(f"--backend {backend!r} is not one of numpy, cupy")
     if not scheduler:  # the local cluster runs here: CuPy and a GPU must be here too
         _check_backend(backend)
-    g = load_plan(plan)
+    if seed < 0:
+        raise UserError(f"--seed must be >= 0, got {seed}")
+    g, prov = load_plan_document(plan)
+    ref, how = reference_program(g, prov, reference, db, self_check)
+    problems = interface_problems(g, ref)
+    if problems:
+        console.print(f"FAIL: the plan does not read and write the program's tensors: {'; '.join(problems)} "
+                      f"[reference: {how}]", markup=False, soft_wrap=True)
+        raise typer.Exit(1)
     with grid_client(scheduler, workers, backend, n_devices=1 + max(g.devices, default=0)) as client:
         try:
-            report = run_plan_on_grid(g, client, backend=backend, seed=seed)
+            report = run_plan_on_grid(g, client, backend=backend, seed=seed, reference=ref)
         except GridError as e:
             raise UserError(str(e)) from None
         except IncompleteCommunication as e:
             console.print(f"FAIL: {e}")
             raise typer.Exit(1) from None
-    console.print(str(report))
+    console.print(f"{report} [reference: {how}]", markup=False, soft_wrap=True)
     if json_out:
         with open(json_out, "w") as f:
             json.dump(report.to_json(), f, indent=1)

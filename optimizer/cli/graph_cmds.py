@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from optimizer.cli.common import console, load_plan, load_plan_document, parse_settings, write_text
+from optimizer.cli.common import console, load_plan, load_plan_document, parse_settings, reference_program, write_text
 from optimizer.cli.errors import UserError
 
 graph_app = typer.Typer(help="Build, rewrite, inspect, validate and render block graphs.", no_args_is_help=True)
@@ -149,42 +149,13 @@ def verify_cmd(
         raise UserError(f"--values {values!r} does not exist; 'tapestry import' writes it beside the program")
     vfile = values or (str(values_file(plan)) if values_file(plan).is_file() else None)
     g, prov = load_plan_document(plan)
-    ref, how = _reference(g, prov, reference, db, self_check)
+    ref, how = reference_program(g, prov, reference, db, self_check)
     with _time_limit(timeout, "verify"):
         report = verify(g, seed=seed, reference=ref, backend=backend, values=load_values(vfile) if vfile else None,
                         max_bytes=max_bytes, max_flops=max_flops)
     console.print(f"{report} [reference: {how}]", markup=False, soft_wrap=True)
     if not report.ok:
         raise typer.Exit(1)
-
-
-def _reference(g, prov, reference: str | None, db: str | None, self_check: bool):  # noqa: ANN001, ANN202
-    """(the program to compare with, how it was found); ``UserError`` when none can be found."""
-    from ir.rewrites import unshard
-
-    want = prov.program_digest
-    if reference:
-        ref = unshard(load_plan(reference))
-        if want and ref.digest != want:
-            raise UserError(f"--reference {reference} is program {ref.digest[:12]}, but the plan derives from program "
-                            f"{want[:12]}; pass the program the plan was built from")
-        return ref, f"--reference {reference}"
-    if self_check:
-        return unshard(g), "the plan's own unsharded form (--self-check: the sharding, not the program)"
-    if prov.program is not None:
-        return prov.program, f"the embedded program {want[:12]}"
-    if want and db:
-        from optimizer.campaign.lifecycle import program_from_archive
-
-        return program_from_archive(db, want), f"program {want[:12]} from the archive"
-    if want:
-        raise UserError(f"the plan derives from program {want[:12]}, which is neither embedded in it nor given: pass "
-                        f"--reference PROGRAM.json, or --db with the archive of its campaign")
-    if unshard(g).digest == g.digest:
-        return g, "the plan is itself an unsharded program"
-    raise UserError("the plan does not say which program it derives from (plans written before this version, or "
-                    "edited by hand), so a PASS would only show it agrees with itself; pass --reference "
-                    "PROGRAM.json (e.g. from 'tapestry graph build'), or --self-check to check just the sharding")
 
 
 @contextlib.contextmanager

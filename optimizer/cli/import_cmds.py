@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from optimizer.cli.common import console, load_plan, parse_settings, write_text
+from optimizer.cli.common import console, load_plan_document, parse_settings, write_text
 from optimizer.cli.errors import UserError
 
 
@@ -91,11 +91,12 @@ def simulated_order(g: Any, hw: Any) -> dict[int, list[tuple[str, int]]]:
     return order
 
 
-def write_plan_program(g: Any, out: str | Path, hardware: Any = None) -> tuple[Path, Path, dict]:
+def write_plan_program(g: Any, out: str | Path, hardware: Any = None, program: Any = None) -> tuple[Path, Path, dict]:
     """Write the generated program for plan ``g`` and its DTensor placements beside it.
 
     With ``hardware`` the steps run in the simulated schedule's order on it; without, in
-    topological order. Returns (program path, placements path, placements).
+    topological order. ``program``: the program ``g`` derives from, for the generated
+    ``--check``. Returns (program path, placements path, placements).
     """
     from costmodel.transfers import transfer_plan
     from executor.codegen import generate_program
@@ -108,13 +109,17 @@ def write_plan_program(g: Any, out: str | Path, hardware: Any = None) -> tuple[P
         hw = load_hardware(hardware)
     elif hardware is not None and not isinstance(hardware, str):
         hw = hardware  # a costmodel.Hardware
+    if program is None:
+        from ir.rewrites import unshard
+
+        program = g if unshard(g).digest == g.digest else None  # an unsharded program is its own reference
     n = hw.n_devices if hw is not None else max(g.devices) + 1
     tp = transfer_plan(g, hw if hw is not None else n)
     plain = tp.to_json()
     order = simulated_order(g, hw) if hw is not None else None
     src = generate_program(g, plain["transfers"], plain["residency"], order,
                            title=f"Plan {g.digest[:12]}" + (f" on {hw.name}" if hw is not None else ""),
-                           state_transfers=plain.get("state_transfers", ()))
+                           state_transfers=plain.get("state_transfers", ()), program=program)
     out = Path(out)
     write_text(str(out), src)
     placements = dtensor_placements(g, plain["residency"])
@@ -132,8 +137,8 @@ def codegen_cmd(
     """Write a standalone program that runs a plan, one process per device, and its DTensor placements."""
     if not out.endswith(".py"):
         raise UserError(f"--out {out!r} must end in .py")
-    g = load_plan(plan)
-    prog, ppath, placements = write_plan_program(g, out, hardware)
+    g, prov = load_plan_document(plan)
+    prog, ppath, placements = write_plan_program(g, out, hardware, prov.program)
     note = "all tensors expressible as DTensor placements" if placements["expressible"] else \
         f"{len(placements['not_expressible'])} tensors not expressible as DTensor placements (see the file)"
     console.print(f"wrote {prog} ({len(g.devices)} device processes; run: python {prog} --check) and {ppath}: {note}")
@@ -146,8 +151,8 @@ def export_programs(campaign: str, out: str, db: str | None = None) -> int:
     Returns the number of programs written."""
     from costmodel.hardware import Hardware
     from ir.importers.values import save_values
-    from ir.serialize import load
-    from optimizer.campaign.lifecycle import resolve_url
+    from ir.serialize import load_document
+    from optimizer.campaign.lifecycle import program_from_archive, resolve_url
     from storage import Archive
 
     with Archive.open(resolve_url("tapestry.db", db), readonly=True) as archive:
@@ -160,9 +165,16 @@ def export_programs(campaign: str, out: str, db: str | None = None) -> int:
         _, values = import_onnx(workload["onnx"], workload.get("params") or {})
         save_values(values, Path(out) / "program.npz")
     n = 0
+    programs: dict[str, Any] = {}
     for plan in sorted((Path(out) / "plans").glob("*.json")):
         if plan.name.endswith(".placements.json"):
             continue
-        write_plan_program(load(plan), plan.with_suffix(".py"), hw)
+        g, prov = load_document(plan)
+        program = prov.program
+        if program is None and prov.program_digest:  # the campaign's program, for the generated --check
+            if prov.program_digest not in programs:
+                programs[prov.program_digest] = program_from_archive(db, prov.program_digest)
+            program = programs[prov.program_digest]
+        write_plan_program(g, plan.with_suffix(".py"), hw, program)
         n += 1
     return n

@@ -145,11 +145,13 @@ def _workers(client: Any, backend: str) -> list[str]:
 
 
 def run_plan_on_grid(g: Any, client: Any, backend: str = "numpy", seed: int = 0,
-                     transfers: Any = None) -> GridReport:
+                     transfers: Any = None, reference: Any = None) -> GridReport:
     """Run plan ``g`` on the cluster of ``client`` (see the module docstring).
 
     ``transfers``: a ``TransferPlan`` to use instead of the plan's own (tests drop boxes from it
-    to check that an incomplete communication plan fails).
+    to check that an incomplete communication plan fails). ``reference``: the program whose
+    outputs the plan's must match (default: the plan's own unsharded form, which shows only
+    that the sharding is consistent).
     """
     from costmodel.transfers import transfer_plan
     from executor.run import execute, outputs, random_inputs
@@ -167,7 +169,7 @@ def run_plan_on_grid(g: Any, client: Any, backend: str = "numpy", seed: int = 0,
     if backend == "cupy":
         kw["resources"] = {"GPU": 1}
 
-    ref_graph = unshard(g)
+    ref_graph = unshard(g) if reference is None else reference
     inputs = random_inputs(ref_graph, seed)
     text = dumps(g)
     # the plan goes to every worker once (it is small next to the data)

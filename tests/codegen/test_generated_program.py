@@ -111,3 +111,26 @@ def test_random_plan_of_an_attention_block(tmp_path):
     r = subprocess.run([sys.executable, str(prog), "--check", "--values", str(tmp_path / "program.npz")],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0 and "PASS" in r.stdout, r.stderr[-3000:]
+
+
+def test_check_compares_with_the_embedded_program(tmp_path):
+    """The generated ``--check`` compared the outputs with the plan's own unsharded form, so a plan
+    whose relu was edited into a gelu PASSed; it now compares with the program embedded by
+    ``write_plan_program`` (from the plan file's provenance), and says which it used."""
+    from ir import workloads
+    from ir.graph import Op
+    from ir.rewrites import place, split
+
+    program = workloads.mlp(batch=8, widths=(12, 20, 10))
+    g = place(split(program, "fc1", "n", 2), "fc1", (0, 1))
+    act = g.ops["act1"]
+    edited = g.with_ops({"act1": Op(act.name, "gelu", act.inputs, act.output, act.params, act.shards)})
+    for plan, code, word in ((g, 0, "PASS"), (edited, 1, "FAIL")):
+        prog, _, _ = write_plan_program(plan, tmp_path / "run_plan.py", None, program)
+        r = subprocess.run([sys.executable, str(prog), "--check"], capture_output=True, text=True, cwd=ROOT,
+                           timeout=300)
+        assert r.returncode == code, r.stdout + r.stderr[-2000:]
+        assert word in r.stdout and "the program the plan derives from" in r.stdout
+    prog, _, _ = write_plan_program(edited, tmp_path / "run_plan.py")  # nothing embedded: the weaker check, said
+    r = subprocess.run([sys.executable, str(prog), "--check"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and "no program embedded" in r.stdout

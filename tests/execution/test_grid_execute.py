@@ -60,20 +60,50 @@ def test_a_dropped_transfer_fails_on_the_worker(client):
         run_plan_on_grid(g, client, transfers=tp)
 
 
+def _execute(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "optimizer.cli", "execute", *args, "--workers", "2"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=str(ROOT))
+
+
 def test_execute_command_with_a_local_cluster(tmp_path):
     plan = tmp_path / "plan.json"
-    plan.write_text(dumps(four_device_plan()) + "\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-m", "optimizer.cli", "execute", str(plan), "--workers", "2",
-                          "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120,
-                         env=env, cwd=str(ROOT))
+    program = workloads.mlp(batch=8, widths=(12, 20, 10))
+    plan.write_text(dumps(four_device_plan(), program=program) + "\n")
+    res = _execute(str(plan), "--json", str(tmp_path / "r.json"))
     assert res.returncode == 0, res.stderr[-3000:]
     out = " ".join(res.stdout.split())
-    assert "PASS" in out and "4 plan devices on 2 workers" in out
+    assert "PASS" in out and "4 plan devices on 2 workers" in out and "the embedded program" in out
     assert "Traceback" not in res.stderr and "already in use" not in res.stderr
     import json
 
     assert json.loads((tmp_path / "r.json").read_text())["ok"] is True
+
+
+def test_execute_compares_with_the_program_not_the_plan_itself(tmp_path):
+    """An edited plan (its relu made a gelu) agrees with its own unsharded form: execute PASSed it
+    where verify FAILs it. It is now compared with the program it derives from, as verify does;
+    a plan naming no program is refused (exit 2) unless --self-check asks for the weaker check."""
+    from ir.graph import Op
+
+    program = workloads.mlp(batch=8, widths=(12, 20, 10))
+    g = four_device_plan()
+    act = g.ops["act1"]
+    edited = g.with_ops({"act1": Op(act.name, "gelu", act.inputs, act.output, act.params, act.shards)})
+    bad = tmp_path / "edited.json"
+    bad.write_text(dumps(edited, program=program) + "\n")
+    res = _execute(str(bad))
+    assert res.returncode == 1, res.stdout + res.stderr[-2000:]
+    assert "FAIL" in res.stdout and "the embedded program" in " ".join(res.stdout.split())
+    bare = tmp_path / "bare.json"
+    bare.write_text(dumps(edited) + "\n")
+    res = _execute(str(bare))
+    assert res.returncode == 2 and "does not say which program" in " ".join(res.stderr.split())
+    assert "Traceback" not in res.stderr
+    res = _execute(str(bare), "--self-check")
+    assert res.returncode == 0 and "own unsharded form" in " ".join(res.stdout.split())
+    res = _execute(str(bad), "--reference", str(bare))  # a program other than the one the plan names
+    assert res.returncode == 2 and "pass the program the plan was built from" in " ".join(res.stderr.split())
 
 
 def test_zero_sharded_training_step_gathers_state_on_the_grid(client):
