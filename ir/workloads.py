@@ -14,6 +14,7 @@ with ``l<i>.`` and its parameters with ``l<i>_``.
 from __future__ import annotations
 
 import inspect
+import numbers
 import math
 from typing import Any, Callable, Sequence
 
@@ -21,6 +22,7 @@ from ir.autodiff import OPTIMIZERS, AutodiffError, training_step
 from ir.builder import GraphBuilder
 from ir.graph import Graph
 from ir.model_presets import PRESETS
+from ir.zspace import MAX_DIM
 
 
 class WorkloadError(ValueError):
@@ -78,7 +80,8 @@ def convnet(batch: int = 2, channels: Sequence[int] | int = (3, 8, 8), size: int
         channels = [3] + [channels] * (layers or 2)
     channels = [int(c) for c in channels]
     if layers is not None and len(channels) != layers + 1:
-        raise WorkloadError(f"convnet channels {channels} must list layers+1 = {layers + 1} entries")
+        raise WorkloadError(f"convnet channels {channels} must list layers+1 = {layers + 1} entries: set channels "
+                            f"with layers (channels=[3,8,...]), or channels=N for {layers} layers of N channels")
     b = GraphBuilder(dtype)
     h = b.input("x", (batch, channels[0], size, size))
     for i, (ci, co) in enumerate(zip(channels[:-1], channels[1:]), start=1):
@@ -214,6 +217,7 @@ def build(name: str, **params: Any) -> Graph:
         if k not in known:
             raise WorkloadError(f"workload {name!r} has no parameter {k!r}; its parameters are {sorted(known)}")
     params = dict(params)
+    _check_types(name, params)
     mode, optimizer, preset = params.pop("mode", "forward"), params.pop("optimizer", "adamw"), params.pop("preset", None)
     if mode not in MODES:
         raise WorkloadError(f"workload mode {mode!r} must be one of {list(MODES)}")
@@ -233,3 +237,34 @@ def build(name: str, **params: Any) -> Graph:
         raise
     except (ValueError, TypeError, AutodiffError) as e:
         raise WorkloadError(f"workload {name!r} cannot be built with {params}: {e}") from None
+
+
+def _check_types(name: str, params: dict[str, Any]) -> None:
+    """``WorkloadError`` naming the first parameter whose value is not of its declared kind (the
+    builders' annotations): sizes are integers from 1 to ``MAX_DIM`` (YAML's ``true`` is not 1),
+    lists of sizes non-empty, flags true or false, names strings."""
+    sig = inspect.signature(WORKLOADS[name]).parameters
+    for key, value in params.items():
+        ann = str(sig[key].annotation) if key in sig else "str"
+        kinds = {a.strip() for a in ann.split("|")}
+        if value is None and "None" in kinds:
+            continue
+        if "bool" in kinds:
+            if not isinstance(value, bool):
+                raise WorkloadError(f"workload {name!r}: {key} must be true or false, got {value!r}")
+            continue
+        if "int" in kinds and _is_size(value):
+            continue
+        if "Sequence[int]" in kinds and isinstance(value, (list, tuple)) and value and all(map(_is_size, value)):
+            continue
+        if "str" in kinds and isinstance(value, str):
+            continue
+        want = {"int": "a whole number from 1 to 2**40", "Sequence[int]": "a non-empty list of whole numbers from 1 "
+                "to 2**40", "str": "a name"}
+        what = " or ".join(want[k] for k in ("int", "Sequence[int]", "str") if k in kinds)
+        raise WorkloadError(f"workload {name!r}: {key} must be {what}, got {value!r}; set it in the workload's "
+                            f"params (--set {key}=... on the command line)")
+
+
+def _is_size(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and 1 <= v <= MAX_DIM

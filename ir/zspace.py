@@ -18,6 +18,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+#: the largest size a workload or import parameter may give a dim: far beyond any model's, far
+#: below where NumPy's int64 shape arithmetic overflows (a tensor's cell count is checked later)
+MAX_DIM = 2**40
+
 
 def _ints(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(int(v) for v in values)

@@ -139,7 +139,7 @@ def generate_program(g: Graph, transfers: Iterable[Mapping[str, Any]], residency
     steps_in_order = global_order(order, [((t["producer"], int(t["shard"])), first_reader[t["index"]])
                                           for t in transfers])
 
-    used: set[str] = {"main", "Device", "run_device", "np", "json", "argparse", "sys", "mp", "time"}
+    used: set[str] = {"main", "Device", "run_device", "np", "json", "argparse", "os", "sys", "mp", "time"}
     step_fn = {key: _ident(f"{key[0]}__s{key[1]}", used) for key in sorted(want)}
     lines = [_HEADER.format(title=title or f"plan {g.digest[:12]}", n_dev=len(devices), n_shards=g.n_shards,
                             n_transfers=len(transfers) + len(states))]
@@ -257,6 +257,7 @@ functions).
 import argparse
 import json
 import multiprocessing as mp
+import os
 import socket
 import sys
 import time
@@ -481,6 +482,12 @@ def main(argv=None):
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         print(f"torch.distributed: {dist_backend}, {len(DEVICES)} ranks")
+    if args.values and not os.path.isfile(args.values):
+        sys.stderr.write(f"--values {args.values}: no such file (the .npz 'tapestry import' writes)\n")
+        return 2
+    if args.seed < 0:
+        sys.stderr.write(f"--seed must be >= 0, got {args.seed}\n")
+        return 2
     g, inputs = host_inputs(args.seed, args.values)
     ctx = mp.get_context("spawn")
     inboxes = {d: ctx.Queue() for d in DEVICES} if args.backend != "torch" else {}

@@ -49,6 +49,7 @@ from ir.importers import onnx_conv, onnx_masks  # noqa: F401  (register their ha
 from ir.importers.onnx_ops import HANDLERS, Context, Unsupported
 from ir.importers.patterns import apply_patterns
 from ir.importers.program import Program
+from ir.zspace import MAX_DIM
 from ir.kernels import SignatureError
 
 # ONNX TensorProto element types the graph can hold (others: an error naming the input).
@@ -109,14 +110,14 @@ def _bind_inputs(m: Any, params: Mapping[str, Any], inits: set[str]) -> list[tup
         out.append((vi.name, shape, dtype))
     unbound = sorted(n for n in symbolic if params.get(n) is None)
     bad = sorted(n for n in symbolic if params.get(n) is not None and
-                 (not isinstance(params[n], int) or isinstance(params[n], bool) or params[n] < 1))
+                 (not isinstance(params[n], int) or isinstance(params[n], bool) or not 1 <= params[n] <= MAX_DIM))
     unknown = sorted(set(params) - set(symbolic))
     if unbound:
         where = "; ".join(f"{n} (at {', '.join(symbolic[n])})" for n in unbound)
         problems.append(f"symbolic dims without a value: {where}; bind each with --set NAME=N "
                         f"(in a campaign: workload.params)")
     if bad:
-        problems.append(f"dims {bad} must be positive integers, got {[params[n] for n in bad]}")
+        problems.append(f"dims {bad} must be whole numbers from 1 to {MAX_DIM}, got {[params[n] for n in bad]}")
     if unknown:
         problems.append(f"params {unknown} name no symbolic dim of the model; its symbolic dims are "
                         f"{sorted(symbolic) or 'none'}")

@@ -6,6 +6,7 @@ file with the program's stem, so any plan file keeps finding them by name.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Mapping
 
@@ -27,6 +28,9 @@ def save_values(values: Mapping[str, np.ndarray], path: str | Path) -> None:
 
 def load_values(path: str | Path) -> dict[str, np.ndarray]:
     """Arrays by tensor name; an unreadable file is an :class:`ImportFailure`."""
+    if Path(path).is_file() and not zipfile.is_zipfile(path):
+        raise ImportFailure(f"cannot read parameter values from {str(path)!r}: it is not an .npz archive; it must "
+                            f"be the .npz written by 'tapestry import'")
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}

@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from ir.graph import Graph
-from ir.mesh import parse_mesh
+from ir.mesh import MeshError, parse_mesh
+from ir.zspace import MAX_DIM
 from ir.rewrites import (fusion, hierarchical, layout, pipeline, recompute, reduction, shard, substitute_attention,
                          substitute_merge, substitute_norm, substitute_reassoc)
 from ir.rewrites.align import align as align_shards
@@ -290,7 +291,11 @@ class Layout(Move):
     kind: ClassVar[str] = "layout"
 
     def apply(self, g: Graph) -> Graph:
-        return layout.layout(g, self.ops, parse_mesh(self.mesh, self.node), self.use.split("."))
+        try:
+            mesh = parse_mesh(self.mesh, self.node)
+        except MeshError as e:
+            raise RewriteError(f"{self}: {e}") from None
+        return layout.layout(g, self.ops, mesh, self.use.split("."))
 
 
 @dataclass(frozen=True)
@@ -351,6 +356,17 @@ _MOVE_RE = re.compile(r"^\s*(\w+)\{(.*)\}\s*$")
 _ARG_RE = re.compile(r"(\w+)=(\[[^\]]*\]|[^,\]]+)")
 
 
+def _move_int(text: str, key: str, raw: str) -> int:
+    """An integer argument of a move's text (at most ``MAX_DIM`` in size), or ``RewriteError``."""
+    try:
+        v = int(raw)
+    except ValueError:
+        raise RewriteError(f"cannot parse move {text!r}: {key} must be a whole number, got {raw!r}") from None
+    if abs(v) > MAX_DIM:
+        raise RewriteError(f"cannot parse move {text!r}: {key} = {v} is beyond any device or size (2**40)")
+    return v
+
+
 def parse_move(text: str) -> Move:
     """Parse ``"split{op=fc1,dim=o,parts=4}"`` (or ``a; b`` sequences) back into a move."""
     if ";" in text:
@@ -359,23 +375,26 @@ def parse_move(text: str) -> Move:
     if not m or m.group(1) not in MOVES:
         raise RewriteError(f"cannot parse move {text!r}; moves look like split{{op=fc1,dim=o,parts=4}} "
                            f"with kinds {sorted(MOVES)}")
+    if "{" in m.group(2) or "}" in m.group(2):
+        raise RewriteError(f"cannot parse move {text!r}: one move per text; separate moves with ';' "
+                           f"(split{{op=fc1,dim=o,parts=4}}; place{{op=fc1,devices=[0,1,2,3]}})")
     cls = MOVES[m.group(1)]
-    types = {f.name: f.type for f in fields(cls)}
+    types = {f.name: str(f.type) for f in fields(cls)}
     args = {}
     for key, raw in _ARG_RE.findall(m.group(2)):
         if key not in types:
             raise RewriteError(f"move {cls.kind} has no argument {key!r}; it takes {list(types)}")
+        listed = "tuple" in types[key]
         if raw.startswith("["):
             items = [x.strip() for x in raw[1:-1].split(",") if x.strip()]
-            if "str" in str(types[key]):  # a list of op names, e.g. merge_matmuls{ops=[q_proj,k_proj]}
+            if "str" in types[key]:  # a list of op names, e.g. merge_matmuls{ops=[q_proj,k_proj]}
                 args[key] = tuple(items)
                 continue
-            try:
-                args[key] = tuple(int(x) for x in items)
-            except ValueError:
-                raise RewriteError(f"cannot parse move {text!r}: {key} must list integers, got {raw}") from None
-        elif "int" in str(types[key]) and "str" not in str(types[key]):
-            args[key] = int(raw)
+            args[key] = tuple(_move_int(text, key, x) for x in items)
+        elif listed and "str" not in types[key]:
+            raise RewriteError(f"cannot parse move {text!r}: {key} must be a list such as [0,1], got {raw}")
+        elif "int" in types[key] and "str" not in types[key]:
+            args[key] = _move_int(text, key, raw)
         else:
             args[key] = raw
     try:

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from optimizer.cli.common import console
+from optimizer.cli.errors import UserError
 
 DB_HELP = "archive URL: a SQLite file path (default tapestry.db or $TAPESTRY_DB) or postgresql+psycopg://..."
 
@@ -164,8 +165,12 @@ def export_cmd(
                                           "and DTensor placements")] = False,
 ) -> None:
     """Write the front's plans (JSON + SVG), front.parquet, pareto.png and summary.md."""
+    from pathlib import Path
+
     from optimizer.campaign.export import export_campaign
 
+    if Path(out).exists() and not Path(out).is_dir():
+        raise UserError(f"--out {out!r} is a file; export writes a folder (plans/, summary.md, ...): name a folder")
     res = export_campaign(campaign, out, db)
     console.print(f"exported {res['plans']} plans to {res['out']}")
     if program:

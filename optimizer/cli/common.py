@@ -74,8 +74,22 @@ def parse_settings(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def write_text(path: str, text: str) -> None:
+def check_output_path(path: str, option: str = "--out") -> Path:
+    """``path`` as a file this command may write, or ``UserError`` naming ``option``: its folder
+    must exist and it must not be a folder itself."""
     p = Path(path)
-    if p.parent and not p.parent.exists():
-        raise UserError(f"cannot write {path!r}: folder {str(p.parent)!r} does not exist")
-    p.write_text(text)
+    if p.is_dir():
+        raise UserError(f"{option} {path!r} is a folder; name the file to write (it may be one inside that folder)")
+    if not p.parent.is_dir():
+        raise UserError(f"cannot write {option} {path!r}: folder {str(p.parent)!r} does not exist")
+    return p
+
+
+def write_text(path: str, text: str, option: str = "--out") -> None:
+    """Write ``text`` to ``path`` (``check_output_path``); an operating system refusal (no
+    permission, a full disk) is a ``UserError`` too."""
+    p = check_output_path(path, option)
+    try:
+        p.write_text(text)
+    except OSError as e:
+        raise UserError(f"cannot write {option} {path!r}: {e.strerror or e}") from None

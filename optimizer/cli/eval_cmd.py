@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from optimizer.cli.common import console, load_plan
+from optimizer.cli.common import check_output_path, console, load_plan
 from optimizer.cli.errors import UserError
 
 
@@ -186,6 +186,8 @@ def eval_cmd(
     model FLOPs and MFU, and where the time goes per operation and per device."""
     if gantt is not None and not gantt.endswith((".png", ".svg")):
         raise UserError(f"--gantt {gantt}: the picture's file name must end in .png or .svg")
+    if gantt is not None:
+        check_output_path(gantt, "--gantt")
     if layers not in ("whole", "repeat"):
         raise UserError(f"--layers {layers}: expected 'whole' or 'repeat'")
     r = eval_report(plan, hardware, explain, gantt, layers)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from optimizer.cli.common import console, load_plan_document, reference_program
+from optimizer.cli.common import check_output_path, console, load_plan_document, reference_program
 from optimizer.cli.errors import UserError
 
 
@@ -59,6 +59,9 @@ def calibrate_cmd(
         raise UserError(f"--out {out!r} must end in .yaml or .yml")
     if repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {repeats}")
+    check_output_path(out)
+    if json_out:
+        check_output_path(json_out, "--json")
     _check_backend(backend)
     base = load_hardware(hardware)
     dtypes = tuple(dtype or ("float32",))
@@ -70,7 +73,7 @@ def calibrate_cmd(
     if json_out:
         doc = {"backend": backend, "hardware": base.name, "out": str(path), "points": res.rows(),
                "factors": res.factors(), "error_before": res.before, "error_after": res.after}
-        with open(json_out, "w") as f:
+        with open(check_output_path(json_out, "--json"), "w") as f:
             json.dump(doc, f, indent=1)
     console.print(f"wrote {path} (load it with --hardware {path}, or 'hardware: {path}' in a campaign)")
 
@@ -136,6 +139,8 @@ def execute_cmd(
         _check_backend(backend)
     if seed < 0:
         raise UserError(f"--seed must be >= 0, got {seed}")
+    if json_out:
+        check_output_path(json_out, "--json")
     g, prov = load_plan_document(plan)
     ref, how = reference_program(g, prov, reference, db, self_check)
     problems = interface_problems(g, ref)
@@ -153,7 +158,7 @@ def execute_cmd(
             raise typer.Exit(1) from None
     console.print(f"{report} [reference: {how}]", markup=False, soft_wrap=True)
     if json_out:
-        with open(json_out, "w") as f:
+        with open(check_output_path(json_out, "--json"), "w") as f:
             json.dump(report.to_json(), f, indent=1)
     if not report.ok:
         raise typer.Exit(1)

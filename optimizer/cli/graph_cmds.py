@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Annotated, Optional
 
 import typer
@@ -16,6 +17,8 @@ graph_app = typer.Typer(help="Build, rewrite, inspect, validate and render block
 def _apply_moves(g, moves: list[str]):
     from ir.rewrites import parse_move
 
+    if moves and not any(t.strip() for text in moves for t in text.split(";")):
+        raise UserError(f"no move in {moves!r}; moves look like split{{op=fc1,dim=o,parts=4}}, several joined by ';'")
     for text in moves:
         g = parse_move(text).apply(g)
     return g
@@ -23,7 +26,7 @@ def _apply_moves(g, moves: list[str]):
 
 @graph_app.command("build")
 def build_cmd(
-    workload: Annotated[str, typer.Argument(help="built-in workload: mlp, transformer or convnet")],
+    workload: Annotated[str, typer.Argument(help="built-in workload: mlp, transformer, convnet, gpt or llama")],
     out: Annotated[str, typer.Option("-o", "--out", help="plan file to write (JSON)")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="workload parameter, key=value")] = None,
     rewrite: Annotated[Optional[list[str]], typer.Option("--rewrite", "-r",
@@ -146,7 +149,13 @@ def verify_cmd(
     if backend not in ("numpy", "cupy"):
         raise UserError(f"--backend {backend!r} is not one of numpy, cupy")
     if values is not None and not Path(values).is_file():
-        raise UserError(f"--values {values!r} does not exist; 'tapestry import' writes it beside the program")
+        what = "is a folder" if Path(values).is_dir() else "does not exist"
+        raise UserError(f"--values {values!r} {what}; it is the .npz 'tapestry import' writes beside the program")
+    if seed < 0:
+        raise UserError(f"--seed must be >= 0, got {seed}")
+    for option, v in (("--max-bytes", max_bytes), ("--max-flops", max_flops), ("--timeout", timeout)):
+        if not (math.isfinite(v) and v > 0):
+            raise UserError(f"{option} must be a positive number, got {v}")
     vfile = values or (str(values_file(plan)) if values_file(plan).is_file() else None)
     g, prov = load_plan_document(plan)
     ref, how = reference_program(g, prov, reference, db, self_check)

@@ -411,3 +411,52 @@ def test_valid_plan_too_large_to_execute_is_refused_at_once(tmp_path, capsys):
     code, err = _run(capsys, "verify", str(p))
     _assert_refused(code, err, "2**20 rows")
     assert "--max-bytes" in err and time.monotonic() - t0 < 30
+
+
+# ------------------------------------------------------------------------------------------------
+# command-line arguments (each once raised a traceback or was silently accepted)
+
+BAD_COMMANDS: dict[str, list[str]] = {
+    "build batch true": ["graph", "build", "mlp", "--set", "batch=true", "-o", "{tmp}/x.json"],
+    "build batch huge": ["graph", "build", "mlp", "--set", f"batch={10**23}", "-o", "{tmp}/x.json"],
+    "build batch half": ["graph", "build", "mlp", "--set", "batch=8.5", "-o", "{tmp}/x.json"],
+    "build batch null": ["graph", "build", "mlp", "--set", "batch=null", "-o", "{tmp}/x.json"],
+    "build widths a number": ["graph", "build", "mlp", "--set", "widths=5", "-o", "{tmp}/x.json"],
+    "build widths with a bool": ["graph", "build", "mlp", "--set", "widths=[64,true,64]", "-o", "{tmp}/x.json"],
+    "build heads 0": ["graph", "build", "transformer", "--set", "heads=0", "-o", "{tmp}/x.json"],
+    "build heads -2": ["graph", "build", "transformer", "--set", "heads=-2", "-o", "{tmp}/x.json"],
+    "build d_model 0": ["graph", "build", "transformer", "--set", "d_model=0", "-o", "{tmp}/x.json"],
+    "build channels empty": ["graph", "build", "convnet", "--set", "channels=[]", "-o", "{tmp}/x.json"],
+    "build layers true": ["graph", "build", "gpt", "--set", "layers=true", "-o", "{tmp}/x.json"],
+    "build d_ff 0": ["graph", "build", "llama", "--set", "d_ff=0", "-o", "{tmp}/x.json"],
+    "build kv_heads 0": ["graph", "build", "llama", "--set", "kv_heads=0", "-o", "{tmp}/x.json"],
+    "build tied 3": ["graph", "build", "gpt", "--set", "tied=3", "-o", "{tmp}/x.json"],
+    "build into a folder": ["graph", "build", "mlp", "-o", "{tmp}"],
+    "move parts a word": ["graph", "rewrite", "{plan}", "split{op=fc1,dim=o,parts=abc}", "-o", "{tmp}/x.json"],
+    "move parts 1e3": ["graph", "rewrite", "{plan}", "split{op=fc1,dim=o,parts=1e3}", "-o", "{tmp}/x.json"],
+    "two moves without ;": ["graph", "rewrite", "{plan}", "split{op=fc1,dim=o,parts=4} place{op=fc1,devices=[0,1]}",
+                            "-o", "{tmp}/x.json"],
+    "devices a number": ["graph", "rewrite", "{plan}", "place{op=fc1,devices=0}", "-o", "{tmp}/x.json"],
+    "device 10**23": ["graph", "rewrite", "{plan}", f"place{{op=fc1,devices=[{10**23}]}}", "-o", "{tmp}/x.json"],
+    "mesh 0": ["graph", "rewrite", "{plan}", "layout{ops=all,mesh=0,use=b}", "-o", "{tmp}/x.json"],
+    "no move": ["graph", "rewrite", "{plan}", ";", "-o", "{tmp}/x.json"],
+    "rewrite into a folder": ["graph", "rewrite", "{plan}", "split{op=fc1,dim=o,parts=2}", "-o", "{tmp}"],
+    "gantt into a folder": ["eval", "{plan}", "--hardware", "h100-sxm-8", "--gantt", "{tmp}/d.svg"],
+    "gantt folder missing": ["eval", "{plan}", "--hardware", "h100-sxm-8", "--gantt", "{tmp}/no/g.png"],
+    "verify seed -1": ["verify", "{plan}", "--seed", "-1"],
+    "verify max-bytes nan": ["verify", "{plan}", "--max-bytes", "nan"],
+    "verify max-bytes -1": ["verify", "{plan}", "--max-bytes", "-1"],
+    "verify values a folder": ["verify", "{plan}", "--values", "{tmp}"],
+    "verify values not npz": ["verify", "{plan}", "--values", "{plan}"],
+    "execute seed -1": ["execute", "{plan}", "--seed", "-1"],
+}
+
+
+def test_bad_command_line_arguments(tmp_path, capsys):
+    plan = tmp_path / "mlp.json"
+    assert _run(capsys, "graph", "build", "mlp", "-o", str(plan))[0] == 0
+    (tmp_path / "d.svg").mkdir()
+    for name, argv in BAD_COMMANDS.items():
+        code, err = _run(capsys, *(a.replace("{tmp}", str(tmp_path)).replace("{plan}", str(plan)) for a in argv))
+        _assert_refused(code, err, name)
+    assert not (tmp_path / "x.json").exists()
