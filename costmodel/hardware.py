@@ -248,6 +248,30 @@ class LinkSpec:
             raise HardwareError(str(e).replace("link.", f"{where}.", 1)) from None
 
 
+#: the most devices a fleet may have (the largest GPU clusters built hold about 10^5)
+MAX_DEVICES = 1 << 17
+#: the largest efficiency factor a hardware file may give (``costmodel.calibrate`` clips to it)
+MAX_EFFICIENCY = 1.5
+
+
+def kernel_classes() -> set[str]:
+    """The efficiency classes of every kernel (``matmul``, ``matmul.attention``, ...), their
+    families and ``default``: what ``efficiency`` and ``launch_overhead_by_class`` may name."""
+    from ir.kernels import REGISTRY
+
+    out = {"default"}
+    for k in REGISTRY.values():
+        out.update(class_chain(k.kernel_class))
+    return out
+
+
+def _check_classes(by_class: Mapping[str, Any], where: str) -> None:
+    unknown = sorted(set(by_class) - kernel_classes())
+    if unknown:
+        raise HardwareError(f"{where}.{unknown[0]}: no kernel has that class (a typo?); the classes are "
+                            f"{', '.join(sorted(kernel_classes()))}")
+
+
 def _efficiency_pair(v: Any, where: str) -> tuple[float, float]:
     if isinstance(v, Mapping):
         _check_keys(v, where, ("compute", "memory"))
@@ -305,11 +329,19 @@ class Hardware:
             if not ok or v < 1:
                 raise HardwareError(f"{f}: must be an integer >= 1, got {v!r}")
             object.__setattr__(self, f, int(v))
+        if self.n_nodes * self.devices_per_node > MAX_DEVICES:
+            raise HardwareError(f"n_nodes x devices_per_node = {self.n_nodes * self.devices_per_node} devices; a fleet "
+                                f"here has at most {MAX_DEVICES} (check devices_per_node and n_nodes)")
         if not isinstance(self.efficiency, Mapping):
             raise HardwareError("efficiency: expected a mapping kernel_class -> (compute, memory)")
         eff = {str(k): _efficiency_pair(v, f"efficiency.{k}") for k, v in self.efficiency.items()}
         if "default" not in eff:
             raise HardwareError("missing field efficiency.default")
+        _check_classes(eff, "efficiency")
+        for k, (c, m) in eff.items():
+            if c > MAX_EFFICIENCY or m > MAX_EFFICIENCY:
+                raise HardwareError(f"efficiency.{k}: compute and memory are fractions of the datasheet peaks "
+                                    f"(at most {MAX_EFFICIENCY}, calibration's limit), got {c:g} and {m:g}")
         object.__setattr__(self, "efficiency", eff)
         if not isinstance(self.launch_overhead_by_class, Mapping):
             raise HardwareError("launch_overhead_by_class: expected a mapping kernel_class -> seconds")
@@ -317,6 +349,7 @@ class Hardware:
         for k, v in self.launch_overhead_by_class.items():
             w = f"launch_overhead_by_class.{k}"
             lo[str(k)] = _positive(_number(v, w, "seconds"), w, allow_zero=True)
+        _check_classes(lo, "launch_overhead_by_class")
         object.__setattr__(self, "launch_overhead_by_class", lo)
         if not isinstance(self.description, str):
             raise HardwareError("description: must be a string")

@@ -87,6 +87,27 @@ def _resolve(d: Any, origin: str, base_dir: Path | None, seen: tuple[str, ...]) 
     return _deep_merge(base, over)
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (YAML keeps the last one
+    silently: a second ``search:`` block replaced the whole first one)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            "while reading a mapping", node.start_mark,
+                            f"key {key!r} is given twice (first on line {seen[key].line + 1}); YAML would keep only "
+                            f"the last one: merge the two", key_node.start_mark)
+                    seen[key] = key_node.start_mark
+                except TypeError:  # an unhashable key: the base class reports it
+                    pass
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> Any:
     try:
         text = path.read_text()
@@ -95,7 +116,7 @@ def _read_yaml(path: Path) -> Any:
     except OSError as e:
         raise HardwareError(f"cannot read hardware file {path}: {e}") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506  (a SafeLoader subclass)
     except yaml.YAMLError as e:
         raise HardwareError(f"{path}: not valid YAML: {e}") from None
 
@@ -110,7 +131,7 @@ def _build(d: Mapping[str, Any], origin: str) -> Hardware:
 def hardware_from_yaml_text(text: str, base_dir: str | os.PathLike | None = None) -> Hardware:
     """Parse hardware from YAML text (full spec or ``base:`` + overrides)."""
     try:
-        d = yaml.safe_load(text)
+        d = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506  (a SafeLoader subclass)
     except yaml.YAMLError as e:
         raise HardwareError(f"not valid YAML: {e}") from None
     return _build(_resolve(d, "<yaml>", Path(base_dir) if base_dir else None, ()), "<yaml>")

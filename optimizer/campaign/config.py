@@ -23,6 +23,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from costmodel.hardware_io import UniqueKeyLoader
 from optimizer.search.mutation import OPERATORS
 
 OBJECTIVE_NAMES = ("makespan", "energy", "peak_memory", "devices")
@@ -85,6 +86,9 @@ class WorkloadConfig(Strict):
         if sum(v is not None for v in (self.name, self.file, self.onnx)) != 1:
             raise ValueError("give exactly one of workload.name (a built-in workload), workload.file (a graph JSON) "
                              "or workload.onnx (an ONNX model)")
+        if self.file is not None and self.params:
+            raise ValueError("workload.params do not apply to workload.file (a graph JSON holds its sizes); drop "
+                             "them, or build the graph with those sizes ('tapestry graph build ... --set')")
         return self
 
 
@@ -200,6 +204,21 @@ def budget_with(budget: BudgetConfig, counters: dict[str, Any], evaluations: int
         if lift:
             new = BudgetConfig.model_validate({**new.model_dump(), **lift})
     return new, notes
+
+
+def spent_budget(budget: BudgetConfig, counters: dict[str, Any]) -> str | None:
+    """Which limit of ``budget`` a campaign with ``counters`` has already reached (as
+    ``Farm.exhausted`` says it), or None: a resume with it would stop at once."""
+    done_e = int(counters.get("evaluations", 0) or 0)
+    done_w = float(counters.get("wall_seconds", 0.0) or 0.0)
+    if budget.evaluations is not None and done_e >= budget.evaluations:
+        return f"its evaluation budget ({done_e} of {budget.evaluations} done)"
+    if budget.wall_time is not None and done_w >= budget.wall_time:
+        return f"its wall-time budget ({done_w:.0f} of {budget.wall_time:g} s searched)"
+    stalled = done_e - int(counters.get("hv_improved_at", 0) or 0)
+    if budget.stall_evaluations is not None and stalled >= budget.stall_evaluations:
+        return f"its stall budget ({stalled} evaluations without progress, limit {budget.stall_evaluations})"
+    return None
 
 
 class ClusterConfig(Strict):
@@ -328,8 +347,8 @@ def load_config(path: str | Path) -> CampaignConfig:
     return parse_config(read_yaml(p), str(p), p.parent)
 
 
-class _CountingLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses more than ``MAX_YAML_ALIASES`` aliases."""
+class _CountingLoader(UniqueKeyLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice and more than ``MAX_YAML_ALIASES`` aliases."""
 
     aliases = 0
 

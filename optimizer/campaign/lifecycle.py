@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.campaign.config import BudgetConfig, CampaignConfig, ConfigError, budget_with, parse_config
+from optimizer.campaign.config import (BudgetConfig, CampaignConfig, ConfigError, budget_with, parse_config,
+                                       spent_budget)
 from optimizer.campaign.history import progress_report
 from optimizer.campaign.plans import fetch_plan
 from optimizer.campaign.retention import Compactor
@@ -324,6 +325,12 @@ def resume_campaign(name: str, db: str | None = None, config_path: str | None = 
                 raise ConfigError(f"config {config_path} changes the workload, hardware, objectives or constraints "
                                   f"of campaign {name!r}; a resumed campaign may only change its budget, cluster "
                                   f"and sampling (start a new campaign for a different problem)")
+            old_doc, new_doc = cfg.model_dump(mode="json"), new.model_dump(mode="json")
+            changed = [k for k in new_doc if k not in RESUMABLE and new_doc[k] != old_doc.get(k)]
+            if changed:
+                raise ConfigError(f"config {config_path} changes {', '.join(changed)} of campaign {name!r}; a resumed "
+                                  f"campaign may only change its budget, cluster and sampling (restore "
+                                  f"{changed[0]} as it was, or start a new campaign)")
             cfg = new
         hw = load_hardware(cfg.hardware)
         if hw.to_dict() != resolved["hardware"]:
@@ -338,6 +345,13 @@ def resume_campaign(name: str, db: str | None = None, config_path: str | None = 
         if config_path:
             budget = cfg.budget
         budget, notes = budget_with(budget, row["counters"], evaluations, wall_time, f"resume {name}")
+        spent = spent_budget(budget, row["counters"])
+        if spent:
+            done = int(row["counters"].get("evaluations", 0) or 0)
+            where = f"the budget of {config_path}" if config_path else "its budget"
+            raise ConfigError(f"campaign {name!r} has spent {spent}, so a resume with {where} would stop at once; "
+                              f"give it a new total, e.g. 'tapestry resume {name} --evaluations {done + 5000}' (or "
+                              f"--wall-time, or --config with a larger budget)")
         cfg = cfg.model_copy(update={"budget": budget})
         check_start(cfg, scheduler, workers)
         ckpt = archive.latest_checkpoint(name)
@@ -350,6 +364,10 @@ def resume_campaign(name: str, db: str | None = None, config_path: str | None = 
             res = _drive(cfg, archive, client, url, hw, base, None, ref,
                          {"counters": row["counters"], "checkpoint": ckpt, "seed_records": seeds}, quiet)
         return {**res, "notes": notes + res.get("notes", [])}
+
+
+#: the parts of a campaign's config that ``resume --config`` may change
+RESUMABLE = ("budget", "cluster", "sampling", "storage")
 
 
 def program_from_archive(db: str | None, digest: str) -> Any:

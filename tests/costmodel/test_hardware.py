@@ -250,3 +250,28 @@ def test_direct_construction():
     assert "toy" in hw.summary()
     with pytest.raises(HardwareError, match="peak_flops.bfloat16"):
         DeviceSpec("x", {"float32": 1e12, "float16": 2e12}, 1e12, 1e9, 1e-6, 100, 10)
+
+
+@pytest.mark.parametrize("text,field", [
+    # a misspelt class was accepted, and (any factor other than 1 switching the published curves
+    # off) made the plan 4.9x faster on paper
+    ("efficiency:\n  mtmul: {compute: 0.5, memory: 1}\n", "efficiency.mtmul"),
+    ("launch_overhead_by_class: {matmull: 1e-6}\n", "launch_overhead_by_class.matmull"),
+    ("efficiency:\n  matmul: {compute: 5, memory: 1}\n", "efficiency.matmul"),  # 500% of the peak
+    ("devices_per_node: 10000000\n", "n_nodes x devices_per_node"),  # 36 s and 5.9 GB before the refusal
+    ("n_nodes: 2\nn_nodes: 4\n", "'n_nodes' is given twice"),  # YAML kept the last silently
+])
+def test_bad_hardware_files_name_the_field(tmp_path, text, field):
+    p = tmp_path / "hw.yaml"
+    p.write_text("base: h100-sxm-8\n" + text)
+    with pytest.raises(HardwareError, match=field.replace(".", r"\.")):
+        load_hardware(p)
+
+
+def test_every_kernel_class_may_be_calibrated():
+    from costmodel.hardware import kernel_classes
+
+    classes = kernel_classes()
+    assert {"default", "matmul", "matmul.attention", "elementwise"} <= classes
+    hw = PRESETS["h100-sxm-8"].with_efficiency({c: (0.5, 0.5) for c in classes})
+    assert hw.efficiency_for("matmul.attention") == (0.5, 0.5)

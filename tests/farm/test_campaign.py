@@ -84,6 +84,18 @@ def test_resume_refuses_a_changed_problem(tmp_path, db):
         res = cli("resume", "c2", "--db", db, "--config", str(write_config(tmp_path, cfg)))
         assert res.returncode == 2 and "Traceback" not in res.stderr
         assert "may only change its budget" in " ".join(res.stderr.split())
+    checkpoints = rows(db, "SELECT count(*) AS n FROM checkpoints")[0]["n"]
+    # the search's settings are the problem's too (a new population or strategy was ignored, exit 0)
+    for change in ({"search": {"population": 7}}, {"search": {"strategy": "random"}}):
+        cfg = small_config("c2", db, budget={"evaluations": 5000}, **change)
+        res = cli("resume", "c2", "--db", db, "--config", str(write_config(tmp_path, cfg)))
+        assert res.returncode == 2 and "changes search" in " ".join(res.stderr.split()), res.stderr
+    # a finished campaign resumed without a new budget would stop at once (it exited 0, adding a checkpoint)
+    for extra in ((), ("--config", str(write_config(tmp_path, small_config("c2", db, budget={"evaluations": 100}))))):
+        res = cli("resume", "c2", "--db", db, *extra)
+        assert res.returncode == 2 and "has spent its evaluation budget" in " ".join(res.stderr.split()), res.stderr
+        assert "--evaluations" in res.stderr and "Traceback" not in res.stderr
+    assert rows(db, "SELECT count(*) AS n FROM checkpoints")[0]["n"] == checkpoints
     assert rows(db, "SELECT status FROM campaigns WHERE name = 'c2'")[0]["status"] == "finished"
 
 

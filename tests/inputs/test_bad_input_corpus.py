@@ -82,6 +82,9 @@ CONFIG_MUTATIONS: dict[str, Callable[[dict], dict]] = {
     "workload batch inf": _cfg_mut(("workload", "params", "batch"), float("inf")),
     "workload params a list": _cfg_mut(("workload", "params"), [1, 2]),
     "workload file missing": _cfg_mut(("workload",), {"file": "/nonexistent/plan.json"}),
+    "workload file with params": _cfg_mut(("workload",), {"file": "plan.json", "params": {"batch": 3}}),
+    "workload batch true": _cfg_mut(("workload", "params", "batch"), True),
+    "workload widths with a bool": _cfg_mut(("workload", "params", "widths"), [64, True, 64]),
     "name empty": _cfg_mut(("name",), ""),
     "name path": _cfg_mut(("name",), "../evil"),
     "name long": _cfg_mut(("name",), "x" * 300),
@@ -125,6 +128,7 @@ def _raw_configs(tmp: Path, good: dict) -> dict[str, Path]:
         "bad yaml": "name: [unclosed\n",
         "tabs": "name:\tx\n\tworkload: y\n",
         "too large": "# " + "x" * (1 << 20) + "\n" + text,
+        "a key given twice": text + "search: {islands: 3}\n",
     }
     paths = {}
     for name, body in out.items():
