@@ -161,6 +161,27 @@ def _install_sqlite_events(engine: Engine, *, readonly: bool, busy_timeout_s: fl
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _refuse_foreign_sqlite(path: Path) -> None:
+    """``ArchiveUnavailable`` when ``path`` is an SQLite file with tables but no Tapestry schema
+    version: a read-write engine would switch it to WAL and the migration add our tables to it.
+    Looked at read-only, so the file is left as it was."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+        try:
+            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return  # not a database at all: opening it reports that
+    if tables and "tapestry_alembic_version" not in tables:  # storage.migrate.VERSION_TABLE
+        raise ArchiveUnavailable(f"{path} is an SQLite database of something else (tables {sorted(tables)[:5]}), not "
+                                 f"a Tapestry archive; give a new file or an archive's path as --db")
+
+
 def make_engine(
     url: str | Path | URL,
     readonly: bool = False,
@@ -190,9 +211,9 @@ def make_engine(
         elif readonly:
             parsed = _sqlite_readonly_url(parsed)
         elif parsed.query.get("uri") != "true":
-            Path(parsed.database or "").expanduser().resolve().parent.mkdir(
-                parents=True, exist_ok=True
-            )
+            path = Path(parsed.database or "").expanduser().resolve()
+            _refuse_foreign_sqlite(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
     elif backend == "postgresql":
         kwargs["pool_pre_ping"] = True  # the driver runs for days; servers drop idle sockets
         if readonly:

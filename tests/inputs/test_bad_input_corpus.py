@@ -464,3 +464,23 @@ def test_bad_command_line_arguments(tmp_path, capsys):
         code, err = _run(capsys, *(a.replace("{tmp}", str(tmp_path)).replace("{plan}", str(plan)) for a in argv))
         _assert_refused(code, err, name)
     assert not (tmp_path / "x.json").exists()
+
+
+def test_an_sqlite_file_of_another_program_is_not_made_an_archive(tmp_path, capsys):
+    """``run --db other.db`` on an unrelated SQLite database added the archive's tables to it
+    (and switched it to WAL); it is refused and the file is left byte for byte."""
+    import sqlite3
+
+    db = tmp_path / "other.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE people (name TEXT)")
+    conn.commit()
+    conn.close()
+    before = db.read_bytes()
+    cfg = tmp_path / "ok.yaml"
+    cfg.write_text(yaml.safe_dump(small_config("other", str(db))))
+    for argv in (["run", str(cfg), "--db", str(db), "--quiet"], ["archive", "compact", "other", "--db", str(db)]):
+        code, err = _run(capsys, *argv)
+        _assert_refused(code, err, " ".join(argv[:2]))
+        assert "not a Tapestry archive" in " ".join(err.split())
+    assert db.read_bytes() == before
