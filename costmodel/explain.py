@@ -23,24 +23,36 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.efficiency import gemm_efficiency, memory_efficiency
 from costmodel.evaluate import Evaluation, Evaluator
-from costmodel.lowering import kernel_class_of
+from costmodel.hardware import class_family
+from costmodel.lowering import Lowerer, kernel_class_of
 from ir.graph import Graph
 
 __all__ = ["explain", "gantt"]
 
 
-def _bounds(ev: Evaluation, g: Graph) -> list[dict[str, Any]]:
-    low, hw = ev.lowered, ev.hardware
+def _bounds(ev: Evaluation, g: Graph, lowerer: Lowerer) -> list[dict[str, Any]]:
+    """Per op: its shards' FLOP time and memory time as the lowering prices them (the efficiency
+    curves by shard size where the hardware has them, else its constant factors), and which bounds it."""
+    low = ev.lowered
     b = ev.breakdown()
+    c = lowerer.curves
     out = []
     for i, o in enumerate(b.ops):
         a, z = int(low.op_offsets[i]), int(low.op_offsets[i + 1])
         op = g.ops[o["op"]]
-        ce, me = hw.efficiency_for(kernel_class_of(op))
-        peak = hw.peak_flops(g.tensors[op.output].dtype) * ce
-        t_f = float(low.flops[a:z].sum()) / peak
-        t_b = float(low.nbytes[a:z].sum()) / (hw.device.mem_bandwidth * me)
+        kclass = kernel_class_of(op)
+        f_den, b_den, _launch = lowerer._denominators(g.tensors[op.output].dtype, kclass)
+        flops, nbytes = low.flops[a:z], low.nbytes[a:z]
+        f_eff = b_eff = np.ones(z - a)
+        if c is not None:
+            fpp = float(g.signature(op).flops_per_point)
+            if class_family(kclass) == "matmul" and fpp > 0:
+                f_eff = gemm_efficiency(flops / fpp, max(fpp / 2.0, 1.0), c)
+            b_eff = np.where(nbytes > 0, memory_efficiency(np.maximum(nbytes, 1.0), c), 1.0)
+        t_f = float((flops / (f_den * f_eff)).sum())
+        t_b = float((nbytes / (b_den * b_eff)).sum())
         bound = "comm" if o["in_s"] > o["compute_s"] else ("compute" if t_f >= t_b else "memory")
         out.append({"op": o["op"], "bound": bound, "compute_s": o["compute_s"], "flop_s": t_f, "memory_s": t_b,
                     "comm_s": o["in_s"], "shards": o["shards"], "start": o["start"], "finish": o["finish"]})
@@ -105,7 +117,7 @@ def _collectives(evaluator: Evaluator) -> list[dict[str, Any]]:
 def explain(evaluator: Evaluator, g: Graph) -> dict[str, Any]:
     """Evaluate ``g`` and explain where its time goes (see the module docstring)."""
     ev = evaluator(g, keep=True)
-    ops = _bounds(ev, g)
+    ops = _bounds(ev, g, evaluator.lowerer)
     counts = {k: sum(1 for o in ops if o["bound"] == k) for k in ("compute", "memory", "comm")}
     return {"makespan": ev.makespan, "bounds": counts, "ops": ops, "critical_path": _critical_path(ev),
             "collectives": _collectives(evaluator), "evaluation": ev}

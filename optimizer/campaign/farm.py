@@ -151,6 +151,8 @@ class Farm:
         self._wall0 = float(self.counters.get("wall_seconds", 0.0))
         self.front.update((r["digest"], [r["objectives"][n] for n in self.objectives],
                            {"graph_json": fetch_graph(r["digest"]), "gap": r.get("gap")}) for r in front_rows)
+        # the best gap of the front so far (the run's report says what ``status`` says)
+        self._best_gap = min([float(r["gap"]) for r in front_rows if r.get("gap") is not None], default=math.inf)
         if checkpoint:
             st = checkpoint["state"]
             self.rng.bit_generator.state = st["rng"]

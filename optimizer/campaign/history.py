@@ -154,5 +154,7 @@ def progress_lines(report: dict[str, Any]) -> list[str]:
             when = fmt_duration(p["wall_seconds"]) if p["wall_seconds"] is not None else f"{p['evaluations']:.0f} ev"
             best = f", {fmt_seconds(p['best_makespan'])}" if p["best_makespan"] is not None else ""
             cells.append(f"{when}: {p['hypervolume']:.4g}{best}")
-        lines.append("hypervolume (, best makespan) over time: " + "; ".join(cells))
+        with_best = any(p["best_makespan"] is not None for p in shown)
+        lines.append(("hypervolume and best makespan" if with_best else "hypervolume") + " over time: "
+                     + "; ".join(cells))
     return lines

@@ -189,7 +189,7 @@ def run_campaign(cfg: CampaignConfig, db: str | None = None, scheduler: str | No
             pass
         else:
             raise ConfigError(f"campaign {cfg.name!r} already exists in {archive.url}; resume it with 'tapestry "
-                              f"resume {cfg.name}', or change 'name' in the config to start a new one")
+                              f"resume {cfg.name} --db {url}', or change 'name' in the config to start a new one")
         with _cluster(cfg, scheduler, workers) as client:  # an unreachable scheduler fails here, before any write
             archive.create_campaign(cfg.name, resolved, cfg.config_hash(), list(cfg.objectives), ref.tolist())
             return _drive(cfg, archive, client, url, hw, base, records, ref, None, quiet)

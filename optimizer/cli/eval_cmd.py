@@ -40,9 +40,12 @@ def eval_report(plan: str, hardware: str, explain: bool = False, gantt: str | No
         from costmodel import Evaluator
 
         e = Evaluator(hw, layers="repeat")(g)
-        return {"plan": plan, "hardware": hw.name, "n_devices": hw.n_devices, "ops": len(g.ops), "shards": g.n_shards,
-                "digest": g.digest, **e.to_json(), "memory_capacity": hw.device.mem_capacity,
-                "breakdown": {"devices": [], "ops": []}}
+        if e.repetition is not None:
+            return {"plan": plan, "hardware": hw.name, "n_devices": hw.n_devices, "ops": len(g.ops),
+                    "shards": g.n_shards, "digest": g.digest, **e.to_json(), "memory_capacity": hw.device.mem_capacity,
+                    "breakdown": {"devices": [], "ops": []}}
+        extra["note"] = ("--layers repeat: the plan has no class of five or more alike numbered layers to extend "
+                         "along, so it was simulated whole")
     if explain or gantt:
         from costmodel import Evaluator
         from costmodel import explain as ex
@@ -86,6 +89,8 @@ def print_report(r: dict[str, Any]) -> None:
     if r.get("memory_floor"):
         head.add_row("memory floor (state / devices)", _si(r["memory_floor"], "B"))
     out.print(head)
+    if r.get("note"):
+        out.print(f"  {r['note']}")
     if "simulated_layers" in r:
         s, b = r["simulated_layers"]
         out.print(f"  extended from truncations of {s} and {b} of its {r['layers']} layers (--layers repeat); "
@@ -171,7 +176,7 @@ def _devices(ds: list[int]) -> str:
 def eval_cmd(
     plan: Annotated[str, typer.Argument(help="plan file (JSON)")],
     hardware: Annotated[str, typer.Option("--hardware", "-H",
-                                          help="hardware preset (h100-sxm-8, h200-sxm-8, h100-sxm-64, cpu) "
+                                          help="hardware preset (h100-sxm-8, h200-sxm-8, h100-sxm-64, h100-sxm-512, cpu) "
                                                "or a hardware YAML file")],
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of tables")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="where the time goes: compute-, memory- or "

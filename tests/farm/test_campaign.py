@@ -60,8 +60,10 @@ def test_run_status_export_resume(tmp_path, db):
     assert cli("verify", str(plans[0]), check=True).returncode == 0
 
     # a larger budget continues the same campaign: counters and sequence numbers go on
-    cli("resume", "c1", "--db", db, "--evaluations", "3000", "--quiet", check=True)
+    res = cli("resume", "c1", "--db", db, "--evaluations", "3000", "--quiet", check=True)
     st2 = json.loads(cli("status", "c1", "--db", db, "--json", check=True).stdout)
+    # the run's report gives the front's best gap, as status does (it gave the resumed run's own best)
+    assert f"best gap to bound {st2['best_gap']:.2f}×" in " ".join(res.stdout.split()), res.stdout
     assert st2["campaign"]["counters"]["evaluations"] >= 3000 > n1
     assert st2["hypervolume"] >= st["hypervolume"] - 1e-12
     seq2 = rows(db, "SELECT count(*) AS n, max(seq) AS s, min(seq) AS lo FROM evaluations")[0]

@@ -57,7 +57,7 @@ def test_lines_say_throughput_eta_archive_restarts_and_history() -> None:
     assert "last improvement: 2m 30s ago; ETA: 40m 00s" in text
     assert "restarted on their lifetimes: the driver 2 times, workers 5 times" in text
     assert "10 candidates (4 full plans" in text and "12 evaluation rows" in text
-    assert "hypervolume (, best makespan) over time: 5s: 1" in text
+    assert "hypervolume and best makespan over time: 5s: 1, 2 ms; 3m 20s: 2, 1.5 ms" in text
     assert "restarted" not in "\n".join(progress_lines(progress_report(_row(), None)))
 
 
