@@ -166,6 +166,10 @@ def split_matmuls(g: Graph, op: str) -> Graph:
     ws = _weights_of(g, op) if o.kernel in KERNELS else None
     if not ws:
         raise RewriteError(f"{op} is not a merged contraction (no {op}.wcat<i> concat of weights feeds it)")
+    outside = _outside_readers(g, op, len(ws))
+    if outside:
+        raise RewriteError(f"{op}'s stacked weights are read by {outside[0]} too (a training step of a program with "
+                           f"merged matmuls differentiates the merged op): splitting it would orphan that reader")
     readers = g.consumers.get(o.output, [])
     slices = sorted((g.ops[r] for r, _ in readers), key=lambda s: s.params.get("start", 0))
     if len(slices) != len(ws) or any(s.kernel != "slice" for s in slices):
@@ -201,5 +205,18 @@ def merge_sites(g: Graph) -> list[tuple[str, ...]]:
     return out
 
 
+def _outside_readers(g: Graph, op: str, n_weights: int) -> list[str]:
+    """Readers of ``op``'s concat chain other than the chain and ``op`` itself."""
+    chain = {op} | {f"{op}.wcat{i}" for i in range(1, n_weights)}
+    return [r for i in range(1, n_weights) for r, _ in g.consumers.get(f"{op}.wcat{i}.out", []) if r not in chain]
+
+
 def merged_matmuls(g: Graph) -> list[str]:
-    return [n for n, o in g.ops.items() if o.kernel in KERNELS and _weights_of(g, n)]
+    """Merged contractions that ``split_matmuls`` can split: not those of a training step built from
+    a program with merged matmuls, whose backward reads the stacked weights (they are its program)."""
+    out = []
+    for n, o in g.ops.items():
+        ws = _weights_of(g, n) if o.kernel in KERNELS else None
+        if ws and not _outside_readers(g, n, len(ws)):
+            out.append(n)
+    return out

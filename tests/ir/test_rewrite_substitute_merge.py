@@ -166,3 +166,25 @@ def test_the_stacked_weight_is_folded_and_the_slices_are_views():
     assert b.lower_bound == a.lower_bound  # the same program
     # in a training step the weights change every step: nothing folds, the concat runs in it
     assert folded_ops(h) == ("k_proj+v_proj.wcat1",) and folded_ops(training_step(h)) == ()
+
+
+def test_a_training_step_of_a_merged_program_keeps_its_merge():
+    """``training_step`` of a program with merged q, k, v differentiates the merged op: its backward
+    reads the stacked weights. ``unshard`` split the merge anyway and failed (KeyError on the
+    concat's output), and with it ``evaluate``; the merge is that program's own now."""
+    from costmodel import evaluate
+    from ir.autodiff import training_step
+    from ir.rewrites import split, split_matmuls, unshard
+    from ir.rewrites.errors import RewriteError
+    from ir.rewrites.substitute_merge import merged_matmuls
+
+    g = workloads.build("transformer", batch=2, seq=6, d_model=8, heads=2, d_ff=12)
+    step = training_step(merge_matmuls(g, ["q_proj", "k_proj", "v_proj"]))
+    assert merged_matmuls(step) == []
+    with pytest.raises(RewriteError, match="stacked weights are read by"):
+        split_matmuls(step, "q_proj+k_proj+v_proj")
+    assert unshard(step).digest == step.digest
+    plan = split(step, "q_proj+k_proj+v_proj", "b", 2)
+    assert unshard(plan).digest == step.digest
+    assert evaluate(plan, "h100-sxm-8").makespan > 0
+    assert verify(plan, reference=training_step(g)).ok  # the same step as the unmerged program's
