@@ -43,7 +43,8 @@ def unshard(g: Graph, keep_substitutions: bool = False) -> Graph:
         g = _unrecompute(g, fused=True)
         if not done:
             g = unfuse(g, fused[0])  # stuck: the rewrite names the problem
-    g = _unrecompute(_merge_reductions(g))
+    # copies of accumulate ops read a partial beside their originals: dropped before the merge
+    g = _unrecompute(_merge_reductions(_unrecompute(g)))
     if keep_substitutions:
         return _whole(g)
     for find, undo in ((fused_attentions, unfuse_attention), (fused_norms, unfuse_norm),
@@ -76,9 +77,14 @@ def _merge_reductions(g: Graph) -> Graph:
     for n in reversed(split):  # innermost first: a two-level reduction's accumulate is itself split
         o = ops[n]
         readers = consumers.get(o.output, [])
+        if not readers and n.endswith(SUFFIX) and n[: -len(SUFFIX)] in ops:
+            # a recomputed partial op whose accumulate went with a dropped copy of a fused op: unread
+            del ops[n]
+            dropped_tensors[o.output] = None
+            continue
         if len(readers) != 1 or readers[0][0] not in ops or ops[readers[0][0]].kernel not in (
                 "accumulate", COMBINE_KERNEL):
-            return merge_reduction(g, split[-1])  # malformed: the single-step rewrite names the problem
+            return merge_reduction(g, n)  # malformed: the single-step rewrite raises, naming the problem
         acc = ops.pop(readers[0][0])
         merged = o.replace(params={k: v for k, v in o.params.items() if k != "split"}, output=acc.output)
         ops[n] = merged.replace(shards=Shards.whole(g.signature(merged).extents))

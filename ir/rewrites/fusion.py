@@ -86,6 +86,10 @@ def unfuse(g: Graph, op: str) -> Graph:
     o = get_op(g, op)
     if o.kernel != "fused":
         raise RewriteError(f"{op} is not a fused operation")
+    from ir.rewrites.recompute import SUFFIX
+
+    if op + SUFFIX in g.ops:  # the copy keeps the fused stages' names, which the unfused ops take
+        raise RewriteError(f"cannot unfuse {op}: it has a recomputed copy; unrecompute{{op={op}}} first")
     stages, inputs = _stages_of(o)
     last = stages[-1]
     stage_sigs = Fused().stage_signatures({p: g.tensors[t].spec for p, t in o.inputs}, o.params)

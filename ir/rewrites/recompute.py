@@ -115,6 +115,12 @@ def recomputed(g: Graph) -> list[str]:
     return [n[: -len(SUFFIX)] for n in g.ops if n.endswith(SUFFIX) and n[: -len(SUFFIX)] in g.ops]
 
 
+def with_copies(g: Graph, ops: Iterable[str]) -> list[str]:
+    """Those of ``ops`` that are recomputed copies or have one: a substitution over them, or an undo
+    of one, would leave the copies reading names it removes (``unshard`` could not undo it)."""
+    return [n for n in ops if n + SUFFIX in g.ops or (n.endswith(SUFFIX) and n[: -len(SUFFIX)] in g.ops)]
+
+
 def unrecompute(g: Graph, ops: Iterable[str] | None = None) -> Graph:
     """Drop the copies of ``ops`` (default: all) and let their readers read the originals again."""
     names = recomputed(g) if ops is None else list(ops)
@@ -123,6 +129,9 @@ def unrecompute(g: Graph, ops: Iterable[str] | None = None) -> Graph:
     for n in names:
         if n + SUFFIX not in g.ops:
             raise RewriteError(f"{n}: not recomputed")
+        if g.ops[n + SUFFIX].params.get("split") and not g.ops[n].params.get("split"):
+            raise RewriteError(f"{n}: its copy's reduction is split (it writes partials, not {n}'s output); "
+                               f"merge_reduction{{op={n}{SUFFIX}}} first")
         back[g.ops[n + SUFFIX].output] = g.ops[n].output
         drop[n + SUFFIX] = None
     replace = dict(drop)

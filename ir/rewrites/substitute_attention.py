@@ -285,10 +285,14 @@ def fuse_attention(g: Graph, op: str) -> Graph:
         raise RewriteError(f"cannot fuse attention at {op}: {m}")
     from ir.rewrites.recompute import SUFFIX
 
+    # its records would name what unrecompute drops (a copy, or a copy's output that the backward
+    # reads), so unshard could not undo it
     copies = [n for _, n in m.ops if n.endswith(SUFFIX) and n[: -len(SUFFIX)] in g.ops]
-    if copies:  # its records would name the copies, which unrecompute drops: unshard could not undo it
-        raise RewriteError(f"cannot fuse attention at {op}: {copies[0]} is a recomputed copy (recompute{{...}}); "
-                           f"fuse the forward's attention first, then recompute it")
+    copies += [g.producers[t] for n in m.backward for _, t in g.ops[n].inputs
+               if g.producers.get(t, "").endswith(SUFFIX)]
+    if copies:
+        raise RewriteError(f"cannot fuse attention at {op}: {copies[0]} is a recomputed copy (recompute{{...}}) the "
+                           f"pattern or its backward reads; fuse the forward's attention first, then recompute it")
     split = [n for n in m.backward if g.ops[n].params.get("split")]
     if split:  # a split op writes the partials of its sum, not the gradient: merged first (the fused
         # gradient ops are placed whole, as the rest of the pattern's backward)

@@ -37,6 +37,7 @@ from typing import Sequence
 
 from ir.graph import Graph, Op, Shards, Tensor
 from ir.rewrites.errors import RewriteError
+from ir.rewrites.recompute import SUFFIX, with_copies
 from ir.rewrites.shard import get_op
 from ir.rewrites.substitute_attention import contraction_letters
 
@@ -97,6 +98,10 @@ def merge_matmuls(g: Graph, ops: Sequence[str], along: str | None = None) -> Gra
     why = mergeable(g, ops, along)
     if why:
         raise RewriteError(f"cannot merge {list(ops)}: {why}")
+    copies = [n for n in with_copies(g, ops) if n.endswith(SUFFIX)]
+    if copies:  # unshard drops copies before it splits merges: the merge would lose its inputs
+        raise RewriteError(f"cannot merge {list(ops)}: {copies[0]} is a recomputed copy (recompute{{...}}); merge "
+                           f"the originals first, then recompute")
     os_ = [g.ops[n] for n in ops]
     first = os_[0]
     la, lb, lo, _ = contraction_letters(first, g)
@@ -166,6 +171,9 @@ def split_matmuls(g: Graph, op: str) -> Graph:
     ws = _weights_of(g, op) if o.kernel in KERNELS else None
     if not ws:
         raise RewriteError(f"{op} is not a merged contraction (no {op}.wcat<i> concat of weights feeds it)")
+    copies = with_copies(g, [op])
+    if copies:
+        raise RewriteError(f"cannot split {op}: it is recomputed or a recomputed copy; unrecompute{{op=...}} first")
     outside = _outside_readers(g, op, len(ws))
     if outside:
         raise RewriteError(f"{op}'s stacked weights are read by {outside[0]} too (a training step of a program with "
@@ -194,7 +202,7 @@ def merge_sites(g: Graph) -> list[tuple[str, ...]]:
     layouts)."""
     groups: dict[tuple, list[str]] = {}
     for n, o in g.ops.items():
-        if o.kernel in KERNELS and "a" in o.input_map:
+        if o.kernel in KERNELS and "a" in o.input_map and not (n.endswith(SUFFIX) and n[: -len(SUFFIX)] in g.ops):
             groups.setdefault((o.input_map["a"], o.kernel, o.params_key), []).append(n)
     out = []
     for v in groups.values():

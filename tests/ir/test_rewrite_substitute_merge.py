@@ -188,3 +188,34 @@ def test_a_training_step_of_a_merged_program_keeps_its_merge():
     assert unshard(plan).digest == step.digest
     assert evaluate(plan, "h100-sxm-8").makespan > 0
     assert verify(plan, reference=training_step(g)).ok  # the same step as the unmerged program's
+
+
+def test_rewrites_that_recomputed_copies_would_break_are_refused():
+    """Sequences that made plans ``unshard`` could not undo (a KeyError in every evaluation) or
+    invalid plans now stop at the rewrite that would break them, naming the way round."""
+    from ir.rewrites import unshard
+
+    g = workloads.build("gpt", mode="train", optimizer="sgd", layers=1, d_model=8, heads=2, vocab=10, seq=4, batch=4)
+    r = parse_move("recompute{prefix=l0.}").apply(g)
+    for move, why in (("merge_matmuls{ops=[l0.k_proj.re,l0.v_proj.re],along=e}", "is a recomputed copy"),
+                      ("fuse_attention{op=l0.attn_qk}", "l0.v_proj.re is a recomputed copy"),
+                      ("split_reduction{op=l0.o_proj.re,parts=2,reduction=k}; unrecompute{op=l0.o_proj}",
+                       "copy's reduction is split")):
+        with pytest.raises(RewriteError, match=why):
+            parse_move(move).apply(r)
+    assert "l0.k_proj.re" not in {n for site in merge_sites(r) for n in site}
+    d = parse_move("split_reduction{op=l0.o_proj,parts=2}; fuse{producer=l0.o_proj.acc,consumer=l0.resid1}; "
+                   "recompute{prefix=l0.}").apply(g)
+    with pytest.raises(RewriteError, match="has a recomputed copy"):
+        parse_move("unfuse{op=l0.o_proj.acc+l0.resid1}").apply(d)
+    assert unshard(d).digest == unshard(g).digest
+    # a recomputed accumulate: its copy reads the partials beside the original (unshard merged
+    # only the last split reduction and returned a program with accumulate ops left in it)
+    a = parse_move("split_reduction{op=l0.q_proj,parts=4,reduction=d}; recompute{op=l0.q_proj.acc}; "
+                   "split_reduction{op=l0.ff2.dW,parts=2}").apply(g)
+    u = unshard(a)
+    assert u.digest == unshard(g).digest and not any(o.kernel == "accumulate" for o in u.ops.values())
+    # a layout's split reductions, the accumulate fused, everything recomputed: unshard raised
+    e = parse_move("layout{ops=all,mesh=2x2x2,use=t.s.s,node=4}; fuse{producer=l0.o_proj.acc,consumer=l0.resid1}; "
+                   "recompute{prefix=l0.}").apply(g)
+    assert unshard(e).digest == unshard(g).digest
