@@ -117,7 +117,7 @@ def _bind_inputs(m: Any, params: Mapping[str, Any], inits: set[str]) -> list[tup
         problems.append(f"symbolic dims without a value: {where}; bind each with --set NAME=N "
                         f"(in a campaign: workload.params)")
     if bad:
-        problems.append(f"dims {bad} must be whole numbers from 1 to {MAX_DIM}, got {[params[n] for n in bad]}")
+        problems.append(f"dims {bad} must be positive integers (at most 2**40), got {[params[n] for n in bad]}")
     if unknown:
         problems.append(f"params {unknown} name no symbolic dim of the model; its symbolic dims are "
                         f"{sorted(symbolic) or 'none'}")
