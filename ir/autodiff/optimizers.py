@@ -1,8 +1,9 @@
 """Optimizer update ops appended to a training step, one group per parameter.
 
 - ``sgd``: ``P.next = sgd_update(P, g)``; with ``momentum`` > 0, a state ``P.momentum`` and
-  ``P.momentum.next = momentum_update(P.momentum, g)``, then ``P.next = sgd_update(P, P.momentum.next)``
-  (PyTorch's SGD without dampening).
+  ``P.momentum.next = momentum_update(P.momentum, g)`` (``momentum_decay_update(P.momentum, g, P)``
+  with weight decay, which joins the gradient before the buffer), then ``P.next =
+  sgd_update(P, P.momentum.next)`` (PyTorch's SGD without dampening).
 - ``adamw``: states ``P.m``, ``P.v``; ``P.m.next = adam_moment(P.m, g)``,
   ``P.v.next = adam_moment(P.v, g, power=2)``, ``P.next = adamw_update(P, P.m.next, P.v.next)``.
 
@@ -38,14 +39,19 @@ def append_updates(b: GraphBuilder, grads: dict[str, str], optimizer: str, param
         if b.tensor(g).dtype != pt.dtype:
             g = b.op("cast", op_name(p, ".grad.cast"), {"x": g}, dtype=pt.dtype)
         if optimizer == "sgd":
-            step = g
+            step, wd = g, hp["weight_decay"]
             if hp["momentum"]:
                 buf = b.state(f"{p}.momentum", pt.shape, pt.dtype)
-                step = b.op("momentum_update", op_name(buf, ".update"), {"buf": buf, "g": g}, out=next_name(buf),
-                            momentum=hp["momentum"])
+                if wd:  # the decay joins the gradient before the buffer, as in torch.optim.SGD
+                    step = b.op("momentum_decay_update", op_name(buf, ".update"), {"buf": buf, "g": g, "p": p},
+                                out=next_name(buf), momentum=hp["momentum"], weight_decay=wd)
+                    wd = 0.0
+                else:
+                    step = b.op("momentum_update", op_name(buf, ".update"), {"buf": buf, "g": g}, out=next_name(buf),
+                                momentum=hp["momentum"])
                 nexts.append(step)
             nexts.append(b.op("sgd_update", op_name(p, ".update"), {"p": p, "g": step}, out=next_name(p), lr=hp["lr"],
-                              weight_decay=hp["weight_decay"]))
+                              weight_decay=wd))
         else:
             m, v = b.state(f"{p}.m", pt.shape, pt.dtype), b.state(f"{p}.v", pt.shape, pt.dtype)
             m1 = b.op("adam_moment", op_name(m, ".update"), {"m": m, "g": g}, out=next_name(m), beta=hp["beta1"])

@@ -160,6 +160,28 @@ def _view(ctx: Context, handler: Any, node: Any, label: str) -> None:
             kind.update(ctx.resolve(o) for o in node.output if o)
 
 
+#: elementwise ops whose output takes the broadcast shape of all their inputs (ONNX's
+#: multidirectional broadcasting), which may have more dims than the tensor operand
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "Greater", "LessOrEqual",
+                           "GreaterOrEqual", "And", "Or", "Xor"})
+
+
+def _broadcast_rank(ctx: Context, node: Any, label: str) -> None:
+    """A one-element constant of higher rank than the tensor it meets (``x[2, 3] * c[1, 1, 1]``)
+    raises the output's rank in ONNX; the handlers that make it an op's parameter (``scale``,
+    ``pow``, ``compare_scalar``, ``masked_fill``, ``causal_mask``) keep the tensor's shape, so the
+    output gets the leading unit dims it lacks here (a reshape: no data moves)."""
+    out = node.output[0]
+    if not out or ctx.is_const(out) or ctx.resolve(out) not in ctx.prog.tensors:
+        return
+    want = np.broadcast_shapes(*(ctx.shape(x) for x in node.input if x))
+    have = ctx.shape(out)
+    if len(have) < len(want) and tuple(want[len(want) - len(have):]) == tuple(have) and \
+            all(d == 1 for d in want[: len(want) - len(have)]):
+        ctx.emit("reshape", {"x": ctx.resolve(out)}, {"shape": list(want), "from": list(have)}, out=out,
+                 name=f"{label}.broadcast")
+
+
 def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
                 what: str = "imported ONNX model") -> tuple[Graph, dict[str, np.ndarray]]:
     """Import an ONNX model; ``params`` binds its symbolic dims (``{"batch": 8, "seq": 128}``).
@@ -205,6 +227,8 @@ def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
                     _view(ctx, handler, node, label)
                 else:
                     handler(ctx, node, label)
+                if node.op_type in _BROADCASTING:
+                    _broadcast_rank(ctx, node, label)
         except Unsupported as e:
             key = node.op_type + (f" ({e})" if str(e) else "")
             unsupported.setdefault(key, []).append(label)
@@ -218,16 +242,21 @@ def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
         raise ImportFailure(f"the ONNX model uses ops the importer does not support — {rows}. Supported op "
                             f"types: {', '.join(sorted(HANDLERS))} (and any node on constants, which is folded)")
     outputs = []
+    output_names = {vi.name for vi in m.graph.output}
     for vi in m.graph.output:
         t = ctx.resolve(vi.name)
         if t not in prog.tensors or prog.producer(t) is None:
             raise ImportFailure(f"graph output {vi.name!r} is a constant or a graph input, not computed by the "
                                 f"model; the block graph has no operation to produce it")
+        if t != vi.name and t in output_names:
+            # one value returned under two names (an Identity of another output): renaming it would
+            # take it from that output, so the second name gets a copy
+            t = ctx.emit("scale", {"x": t}, {"alpha": 1.0}, name=f"{vi.name}.copy")
         if t != vi.name:
             if vi.name in prog.tensors:
                 raise ImportFailure(f"graph output {vi.name!r} aliases {t!r} under a name already in use")
             prog.rename(t, vi.name)
-            ctx.aliases = {k: (vi.name if v == t else v) for k, v in ctx.aliases.items()}
+            ctx.aliases = {k: (vi.name if v == t else v) for k, v in ctx.aliases.items() if k != vi.name}
         outputs.append(vi.name)
     apply_patterns(prog, set(outputs))
     return prog.build(outputs, what), dict(prog.values)

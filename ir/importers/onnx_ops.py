@@ -416,7 +416,7 @@ def _reduce(ctx, node, label):
     x = ctx.use(node.input[0])
     shape = ctx.prog.spec(x).shape
     axes = _axes(ctx, node, 1)
-    if axes is None:
+    if not axes:  # none given, or an empty list: every axis, unless noop_with_empty_axes (opset 18)
         if attr(node, "noop_with_empty_axes", 0):
             ctx.set(node.output[0], x)
             return
@@ -425,7 +425,14 @@ def _reduce(ctx, node, label):
     keep = attr(node, "keepdims", 1)
     kernel = {"ReduceMean": "reduce_mean", "ReduceSum": "reduce_sum", "ReduceMax": "reduce_max"}[node.op_type]
     if len(axes) == len(shape):
-        raise Unsupported("a reduction over every axis (the result would be a scalar)")
+        if not keep:
+            raise Unsupported("a reduction over every axis without keepdims (the result would be a scalar)")
+        # every axis, kept: the cells in one row of a [1, N] view, reduced to [1], then [1, ..., 1]
+        flat = ctx.emit("reshape", {"x": x}, {"shape": [1, int(np.prod(shape))], "from": list(shape)},
+                        name=f"{label}.flat")
+        y = ctx.emit(kernel, {"x": flat}, {"dim": 1}, name=label)
+        _reshape_to(ctx, y, [1] * len(shape), node.output[0], f"{label}.keepdims")
+        return
     y = x
     for k, ax in enumerate(axes):
         last = k == len(axes) - 1 and not keep
@@ -461,7 +468,8 @@ def _reshape(ctx, node, label):
 def _flatten(ctx, node, label):
     x = ctx.use(node.input[0])
     src = ctx.prog.spec(x).shape
-    ax = attr(node, "axis", 1) % (len(src) + 1)
+    ax = attr(node, "axis", 1)
+    ax = ax + len(src) if ax < 0 else ax  # ONNX: a negative axis counts from the end, in [-r, r]
     _reshape_to(ctx, x, [int(np.prod(src[:ax])), int(np.prod(src[ax:]))], node.output[0], label)
 
 

@@ -57,6 +57,20 @@ class MomentumUpdate(StateUpdate):
         return params["momentum"] * blocks["buf"] + blocks["g"]
 
 
+class MomentumDecayUpdate(StateUpdate):
+    """``momentum · buf + g + weight_decay · p``: SGD's momentum buffer with weight decay, which
+    PyTorch adds to the gradient before the buffer (``torch.optim.SGD``: ``d_p = g + wd · p``,
+    ``buf = momentum · buf + d_p``, ``p -= lr · buf``)."""
+
+    name = "momentum_decay_update"
+    inputs = ("buf", "g", "p")
+    params_defaults = {"momentum": 0.9, "weight_decay": 0.0}
+    flops = 4.0
+
+    def compute(self, xp, blocks, params):
+        return params["momentum"] * blocks["buf"] + blocks["g"] + params["weight_decay"] * blocks["p"]
+
+
 class AdamMoment(StateUpdate):
     """``beta · m + (1 - beta) · g^power``: AdamW's first (power 1) or second (power 2) moment."""
 
@@ -97,4 +111,4 @@ class AdamwUpdate(StateUpdate):
         return p * (1.0 - params["lr"] * params["weight_decay"]) - params["lr"] * mhat / (xp.sqrt(vhat) + params["eps"])
 
 
-KERNELS = (SgdUpdate, MomentumUpdate, AdamMoment, AdamwUpdate)
+KERNELS = (SgdUpdate, MomentumUpdate, MomentumDecayUpdate, AdamMoment, AdamwUpdate)

@@ -67,6 +67,22 @@ def test_sgd_momentum_and_adamw_steps_match_numpy():
     assert (ins["W1.v"] >= 0).all()  # second moments drawn inside the kernel's declared range
 
 
+def test_sgd_momentum_with_weight_decay_matches_torch_sgd():
+    """torch.optim.SGD (no dampening, no Nesterov), written out: the decay joins the gradient
+    before the momentum buffer (``d = g + wd·p; buf = m·buf + d; p -= lr·buf``). The step added it
+    after the buffer: the parameter matched for one step, the buffer was off by ``wd·p``."""
+    hp = {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}
+    step = training_step(_mlp(), optimizer="sgd", optimizer_params=hp)
+    assert "W1.momentum.update" in step.ops and step.ops["W1.momentum.update"].kernel == "momentum_decay_update"
+    ins = {k: a.astype(np.float64) for k, a in random_inputs(step, seed=7).items()}
+    env = execute(step, ins, precision="float64")
+    _, grads = _numpy_mlp_grads(ins)
+    for p, g in grads.items():
+        buf = 0.9 * ins[f"{p}.momentum"] + g + 0.01 * ins[p]
+        np.testing.assert_allclose(env[f"{p}.momentum.next"], buf, rtol=1e-12)
+        np.testing.assert_allclose(env[f"{p}.next"], ins[p] - 0.05 * buf, rtol=1e-12)
+
+
 def test_step_names_roles_and_carried_state():
     step = training_step(_mlp(), optimizer="adamw")
     outs = {n for n, t in step.tensors.items() if t.role == "output"}
