@@ -169,6 +169,8 @@ def training_cases(Case):
              lambda i: i["p"] - 0.1 * i["g"] - 0.1 * 0.01 * i["p"]),
         Case("momentum_update", "momentum_update", {"buf": (5,), "g": (5,)}, {"momentum": 0.8},
              lambda i: 0.8 * i["buf"] + i["g"]),
+        Case("momentum_decay_update", "momentum_decay_update", {"buf": (5,), "g": (5,), "p": (5,)},
+             {"momentum": 0.8, "weight_decay": 0.01}, lambda i: 0.8 * i["buf"] + i["g"] + 0.01 * i["p"]),
         Case("adam_m", "adam_moment", {"m": (3, 4), "g": (3, 4)}, {"beta": 0.9},
              lambda i: 0.9 * i["m"] + 0.1 * i["g"]),
         Case("adam_v", "adam_moment", {"m": (3, 4), "g": (3, 4)}, {"beta": 0.99, "power": 2},
