@@ -97,10 +97,30 @@ def local_gpus() -> list[str]:
         return []
 
 
-def _gpu_cluster_class() -> type:
+def _local_cluster_class() -> type:
     from distributed import LocalCluster
+    from distributed.deploy.cluster import Cluster
 
-    class GpuLocalCluster(LocalCluster):
+    class FarmLocalCluster(LocalCluster):
+        """A LocalCluster that leaves a worker's nanny alone when the worker leaves the scheduler.
+        ``SpecCluster`` closes the nanny of a worker gone for ``lost-worker-timeout`` (15 s) unless
+        a worker of its name is registered at that instant; the farm restarts workers through their
+        nannies (``Farm.restart_old_workers``), so a timer left by one restart that fires while a
+        later restart of the same worker is under way closed its nanny, and the campaign lost its
+        only worker (seen with 4-second lifetimes on a loaded host). A nanny whose worker process
+        dies restarts it by itself; nothing else here needs the timer."""
+
+        def _update_worker_status(self, op: str, msg: Any) -> None:
+            if op == "remove":
+                Cluster._update_worker_status(self, op, msg)  # the bookkeeping, without the timer
+                return
+            super()._update_worker_status(op, msg)
+
+    return FarmLocalCluster
+
+
+def _gpu_cluster_class() -> type:
+    class GpuLocalCluster(_local_cluster_class()):
         """A LocalCluster whose worker ``i`` sees only GPU ``gpus[i % len(gpus)]``."""
 
         def __init__(self, gpus: list[str], **kwargs: Any) -> None:
@@ -156,7 +176,7 @@ def dask_client(scheduler: str | None, workers: int | None = None, threads: int 
     local worker, e.g. ``{"GPU": 1}``, in which case each worker is pinned to one of ``gpus``
     (default :func:`local_gpus`), round-robin)."""
     import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     # For the client's whole life, not only its start: comms opened later (a reconnect, a
     # restarted worker's stream) read the log lengths when they open.
@@ -189,7 +209,7 @@ def dask_client(scheduler: str | None, workers: int | None = None, threads: int 
                 cluster = _gpu_cluster_class()(pin, **kw)
                 cluster.scale(n)
             else:
-                cluster = LocalCluster(n_workers=n, **kw)
+                cluster = _local_cluster_class()(n_workers=n, **kw)
         client = Client(cluster)
         try:
             if pin:

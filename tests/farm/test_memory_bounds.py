@@ -272,3 +272,26 @@ def test_a_local_cluster_left_without_workers_stops_the_campaign(tmp_path, monke
     assert res["status"] == "failed" and "no worker for" in res["reason"] and "resume" in res["reason"], res
     assert time.monotonic() - emptied[0] < 60  # stopped soon after (it polled for ever before)
     assert 0 < res["evaluations"] < 10_000_000
+
+
+def test_a_restarted_worker_s_nanny_is_not_closed_as_lost() -> None:
+    """Dask's SpecCluster closes a worker's nanny when no worker of its name is registered
+    ``lost-worker-timeout`` after the worker left; a lifetime restart that left such a timer
+    behind closed the nanny if the timer fired while the worker was away again (two restarts
+    within 15 s on a loaded host), and the campaign lost its only worker. A timer of 10 ms fires
+    while the restarted worker process is still starting, every time."""
+    import time
+
+    import dask
+
+    from optimizer.campaign.cluster import dask_client
+
+    with dask_client(None, 1) as client:
+        for _ in range(2):
+            (w,) = client.scheduler_info()["workers"]
+            with dask.config.set({"distributed.deploy.lost-worker-timeout": "10ms"}):
+                client.restart_workers([w], raise_for_error=False)
+                time.sleep(1.0)  # the timers fire
+            client.wait_for_workers(1, timeout=60)
+            assert len(client.scheduler_info()["workers"]) == 1
+            assert client.submit(sum, [1, 2], pure=False).result(timeout=60) == 3
