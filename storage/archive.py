@@ -278,6 +278,24 @@ class Archive:
         dumps_json(dict(counters), f"counters of campaign {name!r}")
         return self._modify_counters(name, lambda current: {**current, **counters})
 
+    def claim(self, name: str, check: Callable[[dict[str, Any]], None], counters: Mapping[str, Any]) -> None:
+        """Make this process the campaign's driver, atomically: in one locked transaction read the
+        campaign (as :meth:`get_campaign` returns it), call ``check`` on it (it raises to refuse,
+        e.g. because another driver is alive), then set its status to ``running`` and merge
+        ``counters`` (the driver's identity). Two drivers started together cannot both pass.
+
+        Raises ``CampaignNotFound``, and whatever ``check`` raises (nothing is changed then).
+        """
+        dumps_json(dict(counters), f"counters of campaign {name!r}")
+        with self._write(f"claiming campaign {name!r}") as s:
+            # Row lock on PostgreSQL; on SQLite BEGIN IMMEDIATE already serializes writers.
+            row = self._campaign(s, name, lock=True)
+            check(_campaign_dict(row))
+            row.status = "running"
+            row.counters_json = dumps_json({**json.loads(row.counters_json), **counters},
+                                           f"counters of campaign {name!r}")
+            row.updated_at = utcnow()
+
     def increment_counters(self, name: str, deltas: Mapping[str, float]) -> dict[str, Any]:
         """Add ``deltas`` to numeric counters (missing ones start at 0); return the result.
 

@@ -355,12 +355,16 @@ def resume_campaign(name: str, db: str | None = None, config_path: str | None = 
         cfg = cfg.model_copy(update={"budget": budget})
         check_start(cfg, scheduler, workers)
         ckpt = archive.latest_checkpoint(name)
-        check_not_running(row, ckpt["created_at"] if ckpt else None)
+        heartbeat = ckpt["created_at"] if ckpt else None
+        check_not_running(row, heartbeat)
         ref = np.array(row["reference_point"], dtype=float)
         seeds = None
         if ckpt is None:  # stopped before its first checkpoint (or a failed start): search again from the baselines
             seeds = initial_records(cfg, hw, base, base_program(cfg)[1])
-        with _cluster(cfg, scheduler, workers) as client:
+        with _cluster(cfg, scheduler, workers) as client:  # a cluster that cannot start changes nothing
+            # checked again and marked running in one transaction: of two resumes started together
+            # (both passed the check above, seconds before their clusters), the second stops here
+            archive.claim(name, lambda now: check_not_running(now, heartbeat), {"driver": driver_identity()})
             res = _drive(cfg, archive, client, url, hw, base, None, ref,
                          {"counters": row["counters"], "checkpoint": ckpt, "seed_records": seeds}, quiet)
         return {**res, "notes": notes + res.get("notes", [])}

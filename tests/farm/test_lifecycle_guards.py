@@ -231,3 +231,22 @@ def test_workers_validate_plans_read_from_the_archive():
         search_task(dataclasses.replace(_spec(), parents=(("d" * 64, bad),)))
     with pytest.raises(InvalidGraph, match="negative"):
         measure_task(MeasureTaskSpec("d" * 64, bad, "numpy", 1, {}))
+
+
+def test_of_two_drivers_claiming_a_campaign_only_one_gets_it(tmp_path):
+    """Two resumes started together both passed the liveness check (the campaign became
+    ``running`` only seconds later, inside the farm) and both ran, writing duplicate sequence
+    numbers. The check and the mark are now one transaction (``Archive.claim``): the second
+    claim sees the first driver alive and is refused, changing nothing."""
+    db = str(tmp_path / "claim.db")
+    with Archive.open(db) as a:
+        a.create_campaign("c", {"config": {}}, "h", ["makespan"], [1.0])
+        a.set_status("c", "paused")
+        check = lambda row: lifecycle.check_not_running(row)  # noqa: E731
+        a.claim("c", check, {"driver": lifecycle.driver_identity()})
+        row = a.get_campaign("c")
+        assert row["status"] == "running" and row["counters"]["driver"]["pid"] == os.getpid()
+        other = {**lifecycle.driver_identity(), "pid": os.getpid() + 1}
+        with pytest.raises(ConfigError, match="is running"):
+            a.claim("c", check, {"driver": other})
+        assert a.get_campaign("c")["counters"]["driver"]["pid"] == os.getpid()
