@@ -682,8 +682,10 @@ class Archive:
         frame["evaluated_at"] = pd.to_datetime(frame["evaluated_at"], utc=True)
         return frame
 
-    def export_front_parquet(self, campaign: str, path: str | Path) -> int:
-        """Write the current front to a Parquet file; return the number of rows.
+    def export_front_parquet(self, campaign: str, path: str | Path, front: list[dict[str, Any]] | None = None) -> int:
+        """Write the current front (or ``front``, rows as :meth:`current_front` gives them: one
+        snapshot for files written together while a driver runs) to a Parquet file; return the
+        number of rows.
 
         Columns: campaign, digest, rewrite, parent_digest, the five objectives, feasible,
         lower_bound, gap, entered_seq, entered_at. The file's metadata holds the campaign's
@@ -693,7 +695,7 @@ class Archive:
         Raises ``CampaignNotFound``; ``StorageError`` if the file cannot be written.
         """
         info = self.get_campaign(campaign)
-        front = self.current_front(campaign)
+        front = self.current_front(campaign) if front is None else front
         return write_front_parquet(
             path, campaign, info["objectives"], info["reference_point"], front
         )

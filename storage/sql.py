@@ -83,6 +83,14 @@ _FORBIDDEN_FUNCTIONS = (
     "setval", "query_to_xml", "query_to_xmlschema", "query_to_xml_and_xmlschema", "cursor_to_xml",
     "txid_current", "pg_current_xact_id", "load_extension", "readfile", "writefile", "edit", "fts3_tokenizer",
 )
+# PostgreSQL's own ``pg_*`` functions include many that act on the server (statistics resets,
+# backups, WAL, memory-context logging...), so only these introspection ones are let through.
+_PG_ALLOWED = frozenset({
+    "pg_typeof", "pg_column_size", "pg_size_pretty", "pg_size_bytes", "pg_relation_size", "pg_table_size",
+    "pg_total_relation_size", "pg_indexes_size", "pg_database_size", "pg_get_indexdef", "pg_get_viewdef",
+    "pg_get_constraintdef", "pg_get_expr", "pg_table_is_visible", "pg_postmaster_start_time",
+    "pg_backend_pid", "pg_client_encoding", "pg_encoding_to_char",
+})
 logging.getLogger("sqlglot").setLevel(logging.ERROR)  # its "falling back to Command" warnings
 
 Format = Literal["table", "csv", "json"]
@@ -241,8 +249,9 @@ def check_query(statement: str, dialect: str, where: str = "the archive") -> Non
             raise _refusal(statement, where, f"it contains {what}, which writes or locks")
         if isinstance(node, exp.Func):
             name = _function_name(node)
-            if name.startswith(_FORBIDDEN_FUNCTIONS):
-                raise _refusal(statement, where, f"function {name}() acts outside the query")
+            if name.startswith(_FORBIDDEN_FUNCTIONS) or (name.startswith("pg_") and name not in _PG_ALLOWED):
+                raise _refusal(statement, where, f"function {name}() acts outside the query (or may: of "
+                                                 f"PostgreSQL's pg_* functions only introspection ones are allowed)")
 
 
 def run_readonly_query(
@@ -425,6 +434,17 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float | decimal.Decimal) and not isinstance(value, bool)
 
 
+def _unique_keys(columns: Sequence[str]) -> list[str]:
+    """Column names as JSON keys, a repeated one numbered (``id``, ``id:2``): ``SELECT f.*, c.*``
+    names ``id`` twice, and a JSON object keeps only the last of two equal keys."""
+    seen: dict[str, int] = {}
+    out = []
+    for c in columns:
+        seen[c] = seen.get(c, 0) + 1
+        out.append(c if seen[c] == 1 else f"{c}:{seen[c]}")
+    return out
+
+
 def format_rows(
     columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: Format = "table"
 ) -> str:
@@ -434,7 +454,8 @@ def format_rows(
     ``<N bytes>``; in JSON, infinities and NaN become the strings ``inf``, ``-inf``, ``nan``.
     """
     if fmt == "json":
-        objects = [{c: _plain(v) for c, v in zip(columns, row, strict=True)} for row in rows]
+        keys = _unique_keys(columns)
+        objects = [{c: _plain(v) for c, v in zip(keys, row, strict=True)} for row in rows]
         return json.dumps(objects, indent=2, allow_nan=False)
     if fmt == "csv":
         out = io.StringIO()

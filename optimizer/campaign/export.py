@@ -74,8 +74,8 @@ def _plot(path: Path, objectives: list[str], front: list[dict], base: dict[str, 
         ax.scatter(fx, fy, color="#1a73e8", label=f"front ({len(fx)} plans)", zorder=3)
         for (bname, ev), m in zip(base.items(), itertools.cycle(markers)):
             ax.scatter([ev[x_name] / sx], [ev[y_name] / sy], marker=m, s=60, label=bname, zorder=4)
-        for axis, set_scale, name in ((ax.xaxis, ax.set_xscale, x_name), (ax.yaxis, ax.set_yscale, y_name)):
-            if name != "devices":
+        for axis, set_scale, name, vals in ((ax.xaxis, ax.set_xscale, x_name, xs), (ax.yaxis, ax.set_yscale, y_name, ys)):
+            if name != "devices" and any(v > 0 for v in vals):  # an empty front (a campaign stopped at once): linear
                 set_scale("log")
                 # plain numbers (20, 30, 40 µs), not 2×10¹; minor ticks labelled where they fit
                 axis.set_major_formatter(matplotlib.ticker.LogFormatter(labelOnlyBase=False))
@@ -142,7 +142,7 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
     from ir.dot import RenderError, render_svg, to_dot
     from ir.rewrites.substitute_attention import substitution_summary
     from ir.serialize import dumps, loads
-    from optimizer.campaign.lifecycle import existing_archive
+    from optimizer.campaign.lifecycle import effective_status, existing_archive
     from optimizer.realrun.sampling import rank_correlation
     from optimizer.search.baselines import baselines
     from storage import Archive
@@ -166,7 +166,10 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
         for old in (outdir / "plans").iterdir():  # plans of an earlier export, now stale
             if old.is_file() and _PLAN_FILE.match(old.name):
                 old.unlink()
-        archive.export_front_parquet(name, outdir / "front.parquet")
+        archive.export_front_parquet(name, outdir / "front.parquet", front)  # the front read above
+        if row["status"] == "running":  # a driver killed without a word: interrupted, as status says
+            ckpt = archive.latest_checkpoint(name)
+            row = {**row, "status": effective_status(row, ckpt["created_at"] if ckpt else None)}
     have_dot = shutil.which("dot") is not None
     substituted: list[dict[str, int]] = []
     words: dict[str, str] = {}

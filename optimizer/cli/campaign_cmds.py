@@ -200,6 +200,8 @@ def sql_cmd(
         raise UserError(f"--format {format!r} must be table, csv or json")
     if limit < 0:
         raise UserError(f"--limit must be >= 0 (0: no limit), got {limit}")
+    if limit >= 2**31 - 1:  # beyond what a driver fetches in one call; no archive holds that many rows
+        limit = 0
     if not 0 < timeout <= 86_400:
         raise UserError(f"--timeout must be between 0 and 86400 seconds, got {timeout}")
     cols, rows = run_readonly_query(existing_archive(db), query, limit=(limit + 1) if limit else None,

@@ -484,3 +484,23 @@ def test_an_sqlite_file_of_another_program_is_not_made_an_archive(tmp_path, caps
         _assert_refused(code, err, " ".join(argv[:2]))
         assert "not a Tapestry archive" in " ".join(err.split())
     assert db.read_bytes() == before
+
+
+def test_sql_with_a_limit_beyond_a_c_int_and_an_empty_front_export(tmp_path, capsys, archive):
+    """``sql --limit 2147483647`` overflowed the driver's fetch (a traceback); exporting a campaign
+    whose front is empty (stopped at once) failed drawing log axes with no data."""
+    before = _bytes(archive)
+    code, err = _run(capsys, "sql", "--db", str(archive), "SELECT 1 AS one", "--limit", str(2**31 - 1))
+    assert code == 0, err
+    assert _bytes(archive) == before
+    from costmodel.presets import PRESETS
+    from storage import Archive
+
+    db = tmp_path / "empty.db"
+    with Archive.open(str(db)) as a:  # a campaign created, stopped before its first evaluation
+        a.create_campaign("empty", {"config": {}, "hardware": PRESETS["h100-sxm-8"].to_dict()}, "h",
+                          ["makespan", "peak_memory"], [1.0, 1.0])
+    out = tmp_path / "exp"
+    code, err = _run(capsys, "export", "empty", "--db", str(db), "--out", str(out))
+    assert code == 0, err
+    assert (out / "pareto.png").stat().st_size > 1000 and "front plans: 0" in (out / "summary.md").read_text()

@@ -306,3 +306,21 @@ def test_query_to_format_end_to_end(filled: str) -> None:
     assert json.loads(format_rows(columns, rows, "json")) == [
         {"name": CAMPAIGN, "status": "created"}
     ]
+
+
+def test_json_keeps_columns_of_one_name() -> None:
+    """``SELECT f.*, c.*`` names ``id`` twice; JSON kept only the last (``front.id`` was lost)."""
+    data = json.loads(format_rows(["id", "a", "id", "id"], [(1, 2, 3, 4)], "json"))
+    assert data == [{"id": 1, "a": 2, "id:2": 3, "id:3": 4}]
+
+
+@pytest.mark.parametrize("fn", ["pg_stat_reset()", "pg_stat_reset_shared('bgwriter')", "pg_backup_start('x')",
+                                "pg_log_backend_memory_contexts(1)", "pg_catalog.pg_stat_reset()"])
+def test_postgres_server_functions_are_refused_by_default(fn: str) -> None:
+    """PostgreSQL's pg_* functions with effects on the server got past a list of known ones (a
+    superuser's ``SELECT pg_stat_reset()`` zeroed the statistics); only introspection ones pass."""
+    from storage.sql import check_query
+
+    with pytest.raises(ReadOnlyViolation, match="acts outside the query"):
+        check_query(f"SELECT {fn}", "postgres")
+    check_query("SELECT pg_typeof(1), pg_size_pretty(10)", "postgres")
