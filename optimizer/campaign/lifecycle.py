@@ -233,6 +233,9 @@ def _drive(cfg: CampaignConfig, archive: Any, client: Any, url: str, hw: Any, ba
             status = ("paused" if reason.startswith("stopped by") or reason == DRIVER_RESTART else
                       "failed" if reason.startswith("failed") else "finished")
             progress.update(farm, force=True)
+    except KeyboardInterrupt:  # Ctrl-C before the farm's own handler is in place: a pause, not a failure
+        status = "paused"
+        raise
     finally:
         archive.set_status(cfg.name, status)
     return {"campaign": cfg.name, "status": status, "reason": reason, "evaluations": farm.counters["evaluations"],

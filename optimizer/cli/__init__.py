@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     except ClickException as e:
         e.show()
         sys.exit(2 if e.exit_code in (1, 2) else e.exit_code)
-    except typer.Abort:
-        sys.stderr.write("aborted\n")
+    except (typer.Abort, KeyboardInterrupt):  # Ctrl-C: a campaign's driver leaves it paused (resume goes on)
+        sys.stderr.write("interrupted\n")
         sys.exit(130)
     except typer.Exit as e:
         sys.exit(e.exit_code)

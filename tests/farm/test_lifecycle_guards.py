@@ -250,3 +250,19 @@ def test_of_two_drivers_claiming_a_campaign_only_one_gets_it(tmp_path):
         with pytest.raises(ConfigError, match="is running"):
             a.claim("c", check, {"driver": other})
         assert a.get_campaign("c")["counters"]["driver"]["pid"] == os.getpid()
+
+
+def test_ctrl_c_before_the_farm_runs_pauses_the_campaign(tmp_path, monkeypatch):
+    """Ctrl-C in a driver's first seconds (before the farm installs its own handler) left the
+    campaign ``failed``, a resumed finished one included; it is a pause, as Ctrl-C is later."""
+    db = str(tmp_path / "farm.db")
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lifecycle, "_cluster", lambda *a, **k: _null())
+    monkeypatch.setattr(lifecycle, "make_strategy", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        lifecycle.run_campaign(parse_config(small_config("early", db)), db, quiet=True)
+    with Archive.open(db, readonly=True) as a:
+        assert a.get_campaign("early")["status"] == "paused"
