@@ -332,7 +332,7 @@ def resume_campaign(name: str, db: str | None = None, config_path: str | None = 
             changed = [k for k in new_doc if k not in RESUMABLE and new_doc[k] != old_doc.get(k)]
             if changed:
                 raise ConfigError(f"config {config_path} changes {', '.join(changed)} of campaign {name!r}; a resumed "
-                                  f"campaign may only change its budget, cluster and sampling (restore "
+                                  f"campaign may only change its budget, cluster, sampling and storage (restore "
                                   f"{changed[0]} as it was, or start a new campaign)")
             cfg = new
         hw = load_hardware(cfg.hardware)

@@ -80,7 +80,7 @@ def _report(res: dict) -> None:
 def resume_cmd(
     campaign: Annotated[str, typer.Argument(help="campaign name")],
     db: Annotated[Optional[str], typer.Option(help=DB_HELP)] = None,
-    config: Annotated[Optional[str], typer.Option(help="updated config (only budget, cluster, sampling may change)")] = None,
+    config: Annotated[Optional[str], typer.Option(help="updated config (only budget, cluster, sampling, storage may change)")] = None,
     evaluations: Annotated[Optional[int], typer.Option(help="new total evaluation budget (more than those done); "
                                                             "a spent wall-time budget is then lifted")] = None,
     wall_time: Annotated[Optional[float], typer.Option(help="new total wall-time budget in seconds (more than "
