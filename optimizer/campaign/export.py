@@ -163,9 +163,6 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
                     best_mfu(archive, name, Hardware.from_dict(row["config"]["hardware"]), front)
                     if row["config"].get("hardware") else [])
         (outdir / "plans").mkdir(parents=True, exist_ok=True)
-        for old in (outdir / "plans").iterdir():  # plans of an earlier export, now stale
-            if old.is_file() and _PLAN_FILE.match(old.name):
-                old.unlink()
         archive.export_front_parquet(name, outdir / "front.parquet", front)  # the front read above
         if row["status"] == "running":  # a driver killed without a word: interrupted, as status says
             ckpt = archive.latest_checkpoint(name)
@@ -173,12 +170,14 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
     have_dot = shutil.which("dot") is not None
     substituted: list[dict[str, int]] = []
     words: dict[str, str] = {}
+    written: set[str] = set()  # this export's plan files (the others in plans/ are removed at the end)
     for i, r in enumerate(front):
         stem = outdir / "plans" / f"{i:02d}_{r['digest'][:12]}"
         g = loads(graphs[r["digest"]], f"plan {r['digest'][:12]}")
         # the file names (and embeds) the campaign's program, so 'tapestry verify' checks the plan against it
         stem.with_suffix(".json").write_text(dumps(g, program=program, program_digest=row["config"].get(
             "base_digest")) + "\n")
+        written.add(stem.name + ".json")
         substituted.append(substitution_summary(g))
         words[r["digest"]] = plan_in_words(g)
         dot = to_dot(g)
@@ -188,8 +187,10 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
             if len(g.ops) > MAX_DRAWN_OPS:  # a whole model: dot would take minutes per plan
                 raise RenderError("too large to draw")
             stem.with_suffix(".svg").write_text(render_svg(dot))
+            written.add(stem.name + ".svg")
         except RenderError:
             stem.with_suffix(".dot").write_text(dot)
+            written.add(stem.name + ".dot")
     hw = Hardware.from_dict(row["config"]["hardware"])
     if program is None and front:
         program = loads(graphs[front[0]["digest"]])  # the baselines unshard it first
@@ -208,6 +209,11 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
     (outdir / "summary.md").write_text(_summary(name, row, hw, front, base_evals, corr, words)
                                        + "\n".join(markdown(fidelity[0], fidelity[1], hw.name) + [""])
                                        + _substitutions(substituted))
+    # the plans of an earlier export that this one does not list, last: an export killed midway
+    # leaves the earlier summary with its plans, or this one with its plans (and some stale ones)
+    for old in (outdir / "plans").iterdir():
+        if old.is_file() and _PLAN_FILE.match(old.name) and old.name not in written:
+            old.unlink()
     return {"out": str(outdir), "plans": len(front), "have_svg": have_dot}
 
 

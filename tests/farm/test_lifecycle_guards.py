@@ -266,3 +266,49 @@ def test_ctrl_c_before_the_farm_runs_pauses_the_campaign(tmp_path, monkeypatch):
         lifecycle.run_campaign(parse_config(small_config("early", db)), db, quiet=True)
     with Archive.open(db, readonly=True) as a:
         assert a.get_campaign("early")["status"] == "paused"
+
+
+def test_an_export_stopped_midway_leaves_a_summary_with_its_plans(tmp_path, monkeypatch):
+    """An export deleted the earlier export's plans first and wrote its summary last: killed in
+    between, the folder held a summary listing plans that were gone. Stale plans are removed
+    last now, so either summary finds its plans."""
+    from costmodel.presets import PRESETS
+    from ir import workloads
+    from ir.rewrites import place, split
+    from ir.serialize import dumps
+    from optimizer.campaign import export
+
+    db = str(tmp_path / "e.db")
+    g = workloads.build("mlp", batch=8, widths=[16, 32, 16])
+    plans = [g, place(split(g, "fc1", "o", 2), "fc1", [0, 1])]
+    with Archive.open(db) as a:
+        a.create_campaign("e", {"config": {}, "hardware": PRESETS["h100-sxm-8"].to_dict(), "base_digest": g.digest},
+                          "h", ["makespan", "peak_memory"], [1.0, 1e12])
+        for seq, (p, t) in enumerate(zip(plans, (2e-3, 1e-3)), start=1):
+            a.record_merge("e", [{"digest": p.digest, "graph_json": dumps(p), "seq": seq, "feasible": True,
+                                  "objectives": {"makespan": t, "energy": 1.0, "peak_memory": 1e9 / seq,
+                                                 "devices": seq, "bytes_moved": 0.0}}],
+                           entered=[p.digest], front_seq=seq)
+    out = tmp_path / "out"
+    export.export_campaign("e", str(out), db)
+    before = sorted(p.name for p in (out / "plans").glob("*.json"))
+    assert len(before) == 2
+    (out / "plans" / "07_0123456789ab.json").write_text("{}")  # a plan of an export before that one
+    better = place(split(g, "fc1", "o", 4), "fc1", [0, 1, 2, 3])  # the search goes on: a new best plan
+    with Archive.open(db) as a:
+        a.record_merge("e", [{"digest": better.digest, "graph_json": dumps(better), "seq": 3, "feasible": True,
+                              "objectives": {"makespan": 5e-4, "energy": 1.0, "peak_memory": 2e8, "devices": 4,
+                                             "bytes_moved": 0.0}}], entered=[better.digest], front_seq=3)
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export, "_summary", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export.export_campaign("e", str(out), db)
+    listed = (out / "summary.md").read_text()
+    assert all((out / "plans" / n).exists() for n in before) and all(n[3:15] in listed for n in before)
+    monkeypatch.undo()
+    export.export_campaign("e", str(out), db)
+    now = sorted(p.name for p in (out / "plans").glob("*.json"))  # the new front's names, no stale one
+    assert len(now) == 3 and now[0].endswith(f"{better.digest[:12]}.json") and "07_0123456789ab.json" not in now
