@@ -33,6 +33,7 @@ Reading and writing YAML files (presets plus overrides) is ``costmodel.hardware_
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -254,15 +255,17 @@ MAX_DEVICES = 1 << 17
 MAX_EFFICIENCY = 1.5
 
 
-def kernel_classes() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def kernel_classes() -> frozenset[str]:
     """The efficiency classes of every kernel (``matmul``, ``matmul.attention``, ...), their
-    families and ``default``: what ``efficiency`` and ``launch_overhead_by_class`` may name."""
+    families and ``default``: what ``efficiency`` and ``launch_overhead_by_class`` may name
+    (computed once: every Hardware checks its classes against it)."""
     from ir.kernels import REGISTRY
 
     out = {"default"}
     for k in REGISTRY.values():
         out.update(class_chain(k.kernel_class))
-    return out
+    return frozenset(out)
 
 
 def _check_classes(by_class: Mapping[str, Any], where: str) -> None:

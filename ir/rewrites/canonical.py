@@ -12,7 +12,7 @@ from ir.graph import Graph, Shards
 from ir.kernels.attention import COMBINE_KERNEL
 from ir.rewrites.fusion import unfuse
 from ir.rewrites.errors import RewriteError
-from ir.rewrites.recompute import SUFFIX, recomputed, unrecompute
+from ir.rewrites.recompute import SUFFIX, is_copy, recomputed, unrecompute
 from ir.rewrites.reduction import merge_reduction
 from ir.rewrites.substitute_attention import fused_attentions, unfuse_attention
 from ir.rewrites.substitute_merge import merged_matmuls, split_matmuls
@@ -77,7 +77,7 @@ def _merge_reductions(g: Graph) -> Graph:
     for n in reversed(split):  # innermost first: a two-level reduction's accumulate is itself split
         o = ops[n]
         readers = consumers.get(o.output, [])
-        if not readers and n.endswith(SUFFIX) and n[: -len(SUFFIX)] in ops:
+        if not readers and is_copy(ops, n):
             # a recomputed partial op whose accumulate went with a dropped copy of a fused op: unread
             del ops[n]
             dropped_tensors[o.output] = None

@@ -16,7 +16,7 @@ Backward ops are those that depend on the loss gradient (the ``*_loss_grad`` ker
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from ir.graph import Graph, Tensor
 from ir.layers import layer_of
@@ -112,13 +112,18 @@ def recompute_block(g: Graph, prefix: str) -> Graph:
 
 def recomputed(g: Graph) -> list[str]:
     """The original ops that have a recomputed copy."""
-    return [n[: -len(SUFFIX)] for n in g.ops if n.endswith(SUFFIX) and n[: -len(SUFFIX)] in g.ops]
+    return [n[: -len(SUFFIX)] for n in g.ops if is_copy(g.ops, n)]
+
+
+def is_copy(ops: Mapping[str, object], name: str) -> bool:
+    """Whether op ``name`` is the recomputed copy of an op in ``ops`` (``recompute``)."""
+    return name.endswith(SUFFIX) and name[: -len(SUFFIX)] in ops
 
 
 def with_copies(g: Graph, ops: Iterable[str]) -> list[str]:
     """Those of ``ops`` that are recomputed copies or have one: a substitution over them, or an undo
     of one, would leave the copies reading names it removes (``unshard`` could not undo it)."""
-    return [n for n in ops if n + SUFFIX in g.ops or (n.endswith(SUFFIX) and n[: -len(SUFFIX)] in g.ops)]
+    return [n for n in ops if n + SUFFIX in g.ops or is_copy(g.ops, n)]
 
 
 def unrecompute(g: Graph, ops: Iterable[str] | None = None) -> Graph:

@@ -283,11 +283,11 @@ def fuse_attention(g: Graph, op: str) -> Graph:
     m = match_attention(g, op)
     if isinstance(m, str):
         raise RewriteError(f"cannot fuse attention at {op}: {m}")
-    from ir.rewrites.recompute import SUFFIX
+    from ir.rewrites.recompute import SUFFIX, is_copy
 
     # its records would name what unrecompute drops (a copy, or a copy's output that the backward
     # reads), so unshard could not undo it
-    copies = [n for _, n in m.ops if n.endswith(SUFFIX) and n[: -len(SUFFIX)] in g.ops]
+    copies = [n for _, n in m.ops if is_copy(g.ops, n)]
     copies += [g.producers[t] for n in m.backward for _, t in g.ops[n].inputs
                if g.producers.get(t, "").endswith(SUFFIX)]
     if copies:

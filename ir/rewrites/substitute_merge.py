@@ -37,7 +37,7 @@ from typing import Sequence
 
 from ir.graph import Graph, Op, Shards, Tensor
 from ir.rewrites.errors import RewriteError
-from ir.rewrites.recompute import SUFFIX, with_copies
+from ir.rewrites.recompute import is_copy, with_copies
 from ir.rewrites.shard import get_op
 from ir.rewrites.substitute_attention import contraction_letters
 
@@ -98,7 +98,7 @@ def merge_matmuls(g: Graph, ops: Sequence[str], along: str | None = None) -> Gra
     why = mergeable(g, ops, along)
     if why:
         raise RewriteError(f"cannot merge {list(ops)}: {why}")
-    copies = [n for n in with_copies(g, ops) if n.endswith(SUFFIX)]
+    copies = [n for n in ops if is_copy(g.ops, n)]
     if copies:  # unshard drops copies before it splits merges: the merge would lose its inputs
         raise RewriteError(f"cannot merge {list(ops)}: {copies[0]} is a recomputed copy (recompute{{...}}); merge "
                            f"the originals first, then recompute")
@@ -202,7 +202,7 @@ def merge_sites(g: Graph) -> list[tuple[str, ...]]:
     layouts)."""
     groups: dict[tuple, list[str]] = {}
     for n, o in g.ops.items():
-        if o.kernel in KERNELS and "a" in o.input_map and not (n.endswith(SUFFIX) and n[: -len(SUFFIX)] in g.ops):
+        if o.kernel in KERNELS and "a" in o.input_map and not is_copy(g.ops, n):
             groups.setdefault((o.input_map["a"], o.kernel, o.params_key), []).append(n)
     out = []
     for v in groups.values():
