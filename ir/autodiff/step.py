@@ -4,7 +4,10 @@ Given a forward program (unsharded or not: it is taken back to its logical form 
 
 0. takes the program back to its logical form (``unshard(g, keep_substitutions=True)``: no splits,
    fusions or recomputed copies, whole shards; substitutions such as fused attention stay,
-   differentiated by their own rules);
+   differentiated by their own rules). Norms fused into their contractions (``norm_matmul``)
+   are unfused: the backward reads the normalised activations, which a fused norm never writes
+   (TransformerEngine's ``LayerNormLinear`` returns them as a second output for that reason). The
+   search may fuse them again in the step, where ``fuse_norm`` keeps the norm for its backward;
 1. optionally keeps fp32 *master weights*: every low-precision parameter ``P`` becomes an fp32
    parameter, and an op ``P.cast`` writes the ``P.lowp`` copy that the forward reads (mixed
    precision as in Micikevicius et al. 2018, "Mixed Precision Training");
@@ -30,6 +33,7 @@ from ir.builder import GraphBuilder
 from ir.graph import Graph, Op, Shards, Tensor
 from ir.kernels import INDEX_DTYPE
 from ir.rewrites import unshard
+from ir.rewrites.substitute_norm import fused_norms, unfuse_norm
 
 LOSSES = ("mse", "cross_entropy")
 LOW_PRECISION = ("bfloat16", "float16")
@@ -81,6 +85,8 @@ def training_step(g: Graph, loss: str = "mse", optimizer: str = "sgd", output: s
     if g.carried:
         raise AutodiffError("the program is already a training step (it writes next values of its state)")
     g = unshard(g, keep_substitutions=True)
+    for n in fused_norms(g):  # the backward needs the normalised activations (module doc)
+        g = unfuse_norm(g, n)
     y = _output(g, output)
     if master_weights is None:
         master_weights = any(t.role == "parameter" and t.dtype in LOW_PRECISION for t in g.tensors.values())

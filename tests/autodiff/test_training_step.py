@@ -129,6 +129,23 @@ def test_programs_that_cannot_be_differentiated():
         training_step(training_step(_mlp()))
 
 
+def test_a_forward_with_fused_norms_trains_as_its_unfused_form():
+    """``norm_matmul`` has no VJP: the step unfuses the norms (the backward reads the normalised
+    activations), so it is the unfused forward's step; the norm can be fused again in the step,
+    kept for the backward's readers, and that step verifies equal."""
+    from executor.verify import verify
+    from ir.rewrites import fuse, fuse_norm
+
+    g = workloads.build("transformer", batch=2, seq=8, d_model=16, heads=2, d_ff=32)
+    fused = fuse_norm(fuse_norm(fuse(g, "ff1", "ff_act"), "ln1"), "ln2")
+    assert sum(o.kernel == "norm_matmul" or o.kernel == "fused" for o in fused.ops.values()) == 4
+    step = training_step(fused, optimizer="adamw")
+    assert step.digest == training_step(g, optimizer="adamw").digest
+    refused = fuse_norm(step, "ln1", "q_proj")
+    assert "ln1" in refused.ops and refused.ops["ln1+q_proj"].kernel == "norm_matmul"
+    assert verify(refused, reference=step).ok
+
+
 TINY = {
     "gpt": dict(layers=2, d_model=12, heads=2, d_ff=20, vocab=18, seq=6, batch=4),
     "llama": dict(layers=2, d_model=12, heads=2, kv_heads=1, d_ff=20, vocab=18, seq=6, batch=4),
