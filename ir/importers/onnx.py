@@ -158,6 +158,13 @@ def _view(ctx: Context, handler: Any, node: Any, label: str) -> None:
     for kind in (ctx.int_valued, ctx.bool_valued):  # a view of integers (booleans) holds integers (booleans)
         if computed and all(t in kind for t in computed):
             kind.update(ctx.resolve(o) for o in node.output if o)
+    if node.op_type in _ORDER_KEEPING and len(computed) == 1:
+        ctx.note_id_view(computed[0], ctx.resolve(node.output[0]))
+
+
+#: views that keep the row-major order of the cells (an embedding of their ids is the embedding
+#: of the original ids, reshaped)
+_ORDER_KEEPING = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity"})
 
 
 #: elementwise ops whose output takes the broadcast shape of all their inputs (ONNX's

@@ -51,6 +51,9 @@ class Context:
         # Graph tensors that hold booleans as floats of 0 and 1 (``ir.importers.onnx_masks``); also int-valued.
         self.bool_valued: set[str] = set()
         self._floated: dict[str, str] = {}
+        # Float copies of int32 ids reshaped (``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze``):
+        # graph tensor -> the int32 tensor whose cells it holds in the same row-major order.
+        self.id_views: dict[str, str] = {}
 
     # -- values ---------------------------------------------------------------------------
     def is_const(self, name: str) -> bool:
@@ -106,6 +109,15 @@ class Context:
         alias = f"{name}#float"
         self.aliases[alias] = self._floated[t]
         return alias
+
+    def note_id_view(self, src: str, out: str) -> None:
+        """Record that graph tensor ``out`` holds the cells of ``src`` in row-major order, if ``src``
+        holds int32 ids (itself, its float copy, or such a view of them)."""
+        floated = {v: k for k, v in self._floated.items()}
+        ids = self.id_views.get(src) or floated.get(src) or (
+            src if src in self.prog.tensors and self.prog.spec(src).dtype == "int32" else None)
+        if ids is not None and out != src and out in self.prog.tensors:
+            self.id_views[out] = ids
 
     def set(self, onnx_name: str, tensor: str) -> None:
         """Record that ONNX value ``onnx_name`` is graph tensor ``tensor``."""
@@ -288,7 +300,15 @@ def _pow(ctx, node, label):
 
 
 def _matmul_eq(ra: int, rb: int) -> str | None:
+    """The einsum of ONNX's (NumPy's) MatMul of ranks ``ra`` and ``rb`` where one side is a matrix
+    or a vector (a 1-D operand gains a unit dim that the result drops), else None."""
     letters = "abcdefgh"
+    if ra == 1 and rb >= 2:  # vector · matrix (batched): k,...kn -> ...n
+        batch = letters[: rb - 2]
+        return f"k,{batch}kn->{batch}n"
+    if rb == 1 and ra >= 2:  # matrix (batched) · vector: ...mk,k -> ...m
+        batch = letters[: ra - 2]
+        return f"{batch}mk,k->{batch}m"
     if rb == 2:
         batch = letters[: ra - 2] if ra >= 2 else ""
         return f"{batch}mk,kn->{batch}mn" if ra >= 2 else None
@@ -309,7 +329,9 @@ def _matmul(ctx, node, label):
     else:
         eq = _matmul_eq(len(sa), len(sb))
         if eq is None:
-            raise Unsupported(f"MatMul of shapes {list(sa)} and {list(sb)} (broadcast batch dims)")
+            why = "a dot product of two vectors (a scalar)" if len(sa) == len(sb) == 1 else \
+                "batch dims that differ or broadcast; only equal batch dims, or a matrix or vector on one side"
+            raise Unsupported(f"MatMul of shapes {list(sa)} and {list(sb)}: {why}")
         ctx.emit("einsum", {"a": a, "b": b}, {"equation": eq}, out=node.output[0], name=label)
 
 
@@ -515,10 +537,18 @@ def _gather(ctx, node, label):
     if ctx.is_const(data) and not ctx.is_const(idx) and axis == 0 and len(ctx.shape(data)) == 2:
         table = ctx.use(data)
         ids = ctx.use(idx)
-        if ctx.prog.spec(ids).dtype != "int32":
-            raise Unsupported("embedding ids must be integers")
-        ctx.emit("embedding", {"table": table, "ids": ids}, out=node.output[0], name=label)
-        return
+        if ctx.prog.spec(ids).dtype == "int32":
+            ctx.emit("embedding", {"table": table, "ids": ids}, out=node.output[0], name=label)
+            return
+        if ids in ctx.id_views:  # reshaped ids: the lookup of the original ids, reshaped
+            shape = list(ctx.prog.spec(ids).shape) + [ctx.shape(data)[1]]
+            y = ctx.emit("embedding", {"table": table, "ids": ctx.id_views[ids]}, name=label)
+            _reshape_to(ctx, y, shape, node.output[0], f"{label}.reshape")
+            return
+        if ids in ctx.int_valued:
+            raise Unsupported("embedding ids rearranged before the lookup by a Transpose, Slice, Concat or "
+                              "Expand; only reshapes of the ids are supported")
+        raise Unsupported("embedding ids must be integers (int32 or int64 graph inputs)")
     if ctx.is_const(idx):
         x = ctx.use(data)
         shape = ctx.prog.spec(x).shape

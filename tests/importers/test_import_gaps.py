@@ -120,3 +120,58 @@ def test_unknown_op_types_and_refused_attributes_in_one_error():
     for part in ("Hardmax: hm", "auto_pad='SAME' (NOTSET, SAME_UPPER, SAME_LOWER and VALID only)): sparse",
                  "the indices output (argmax positions; no kernel produces integers)): dil_pool", "): to_int"):
         assert part in msg, (part, msg)
+
+
+@pytest.mark.parametrize("xs, ws, ys", [([4], [4, 5], [5]), ([3, 4], [4], [3]), ([2, 3, 4], [4], [2, 3]),
+                                        ([4], [2, 4, 5], [2, 5])])
+def test_matmul_with_a_vector_operand(xs, ws, ys):
+    """NumPy's rule: a 1-D operand gains a unit dim that the result drops (``x @ W`` of a single
+    feature vector; a projection onto one direction). Refused before as "broadcast batch dims"."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    m = _model(nodes, xs, ys, [_w("w", ws)])
+    g = _check(m, {}, {"einsum"}, walk=len(ys) > 1)
+    assert g.tensors["y"].shape == tuple(ys)
+
+
+def test_matmul_refusals_say_which_shapes_and_why():
+    for xs, ws, ys, why in (([4], [4], [], "a dot product of two vectors"),
+                            ([2, 3, 4], [1, 4, 5], [2, 3, 5], "batch dims that differ or broadcast")):
+        m = _model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], xs, ys, [_w("w", ws)])
+        with pytest.raises(ImportFailure, match=why):
+            import_onnx(m, {})
+
+
+def _ids_model(view_nodes, ids_shape, out_shape):
+    table = _w("E", (10, 4))
+    nodes = [*view_nodes, helper.make_node("Gather", ["E", "i"], ["y"], name="lookup")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.INT64, ids_shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+                          [table, numpy_helper.from_array(np.array([-1], dtype=np.int64), "flat"),
+                           numpy_helper.from_array(np.array([1], dtype=np.int64), "ax1")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(m)
+    return m
+
+
+@pytest.mark.parametrize("view_nodes, out_shape", [
+    ([helper.make_node("Reshape", ["x", "flat"], ["i"])], [6, 4]),
+    ([helper.make_node("Reshape", ["x", "flat"], ["f"]), helper.make_node("Unsqueeze", ["f", "ax1"], ["i"])],
+     [6, 1, 4]),
+    ([helper.make_node("Flatten", ["x"], ["i"], axis=0)], [1, 6, 4]),
+])
+def test_embedding_of_reshaped_ids(view_nodes, out_shape):
+    """``emb(ids.view(-1))`` (flattened token ids, as GPT-2's ONNX export of ``input_ids.view(-1,
+    seq)``): the lookup of the original ids, reshaped; refused before as "ids must be integers"."""
+    m = _ids_model(view_nodes, [2, 3], out_shape)
+    g, values = import_onnx(m, {})
+    ids = np.random.default_rng(0).integers(0, 10, (2, 3))
+    got = execute(g, {"x": ids.astype(np.int32), **values})["y"]
+    (ref,) = ReferenceEvaluator(m).run(None, {"x": ids})
+    np.testing.assert_array_equal(got, ref)
+    assert sorted(o.kernel for o in g.ops.values()) == ["embedding", "reshape"]
+
+
+def test_embedding_of_transposed_ids_is_refused_by_name():
+    m = _ids_model([helper.make_node("Transpose", ["x"], ["i"])], [2, 3], [3, 2, 4])
+    with pytest.raises(ImportFailure, match="rearranged before the lookup by a Transpose"):
+        import_onnx(m, {})
