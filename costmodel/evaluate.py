@@ -21,7 +21,10 @@ under this cost model. It is the larger of
 
 Both terms are valid bounds. (Summing per-op roofline times along the longest path is not: a
 fused op overlaps one stage's memory traffic with another's compute, a pipelined plan overlaps
-the ops.) For a training step the work term holds the forward, backward and optimizer FLOPs.
+the ops. Nor is the work over the fleet plus a launch for each op on the chain, though a plan
+that runs every op on every device pays that: a device may skip ops while others run them. Two
+dependent ops on device 0 and an independent one of one launch's work on device 1 finish in two
+launches, under work/2 + two launches.) For a training step the work term holds the forward, backward and optimizer FLOPs.
 Each term is the smallest over the program's substituted forms (``costmodel.bounds``: fused
 attention and norms launch fewer kernels on the chain, a reassociated chain costs fewer FLOPs), so
 the bound holds for plans that use substitutions too.
