@@ -5,9 +5,11 @@
 - ``ops``: per operation, what bounds it: ``compute`` (its shards' FLOP time exceeds their memory
   time), ``memory`` (the reverse), or ``comm`` (the port time of the transfers and collectives
   bringing its inputs exceeds its compute time), with those three times;
-- ``critical_path``: from the node that finishes last, back through the predecessor that
-  finished last (the dependence that held it up), merged into runs of one op or one transfer
-  kind: ``{what, kind, start, finish}``;
+- ``critical_path``: from the node that finishes last, back through what held each node up:
+  the data predecessor that finished last (a transfer: its data arrived), or the node that held
+  its device (compute) or one of its ports (transfers, collectives) last before it started,
+  whichever was later;
+  merged into runs of one op or one transfer kind: ``{what, kind, start, finish}``;
 - ``collectives``: every group of transfers timed as one NCCL collective
   (``costmodel.collectives``): tensor, producer, kind, algorithm, ranks, nodes, buffer bytes (an
   all-to-all: the bytes it moves), seconds.
@@ -59,6 +61,24 @@ def _bounds(ev: Evaluation, g: Graph, lowerer: Lowerer) -> list[dict[str, Any]]:
     return out
 
 
+def _resource_lanes(low: Any, nc: int) -> list[dict[int, np.ndarray]]:
+    """Per device, its compute nodes and its communication nodes (a transfer on its source and
+    destination, a collective on each participant), each lane sorted by the node's finish."""
+    n = low.kind.shape[0]
+    comm: dict[int, list[int]] = {}
+    for u in range(nc, n):
+        if low.kind[u] == 2 and low.part_ptr is not None:
+            devs = low.part_dev[low.part_ptr[u]:low.part_ptr[u + 1]].tolist()
+        else:
+            devs = [int(low.dev[u]), int(low.dst[u])]
+        for d in devs:
+            comm.setdefault(d, []).append(u)
+    compute: dict[int, list[int]] = {}
+    for u, d in enumerate(low.dev[:nc].tolist()):
+        compute.setdefault(d, []).append(u)
+    return [{d: np.array(v, np.int64) for d, v in lane.items()} for lane in (compute, comm)]
+
+
 def _critical_path(ev: Evaluation) -> list[dict[str, Any]]:
     low, s = ev.lowered, ev.schedule
     n = low.kind.shape[0]
@@ -70,18 +90,52 @@ def _critical_path(ev: Evaluation) -> list[dict[str, Any]]:
         preds[v].append(u)
     nc = low.n_compute
     op_of = np.repeat(np.arange(len(low.op_names)), np.diff(low.op_offsets))
+    compute_lanes, comm_lanes = _resource_lanes(low, nc)
+    release = s.finish - low.lat  # a transfer holds its ports until its latency starts
+    for lanes in (compute_lanes, comm_lanes):
+        for d, nodes in lanes.items():
+            lanes[d] = nodes[np.argsort(release[nodes], kind="stable")]
+
+    tol = 1e-9 * s.makespan  # the simulator's sums of durations round: equal times differ in the last bits
+
+    def held_by(u: int) -> list[int]:
+        """Per resource ``u`` needs, the node that held it last before ``u`` started (it may have
+        released it a little earlier: compute slowed by concurrent communication holds its device
+        past its own finish)."""
+        if u < nc:
+            lanes, devs = compute_lanes, [int(low.dev[u])]
+        elif low.kind[u] == 2 and low.part_ptr is not None:
+            lanes, devs = comm_lanes, low.part_dev[low.part_ptr[u]:low.part_ptr[u + 1]].tolist()
+        else:
+            lanes, devs = comm_lanes, [int(low.dev[u]), int(low.dst[u])]
+        t, out = s.start[u], []
+        for d in devs:
+            nodes = lanes.get(d)
+            if nodes is None:
+                continue
+            i = int(np.searchsorted(release[nodes], t + tol, side="right")) - 1
+            while i >= 0 and nodes[i] == u:
+                i -= 1
+            if i >= 0:
+                out.append(int(nodes[i]))
+        return out
+
     u = int(np.argmax(s.finish))
     path = []
-    while True:
+    seen = set()
+    while u not in seen:
+        seen.add(u)
         if u < nc:
             what, kind = low.op_names[int(op_of[u])], "compute"
         else:
             what = low.op_names[int(low.transfer_op[u - nc])]
             kind = "collective" if low.kind[u] == 2 else "transfer"
         path.append((what, kind, float(s.start[u]), float(s.finish[u])))
-        if not preds[u]:
+        cands = [(s.finish[p], 1, -p) for p in preds[u]] + [(release[p], 0, -p) for p in held_by(u)]
+        cands = [c for c in cands if -c[2] not in seen]
+        if not cands:
             break
-        u = max(preds[u], key=lambda p: (s.finish[p], -p))
+        u = -max(cands)[2]  # the latest to finish; on a tie the data predecessor
     runs: list[dict[str, Any]] = []
     for what, kind, a, z in reversed(path):
         if runs and runs[-1]["what"] == what and runs[-1]["kind"] == kind:
@@ -140,7 +194,8 @@ def gantt(ev: Evaluation, path: str | Path, title: str = "") -> Path:
     scale = 1e3  # ms
     for u in range(nc):
         d = int(low.dev[u])
-        ax.broken_barh([(s.start[u] * scale, max(low.dur[u] * scale, 1e-9))], (row[d] - 0.4, 0.5),
+        # as simulated: a shard slowed by concurrent communication runs longer than its ``dur``
+        ax.broken_barh([(s.start[u] * scale, max((s.finish[u] - s.start[u]) * scale, 1e-9))], (row[d] - 0.4, 0.5),
                        facecolors=cmap(int(op_of[u]) % 20), linewidth=0)
     for u in range(nc, low.kind.shape[0]):
         if low.kind[u] == 2:

@@ -1239,6 +1239,8 @@ class Lowerer:
             if base.ops_map is not g.ops:  # same ops in a new dict: remember it too
                 self._push(g, base.struct, base.ops, base.op_pieces, base.group_pieces, base.source_pieces,
                            base.op_sizes, base.g_counts, base.lowered, base.cats)
+            else:  # the most recent state is the plan just lowered (``costmodel.explain`` reads it)
+                self._touch(base)
             return base.lowered
         if base is None:
             self.stats["fresh"] += 1
