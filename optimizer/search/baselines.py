@@ -88,14 +88,19 @@ def zero3(g: Graph, n: int, per_node: int = 8) -> Graph:
 
 
 def _home_on_device0(g: Graph) -> Graph:
-    """Optimizer updates (and the accumulates of the gradients they read) whole on device 0."""
+    """Optimizer updates (and the accumulates of the gradients they read, with the casts between:
+    a bf16 gradient's fp32 copy) whole on device 0."""
     upd = [g.producers[nxt] for nxt in g.carried.values()]
     todo = set(upd)
     for u in upd:
         for _, t in g.ops[u].inputs:
             p = g.producers.get(t)
+            chain = []
+            while p is not None and g.ops[p].kernel == "cast":
+                chain.append(p)
+                p = g.producers.get(g.ops[p].inputs[0][1])
             if p is not None and g.ops[p].kernel == "accumulate":
-                todo.add(p)
+                todo.update(chain + [p])
     for name in todo:
         nd = len(g.signature(name).dims)
         if len(g.ops[name].shards) > 1 or int(g.ops[name].shards.device[0]) != 0:

@@ -43,6 +43,27 @@ def test_zero3_shards_the_state_and_plain_dp_homes_it_on_device_0():
     assert ed.peak_memory_per_device[0] > 1.5 * max(ez.peak_memory_per_device[:4])
 
 
+def test_plain_dp_reduces_each_gradient_to_device_0_in_bf16_too():
+    """A bf16 step's update reads the fp32 copy of the gradient (``W.cast.dx``): the accumulate
+    and that cast are on device 0 too (they stayed reduce-scattered over every device, so the
+    plan scattered, gathered to device 0, and priced an all-to-all that plain DP does not run)."""
+    step = workloads.build("llama", mode="train", batch=4, seq=8, layers=1, d_model=16, heads=4, vocab=32, d_ff=32,
+                           dtype="bfloat16")
+    d = data_parallel_step(step, 4, 2)
+    homed = 0
+    for nxt in step.carried.values():
+        for _, t in d.ops[step.producers[nxt]].inputs:
+            p = d.producers.get(t)
+            while p is not None and d.ops[p].kernel == "cast":
+                assert set(d.ops[p].shards.device.tolist()) == {0} and len(d.ops[p].shards) == 1, p
+                p = d.producers.get(d.ops[p].inputs[0][1])
+            if p is not None and d.ops[p].kernel == "accumulate":
+                assert set(d.ops[p].shards.device.tolist()) == {0} and len(d.ops[p].shards) == 1, p
+                homed += 1
+    assert homed >= 9  # every weight's gradient
+    assert verify(d, reference=step).ok
+
+
 def test_megatron_is_tensor_parallel_inside_nodes_and_data_parallel_across():
     p = megatron(BLOCK, 4, 2)
     m = parse_mesh("2x2", 2)
