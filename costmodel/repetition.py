@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ir.graph import Graph
-from ir.layers import layer_classes
+from ir.layers import layer_classes, layer_of
 
 __all__ = ["AUTO_LAYERS", "MIN_CLASS", "Repetition", "layers_mode", "repetition"]
 
@@ -89,12 +89,38 @@ class Repetition:
         return big + self.x * (big - small)
 
 
+def _stages(g: Graph, groups: list[list[int]], n: int) -> str | None:
+    """``equal`` when the middle classes ``groups`` (layer numbers) are equal pipeline stages:
+    one class a stage, each stage's layers on devices no other stage uses, each stage as many
+    layers long, counting the first and last layers in the stages whose devices they share;
+    ``unequal`` when they are stages but not equal ones; None when they are not stages."""
+    if len(groups) == 1:
+        return "equal"
+    first = {m[0] for m in groups}
+    devices: dict[int, set[int]] = {i: set() for i in first | {0, n - 1}}
+    for name, o in g.ops.items():
+        i = layer_of(name)
+        if i in devices:
+            devices[i].update(o.shards.device.tolist())
+    stage = [frozenset(devices[m[0]]) for m in groups]
+    if sum(len(s) for s in stage) != len(frozenset().union(*stage)):
+        return None  # classes share devices: not stages
+    size = [len(m) for m in groups]
+    for b in (0, n - 1):
+        owner = [j for j, s in enumerate(stage) if s == frozenset(devices[b])]
+        if len(owner) != 1:
+            return "unequal"  # a first or last layer in a stage of its own: that stage cannot grow
+        size[owner[0]] += 1
+    return "equal" if len(set(size)) == 1 else "unequal"
+
+
 def repetition(g: Graph, min_class: int = MIN_CLASS, keep: int = KEEP,
                model_layers: int | None = None) -> Repetition | None:
     """The truncations to evaluate ``g`` by (see the module doc), or None: evaluate it whole.
     ``model_layers``: ``g`` is a proxy of a model with that many layers (more than its own): the
     missing ones are copies of its largest class of middle layers (a search on a few layers whose
-    middle layers are tied, ``ir.rewrites.tie``, for a model of many)."""
+    middle layers are tied, ``ir.rewrites.tie``, for a model of many), or, for a pipeline whose
+    classes are its stages, added to every stage alike (stages of unequal length: None)."""
     classes = layer_classes(g)
     if classes is None:
         return None
@@ -107,14 +133,20 @@ def repetition(g: Graph, min_class: int = MIN_CLASS, keep: int = KEEP,
             return None
         groups = list(middle.values())
         c = len(groups)
-        if len({len(m) for m in groups}) != 1 or (model_layers - n) % c:
+        stages = _stages(g, groups, n)
+        if stages == "unequal":
+            return None  # a pipeline whose stages differ in length: no line stands for the model's
+        if (model_layers - n) % c or stages is None:
             groups = [max(groups, key=len)]  # unequal classes: the missing layers copy the largest
             c = 1
-        # equal classes (a pipeline's stages): each grows alike, which keeps the stages' balance
-        k = min(keep, len(groups[0]))
-        big = tuple(i for i in range(n) if not any(i in m[k:] for m in groups))
-        small = tuple(i for i in big if not any(i == m[k - 1] for m in groups))
-        return Repetition(model_layers, small, big, len(groups[0]) - k + (model_layers - n) // c)
+        # balanced classes (a pipeline's stages): each grows alike, which keeps the stages' balance;
+        # each drops as many members in ``big`` (the stages of the first and last layers have one
+        # member fewer) and one more in ``small``
+        k = min(keep, min(len(m) for m in groups))
+        d = min(len(m) for m in groups) - k
+        big = tuple(i for i in range(n) if not any(i in m[len(m) - d:] for m in groups if d))
+        small = tuple(i for i in big if not any(i == m[len(m) - d - 1] for m in groups))
+        return Repetition(model_layers, small, big, d + (model_layers - n) // c)
     members: dict[int, list[int]] = {}
     for i, c in enumerate(classes):
         members.setdefault(c, []).append(i)

@@ -206,6 +206,23 @@ def test_a_pipelined_proxy_grows_every_stage_alike():
     assert _close(proxy.makespan, whole.makespan, 0.01) and _close(proxy.peak_memory, whole.peak_memory, 0.01)
 
 
+def test_a_pipelined_proxy_of_four_stages_grows_every_stage_alike():
+    """Four stages of two layers each on 8 layers: the first and last stages' middle classes hold
+    one layer (the other is layer 0 or 7), the others two. The classes differ in length, and all
+    eight added layers went to one stage (peak memory +91%, makespan -16%); now each stage
+    grows by two. A proxy whose stages differ in length cannot stand for the model: refused."""
+    g16 = workloads.build("llama", layers=16, **SMALL)
+    whole = Evaluator("h100-sxm-8")(megatron_3d(g16, 8, pp=4, m=4))
+    plan = megatron_3d(workloads.build("llama", layers=8, **SMALL), 8, pp=4, m=4)
+    assert layer_classes(plan) == [0, 1, 2, 2, 3, 3, 4, 5]
+    proxy = Evaluator("h100-sxm-8", layers="repeat", model_layers=16)(plan)
+    assert proxy.repetition.x == 2 and proxy.repetition.small == (0, 2, 4, 7)
+    assert _close(proxy.makespan, whole.makespan, 0.01) and _close(proxy.peak_memory, whole.peak_memory, 0.01)
+    uneven = megatron_3d(workloads.build("llama", layers=6, **SMALL), 8, pp=4, m=4)  # stages of 2, 2, 1, 1
+    assert repetition(uneven, model_layers=16) is None
+    assert not Evaluator("h100-sxm-8", layers="repeat", model_layers=16)(uneven).feasible
+
+
 def test_a_tied_proxy_lineage_replays_on_the_model():
     from optimizer.search.local import replay
 
