@@ -18,7 +18,7 @@ import numpy as np
 
 from costmodel.efficiency import Curves
 from costmodel.hardware import Hardware, class_family
-from costmodel.lowering import kernel_class_of
+from costmodel.lowering import MULTI_TENSOR, kernel_class_of, multi_tensor
 from ir.graph import SOURCE_ROLES, Graph
 from ir.kernels import ELEMENTWISE, ITEMSIZE, get_kernel
 
@@ -91,7 +91,8 @@ def bound_terms(program: Graph, hw: Hardware, curves: Curves | None = None) -> t
         work += flops / (hw.peak_flops(program.tensors[o.output].dtype) * eff)
         preds = [program.producers[t] for _, t in o.inputs if t in program.producers]
         fusable = o.kernel != "fused" and ELEMENTWISE in get_kernel(o.kernel).properties and bool(preds)
-        chain[name] = max((chain[p] for p in preds), default=0.0) + (0.0 if fusable else launch)
+        step = 0.0 if fusable else launch / MULTI_TENSOR if multi_tensor(program, o) else launch
+        chain[name] = max((chain[p] for p in preds), default=0.0) + step
     io = sum(float(np.prod(t.shape)) * ITEMSIZE[t.dtype] for t in program.tensors.values()
              if t.role in SOURCE_ROLES or t.role == "output")
     work_term = max(work, io / (hw.device.mem_bandwidth * me)) / n + (launch if work > 0 or io > 0 else 0.0)

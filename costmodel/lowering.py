@@ -20,8 +20,10 @@ What a plan becomes
   device, the union of the boxes read there counts as resident memory (replication costs memory,
   not time). Outputs stay where they are produced. With ``Lowerer(runtime=True)`` (the
   ``Evaluator``'s), ops computed from such weights alone (a merged Q/K/V's stacked weight) are
-  folded first (``ir.folding``: they run once at load time, their outputs are weights), and a
-  contiguous slice is a view (no kernel).
+  folded first (``ir.folding``: they run once at load time, their outputs are weights), a
+  contiguous slice is a view (no kernel), and optimizer updates and the casts of fp32 master
+  weights pay a 36th of a launch each (``multi_tensor``: PyTorch's foreach/fused AdamW, apex's
+  FusedAdam).
 - **Loop-carried state** (``Graph.carried``: a parameter or state ``P`` whose next value
   ``P.next`` the step produces) is different: ``P`` lives where the shards of ``P.next``'s
   producer write it (its *home*, box by box: the update op's sharding is the state's layout), and
@@ -75,6 +77,7 @@ from ir.folding import fold_constants
 from ir.graph import SOURCE_ROLES, Graph, Op
 from ir.kernels import ITEMSIZE, get_kernel
 from ir.kernels.base import Signature
+from ir.kernels.optim import StateUpdate
 
 
 #: Largest index-space volume and tensor size in bytes the lowering accepts: box volumes are int64
@@ -362,6 +365,22 @@ def json_key(params: Mapping[str, Any]) -> str:
     import json
 
     return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
+#: Tensors one multi-tensor kernel launch covers: PyTorch's foreach and fused AdamW and apex's
+#: FusedAdam (which Megatron-LM uses, also to copy its fp32 main params to the bf16 model params)
+#: run ``multi_tensor_apply``, one launch per up to 36 tensors at depth 4 (param, grad, exp_avg,
+#: exp_avg_sq; ATen native/cuda/MultiTensorApply.cuh: ``depth_to_max_tensors = {110, 64, 48, 36, 30}``)
+MULTI_TENSOR = 36
+
+
+def multi_tensor(g: Graph, o: Op) -> bool:
+    """Whether a production runtime runs ``o`` inside a multi-tensor kernel, paying a
+    ``MULTI_TENSOR``-th of a launch: an optimizer's state update, or the cast of a loop-carried
+    (fp32 master) parameter to the low-precision copy the step reads."""
+    if o.kernel == "cast":
+        return g.is_carried(o.inputs[0][1])
+    return isinstance(get_kernel(o.kernel), StateUpdate)
 
 
 def kernel_class_of(o: Op) -> str:
@@ -683,7 +702,8 @@ class Lowerer:
                  curves: E.Curves | None = None, cache_bytes: float = 2e9, runtime: bool = False) -> None:
         self.hw = hw
         # runtime: price a plan as a production runtime runs it (what a search optimises; Evaluator):
-        # weights-only ops folded at load time (ir.folding) and contiguous slices as views. Off, as
+        # weights-only ops folded at load time (ir.folding), contiguous slices as views, optimizer
+        # updates and master-weight casts in multi-tensor kernels (``multi_tensor``). Off, as
         # this repository's executor runs it (every op each step, a slice a copy): what its
         # measurements are predicted with (optimizer.realrun, serial_prediction)
         self.runtime = runtime
@@ -818,6 +838,8 @@ class Lowerer:
             raise ValueError(f"op {o.name!r}: shards have rank {sh.lo.shape[1]}, its index space has "
                              f"{pk.n_dims} dims (validate the plan)")
         fden, bden, launch = self._denominators(dtype, kclass)
+        if self.runtime and multi_tensor(g, o):
+            launch /= MULTI_TENSOR
         f, out_lo, out_hi, in_lo, in_hi, bad, res = K.op_kernel(
             sh.lo, sh.hi, sh.device, pk.in_Ap, pk.in_An, pk.in_b, pk.in_s, pk.in_shape, pk.in_rank, pk.in_item,
             pk.out_Ap, pk.out_An, pk.out_b, pk.out_s, pk.out_shape, pk.out_item, pk.fpp, fden, bden, launch,
