@@ -220,6 +220,9 @@ def from_json(data: Any, source: str = "graph", validate: bool = True, n_devices
 
 def _from_json(data: Any, source: str, validate: bool, n_devices: int | None = None) -> Graph:
     _need(isinstance(data, dict), "$", "a graph document is a JSON object")
+    _need("format" in data or not {"expressible", "not_expressible", "tensors"} <= set(data), "$",
+          "this is the DTensor placements file written beside a generated program, not a plan; "
+          "pass the plan itself (NN_<digest>.json, without .placements)")
     _need(data.get("format") == FORMAT, "$.format",
           f"format must be {FORMAT!r} (got {str(data.get('format'))[:40]!r}); re-export the plan with this version")
     _need(isinstance(data.get("tensors"), list), "$.tensors", "tensors must be a list")

@@ -23,8 +23,9 @@ from optimizer.campaign.plans import replay_rewrite
 from optimizer.campaign.progress import fmt_bytes, fmt_seconds
 
 
-#: plan files an export writes (``NN_<digest12>.json|svg|dot``): a new export removes the old ones
-_PLAN_FILE = re.compile(r"^\d{2,}_[0-9a-f]{12}\.(json|svg|dot)$")
+#: plan files an export writes (``NN_<digest12>.json|svg|dot``, and with ``--program`` the generated
+#: ``.py`` and ``.placements.json`` after it): a new export removes the old ones
+_PLAN_FILE = re.compile(r"^\d{2,}_[0-9a-f]{12}\.(json|svg|dot|py|placements\.json)$")
 
 _UNITS = {"makespan": [(1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")],
           "energy": [(1.0, "J"), (1e-3, "mJ"), (1e-6, "µJ")],

@@ -294,6 +294,8 @@ def test_an_export_stopped_midway_leaves_a_summary_with_its_plans(tmp_path, monk
     before = sorted(p.name for p in (out / "plans").glob("*.json"))
     assert len(before) == 2
     (out / "plans" / "07_0123456789ab.json").write_text("{}")  # a plan of an export before that one
+    for suffix in (".py", ".placements.json"):  # and its generated program (``export --program``)
+        (out / "plans" / f"07_0123456789ab{suffix}").write_text("{}")
     better = place(split(g, "fc1", "o", 4), "fc1", [0, 1, 2, 3])  # the search goes on: a new best plan
     with Archive.open(db) as a:
         a.record_merge("e", [{"digest": better.digest, "graph_json": dumps(better), "seq": 3, "feasible": True,
@@ -312,3 +314,5 @@ def test_an_export_stopped_midway_leaves_a_summary_with_its_plans(tmp_path, monk
     export.export_campaign("e", str(out), db)
     now = sorted(p.name for p in (out / "plans").glob("*.json"))  # the new front's names, no stale one
     assert len(now) == 3 and now[0].endswith(f"{better.digest[:12]}.json") and "07_0123456789ab.json" not in now
+    # a stale program ran and printed PASS for a plan no longer on the front
+    assert not list((out / "plans").glob("07_*"))

@@ -83,6 +83,18 @@ def test_malformed_json_raises_format_error():
     assert issue.code == "bad-json" and issue.path.startswith("line 1 column")
 
 
+def test_a_placements_file_is_named_as_such():
+    """``export --program`` writes ``NN_<digest>.placements.json`` beside the plan (a ``00_*.json``
+    glob picks it up): the refusal says what it is, not "re-export the plan"."""
+    from executor.codegen.dtensor import dtensor_placements
+    from costmodel.transfers import transfer_plan
+
+    g = workloads.mlp()
+    doc = dtensor_placements(g, transfer_plan(g, 1).to_json()["residency"])
+    with pytest.raises(GraphFormatError, match="DTensor placements file written beside a generated program"):
+        loads(json.dumps(doc))
+
+
 def test_wrong_format_version_refused():
     data = json.loads(dumps(workloads.mlp()))
     data["format"] = "tapestry-graph/0"
