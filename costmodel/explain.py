@@ -63,7 +63,7 @@ def _bounds(ev: Evaluation, g: Graph, lowerer: Lowerer) -> list[dict[str, Any]]:
 
 def _resource_lanes(low: Any, nc: int) -> list[dict[int, np.ndarray]]:
     """Per device, its compute nodes and its communication nodes (a transfer on its source and
-    destination, a collective on each participant), each lane sorted by the node's finish."""
+    destination, a collective on each participant), in node order."""
     n = low.kind.shape[0]
     comm: dict[int, list[int]] = {}
     for u in range(nc, n):

@@ -92,7 +92,7 @@ class Repetition:
 def _stages(g: Graph, groups: list[list[int]], n: int) -> str | None:
     """``equal`` when the middle classes ``groups`` (layer numbers) are equal pipeline stages:
     one class a stage, each stage's layers on devices no other stage uses, each stage as many
-    layers long, counting the first and last layers in the stages whose devices they share;
+    layers long, counting the first and last layers in the stages they share most devices with;
     ``unequal`` when they are stages but not equal ones; None when they are not stages."""
     if len(groups) == 1:
         return "equal"
@@ -106,11 +106,11 @@ def _stages(g: Graph, groups: list[list[int]], n: int) -> str | None:
     if sum(len(s) for s in stage) != len(frozenset().union(*stage)):
         return None  # classes share devices: not stages
     size = [len(m) for m in groups]
-    for b in (0, n - 1):
-        owner = [j for j, s in enumerate(stage) if s == frozenset(devices[b])]
-        if len(owner) != 1:
+    for b in (0, n - 1):  # in the stage it shares most devices with (an op placed elsewhere aside)
+        shared = [len(s & devices[b]) for s in stage]
+        if max(shared) == 0:
             return "unequal"  # a first or last layer in a stage of its own: that stage cannot grow
-        size[owner[0]] += 1
+        size[shared.index(max(shared))] += 1
     return "equal" if len(set(size)) == 1 else "unequal"
 
 
