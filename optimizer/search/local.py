@@ -196,13 +196,17 @@ def replay(program: Graph, lineage: tuple[str, ...], seeds: Callable[[str], Grap
         if tie_from is not None:
             if last.search(text):
                 text = before.sub(f"l{n_model - 2}", last.sub(f"l{n_model - 1}", text))
-            try:
-                g = tie(g, parse_move(text).apply(g))
-            except RewriteError:
-                if strict:
-                    raise
-                if skipped is not None:
-                    skipped.append(text)
+            # a move of several parts (a crossover's retiles of every layer) is tied part by part:
+            # as a whole it edits several layers, which ``tie`` leaves as they are, and on the
+            # model it names only the proxy's layers (1 .. P-3, and P-2 as L-2), not the others
+            for part in [t for t in text.split(";") if t.strip()]:
+                try:
+                    g = tie(g, parse_move(part).apply(g))
+                except RewriteError:
+                    if strict:
+                        raise
+                    if skipped is not None:
+                        skipped.append(part.strip())
             continue
         g = parse_move(text).apply(g)
         if n_layers > 2 and _LAYER1.search(text):

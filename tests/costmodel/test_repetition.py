@@ -246,6 +246,23 @@ def test_a_tied_proxy_lineage_replays_on_the_model():
     assert verify(full, reference=unshard(g8)).ok
 
 
+def test_a_move_of_every_proxy_layer_replays_on_every_model_layer():
+    """A move of several parts that edits every middle layer of a tied proxy alike (a
+    crossover's retiles, one per layer) keeps the proxy's layers one class. Replayed whole, it
+    named only the proxy's layers on the model (1, and 2 = P-2 as L-2 = 6): layers 2-5 kept the
+    old layout, and a 70B plan recomputed 4 of its 78 middle layers (237 GB a device)."""
+    from optimizer.search.local import replay
+
+    g4, g8 = (workloads.build("llama", layers=n, **TINY) for n in (4, 8))
+    move = "; ".join(f"retile{{op=l{i}.ff_up,parts=[2,1,1],devices=[0,1]}}" for i in (1, 2))
+    proxy = parse_move(move).apply(zero3(g4, 8))
+    assert layer_classes(proxy) == [0, 1, 1, 2]
+    full = replay(g8, ("seed:zero3", move), lambda name: zero3(g8, 8), tie_from=4)
+    assert len(set(layer_classes(full)[1:7])) == 1
+    assert all(len(full.ops[f"l{i}.ff_up"].shards) == 2 for i in range(1, 7))
+    assert verify(full, reference=unshard(g8)).ok
+
+
 def test_a_structural_childs_truncation_comes_from_its_parents():
     """A truncation of a tied structural child has the parent's truncation as its origin, so the
     lowerer derives its structure and pieces from the parent's (``Lowerer._derive``)."""
