@@ -51,8 +51,8 @@ class Context:
         # Graph tensors that hold booleans as floats of 0 and 1 (``ir.importers.onnx_masks``); also int-valued.
         self.bool_valued: set[str] = set()
         self._floated: dict[str, str] = {}
-        # Float copies of int32 ids reshaped (``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze``):
-        # graph tensor -> the int32 tensor whose cells it holds in the same row-major order.
+        # Float copies of int32 ids, and their reshapes (``Reshape``, ``Flatten``, ``Squeeze``,
+        # ``Unsqueeze``): graph tensor -> the int32 tensor whose cells it holds in row-major order.
         self.id_views: dict[str, str] = {}
 
     # -- values ---------------------------------------------------------------------------
@@ -106,6 +106,7 @@ class Context:
             self._floated[t] = self.prog.emit("index_to_float", {"x": t}, {"dtype": self.dtype},
                                               name=f"{t}.as_float")
             self.int_valued.add(self._floated[t])
+            self.id_views[self._floated[t]] = t
         alias = f"{name}#float"
         self.aliases[alias] = self._floated[t]
         return alias
@@ -113,8 +114,7 @@ class Context:
     def note_id_view(self, src: str, out: str) -> None:
         """Record that graph tensor ``out`` holds the cells of ``src`` in row-major order, if ``src``
         holds int32 ids (itself, its float copy, or such a view of them)."""
-        floated = {v: k for k, v in self._floated.items()}
-        ids = self.id_views.get(src) or floated.get(src) or (
+        ids = self.id_views.get(src) or (
             src if src in self.prog.tensors and self.prog.spec(src).dtype == "int32" else None)
         if ids is not None and out != src and out in self.prog.tensors:
             self.id_views[out] = ids
