@@ -414,3 +414,55 @@ def test_ops_with_several_nodes_on_a_device_equal_a_count_per_op_and_device():
         assert _multi(low).tolist() == (per.max(axis=1) > 1).tolist()
         seen += int((per.max(axis=1) > 1).any())
     assert seen >= 10
+
+
+def test_the_two_starts_check_answers_as_the_batch_flow_would(monkeypatch):
+    """``_microbatch_parts`` says "not microbatched" without the batch flow where no op has two
+    starts a device in any dim. ``_two_starts`` is ``_shard_starts``' test over every dim, and
+    along walks of random moves (splits that put two shards of an op on a device, microbatching,
+    pipelines) the microbatches and pipeline units equal those found with the check off."""
+    from costmodel import lookahead as LA
+    from costmodel.lowering import Lowerer
+    from costmodel.presets import preset
+    from ir.rewrites import RewriteError, random_rewrite
+    from ir.mesh import Mesh
+    from ir.rewrites.layout import layout
+    from optimizer.search.mutation import OPERATORS, MutationContext
+
+    step = workloads.build("llama", mode="train", layers=4, d_model=64, heads=4, kv_heads=2, d_ff=128,
+                           vocab=64, seq=64, batch=16)
+    hw = preset("h100-sxm-64")
+    rng = np.random.default_rng(5)
+    ctx = MutationContext(n_devices=64, max_shards_per_op=64, devices_per_node=8)
+    p0 = layout(step, "all", Mesh((8, 8), 8), ("b", "t"))
+    p, early, found = p0, 0, 0
+    for i in range(60):
+        try:
+            if i % 4 == 3:  # a pipeline now and then (the walk goes on from the plan before it)
+                child, _m = OPERATORS["pipeline"](p, rng, ctx)
+            else:
+                child, _m = random_rewrite(p, rng, 64, max_shards_per_op=64)
+        except RewriteError:
+            p = p0
+            continue
+        for o in list(child.ops.values())[::7]:
+            rank = o.shards.lo.shape[1]
+            assert LA._two_starts(o) == any(LA._shard_starts(o, c)[0] for c in range(rank))
+        low = Lowerer(hw).lower(child)
+        got = (LA._microbatch_of_nodes(low, child), LA.pipeline_units(low, child))
+        multi = LA._multi(low)
+        early += bool(multi.any()) and not any(LA._two_starts(child.ops[n]) for n, m in zip(low.op_names, multi) if m)
+        with monkeypatch.context() as m:
+            m.setattr(LA, "_two_starts", lambda o: True)
+            LA._MB_RECENT.clear()
+            LA._STRUCT_INFO.clear()
+            fresh = Lowerer(hw).lower(child)
+            want = (LA._microbatch_of_nodes(fresh, child), LA.pipeline_units(fresh, child))
+        assert (got[0] is None) == (want[0] is None) and (got[1] is None) == (want[1] is None)
+        if want[0] is not None:
+            assert np.array_equal(got[0], want[0])
+            found += 1
+        if want[1] is not None:
+            assert np.array_equal(got[1][0], want[1][0]) and got[1][1] == want[1][1]
+        p = child if i % 4 != 3 and rng.random() < 0.7 else p
+    assert early >= 10 and found >= 5
