@@ -299,6 +299,17 @@ def test_the_window_kernel_equals_the_array_passes(plan):
                 assert pairs_a == pairs_b and len(pairs_a) == flat[0].size
 
 
+def _assert_same_microbatches(got: tuple, want: tuple) -> tuple[bool, bool]:
+    """``got`` and ``want`` (each a plan's ``(_microbatch_of_nodes, pipeline_units)``) are equal;
+    returns whether the plan is microbatched and whether it has pipeline units."""
+    assert (got[0] is None) == (want[0] is None) and (got[1] is None) == (want[1] is None)
+    if want[0] is not None:
+        assert np.array_equal(got[0], want[0])
+    if want[1] is not None:
+        assert np.array_equal(got[1][0], want[1][0]) and got[1][1] == want[1][1]
+    return want[0] is not None, want[1] is not None
+
+
 def test_microbatch_facts_taken_from_earlier_plans_equal_those_found_afresh():
     """``_mb_facts`` reuses the facts of ops the last plans share with this one (same structure,
     another structure, another microbatch count); along walks that microbatch, stage, fuse and
@@ -333,13 +344,9 @@ def test_microbatch_facts_taken_from_earlier_plans_equal_those_found_afresh():
         fresh_low = Lowerer(hw).lower(child)
         want = (LA._microbatch_of_nodes(fresh_low, child), LA.pipeline_units(fresh_low, child))
         LA._MB_RECENT.extend(saved)
-        assert (got[0] is None) == (want[0] is None) and (got[1] is None) == (want[1] is None)
-        if want[0] is not None:
-            assert np.array_equal(got[0], want[0])
-            microbatched += 1
-        if want[1] is not None:
-            assert np.array_equal(got[1][0], want[1][0]) and got[1][1] == want[1][1]
-            pipelines += 1
+        mb, pipe = _assert_same_microbatches(got, want)
+        microbatched += mb
+        pipelines += pipe
         p = child if rng.random() < 0.7 else p
     assert microbatched >= 15 and pipelines >= 10
 
@@ -458,11 +465,6 @@ def test_the_two_starts_check_answers_as_the_batch_flow_would(monkeypatch):
             LA._STRUCT_INFO.clear()
             fresh = Lowerer(hw).lower(child)
             want = (LA._microbatch_of_nodes(fresh, child), LA.pipeline_units(fresh, child))
-        assert (got[0] is None) == (want[0] is None) and (got[1] is None) == (want[1] is None)
-        if want[0] is not None:
-            assert np.array_equal(got[0], want[0])
-            found += 1
-        if want[1] is not None:
-            assert np.array_equal(got[1][0], want[1][0]) and got[1][1] == want[1][1]
+        found += _assert_same_microbatches(got, want)[0]
         p = child if i % 4 != 3 and rng.random() < 0.7 else p
     assert early >= 10 and found >= 5
