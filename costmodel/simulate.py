@@ -315,20 +315,14 @@ def _radix_argsort(keys):
 
 
 @njit(cache=True, nogil=True)
-def _stable_argsort(keys):
-    """Stable argsort (int32 permutation) of uint64 keys, as :func:`_radix_argsort`, faster when
-    few keys are distinct: a schedule of identical shards (data-parallel replicas, tensor-parallel
-    ranks, equal layers) repeats the same times and ranks on every device (Llama-2 7B on 64 GPUs:
-    2,600 distinct times among 116,000 memory events, 570 distinct ranks among 55,000 nodes).
-    When more than one key in eight is distinct, the radix sort runs instead. (The simulator
-    sorts runs of equal keys instead of keys: :func:`_argsort_runs`, :func:`_memory_sweep`.)"""
-    return _hashed_argsort(keys, keys.shape[0] // 8 + 1, np.uint64(0))
-
-
-@njit(cache=True, nogil=True)
 def _hashed_argsort(keys, limit, flip):
-    """:func:`_stable_argsort` of ``keys ^ flip`` (``~0``: descending, without a copy of the
-    keys) for at most ``limit`` distinct keys: they are numbered by an open-addressing hash
+    """Stable argsort (int32 permutation) of ``keys ^ flip`` (uint64; ``flip = ~0``: descending,
+    without a copy of the keys), as :func:`_radix_argsort`, faster when at most ``limit`` keys are
+    distinct: a schedule of identical shards (data-parallel replicas, tensor-parallel ranks,
+    equal layers) repeats the same times and ranks on every device (Llama-2 7B on 64 GPUs: 2,600
+    distinct times among 116,000 memory events, 570 distinct ranks among 55,000 nodes). The
+    simulator sorts runs of equal keys with it (:func:`_argsort_runs`, :func:`_memory_sweep`).
+    The distinct keys are numbered by an open-addressing hash
     table as they come (a key equal to the one before skips the table), sorted among
     themselves, and the keys placed by a counting sort on their number (stable). With more than
     ``limit`` distinct keys, the radix sort runs instead (the table pass stops there)."""
@@ -382,8 +376,8 @@ def _hashed_argsort(keys, limit, flip):
 
 @njit(cache=True, nogil=True)
 def _argsort_runs(keys, flip):
-    """:func:`_stable_argsort` of ``keys ^ flip`` (``~0``: descending, without a copy of the
-    keys) when neighbours mostly share their key (the ranks of the nodes of replicated shards:
+    """:func:`_hashed_argsort` of ``keys ^ flip`` (any number of distinct keys) when neighbours
+    mostly share their key (the ranks of the nodes of replicated shards:
     19 in 20 nodes have the rank of the one before on the 49k-node Llama-2 7B plan): the runs of
     equal keys are sorted (stable), then each run's indices written in sequence."""
     n = keys.shape[0]

@@ -554,8 +554,9 @@ def test_stable_argsort_with_few_distinct_keys_is_numpys_stable_argsort(n):
     """The hashed counting sort (few distinct keys: a symmetric schedule's times and ranks) and
     its fallback to the radix sort (more than one key in eight distinct, found part way through)
     both equal a stable argsort: repeated times, repeated descending ranks, keys that collide in
-    the hash's high bits, zeros, and distinct keys."""
-    from costmodel.simulate import _stable_argsort
+    the hash's high bits, zeros, and distinct keys; so does the sort of runs of equal keys the
+    simulator's priorities use, ascending and descending (``flip``)."""
+    from costmodel.simulate import _argsort_runs, _hashed_argsort
 
     rng = np.random.default_rng(n)
     times = rng.random(max(n // 20, 1))
@@ -565,7 +566,9 @@ def test_stable_argsort_with_few_distinct_keys_is_numpys_stable_argsort(n):
              np.where(np.arange(n) < n // 2, 0.5, rng.random(n)).view(np.uint64),  # distinct from the middle on
              rng.random(n).view(np.uint64)]
     for keys in cases:
-        assert np.array_equal(_stable_argsort(keys), np.argsort(keys, kind="stable"))
+        assert np.array_equal(_hashed_argsort(keys, n // 8 + 1, np.uint64(0)), np.argsort(keys, kind="stable"))
+        for flip in (np.uint64(0), ~np.uint64(0)):
+            assert np.array_equal(_argsort_runs(keys, flip), np.argsort(keys ^ flip, kind="stable"))
 
 
 def test_a_collectives_buffer_lives_until_the_readers_on_its_device_end():
