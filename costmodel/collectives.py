@@ -76,6 +76,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.hardware import Hardware
+from ir.unique import distinct
 
 __all__ = ["BUS_EFFICIENCY", "KINDS", "MIN_RANKS", "CollectiveCost", "all_to_all_time", "buffer_bytes", "classify",
            "collective_time", "ranks_by_node"]
@@ -157,7 +158,7 @@ def all_to_all_time(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, hw: Ha
     src = np.asarray(src, np.int64)
     dst = np.asarray(dst, np.int64)
     nbytes = np.asarray(nbytes, np.float64)
-    ranks = np.union1d(src, dst)
+    ranks = distinct(np.concatenate((src, dst)))
     nodes = len(ranks_by_node(ranks, hw.devices_per_node))
     if src.shape[0] == 0 or not nbytes.sum() > 0:
         return CollectiveCost("all_to_all", "none", 0.0, ranks.shape[0], nodes, 0.0, 0.0)
@@ -182,8 +183,7 @@ def classify(reduce: bool, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
     ``accumulate`` ops (partials of a split reduction). Rules in the module docstring."""
     if src.shape[0] < 2:
         return None
-    ranks = np.union1d(src, dst)
-    if ranks.shape[0] < MIN_RANKS:
+    if _distinct(np.concatenate((src, dst))) < MIN_RANKS:
         return None
     if reduce:
         return "reduce" if np.all(dst == dst[0]) else "reduce_scatter"
@@ -194,7 +194,7 @@ def classify(reduce: bool, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
     np.not_equal(shard[1:], shard[:-1], out=new[1:])
     starts = np.flatnonzero(new)
     counts = np.diff(np.append(starts, shard.shape[0]))
-    if counts.min() < 2 or np.unique(shard).shape[0] != starts.shape[0]:
+    if counts.min() < 2 or _distinct(shard) != starts.shape[0]:
         return "all_to_all"
     if not np.all(nbytes == np.repeat(nbytes[starts], counts)):
         return "all_to_all"
@@ -215,5 +215,11 @@ def buffer_bytes(total: float, ranks: int) -> float:
 
 def ranks_by_node(ranks: np.ndarray, devices_per_node: int) -> list[int]:
     """Ranks per node taking part (nodes in increasing order)."""
-    nodes = np.asarray(ranks, np.int64) // devices_per_node
-    return np.bincount(nodes)[np.unique(nodes)].tolist()
+    per_node = np.bincount(np.asarray(ranks, np.int64) // devices_per_node)
+    return per_node[per_node > 0].tolist()
+
+
+def _distinct(ids: np.ndarray) -> int:
+    """How many distinct values the non-negative integers ``ids`` hold (devices, shards: a
+    count of bins, cheaper than sorting them)."""
+    return int(np.count_nonzero(np.bincount(ids))) if ids.size else 0

@@ -43,6 +43,7 @@ from numba import njit
 from ir.graph import Graph
 from ir.layers import LAYER_RE
 from ir.rewrites.recompute import SUFFIX as RE
+from ir.unique import distinct
 
 DEFAULT_WINDOW = 16  # compute nodes per device: about a transformer sub-layer's forward or backward
 
@@ -677,8 +678,8 @@ def _shard_starts(o, col: int) -> tuple[bool, int]:
     def run():
         sh = o.shards
         lo, d = sh.lo[:, col], sh.device
-        pairs = np.unique(d * (int(lo.max()) + 1) + lo)
-        return bool(len(pairs) >= 2 * len(np.unique(d))), int(len(np.unique(lo)))
+        pairs = distinct(d * (int(lo.max()) + 1) + lo)
+        return bool(len(pairs) >= 2 * len(distinct(d))), int(len(distinct(lo)))
     return _op_memo(o, "_mbstarts", (col,), run)
 
 
@@ -690,8 +691,8 @@ def _two_starts(o) -> bool:
         d = sh.device
         if len(d) < 2:
             return False
-        need = 2 * len(np.unique(d))
-        return any(len(np.unique(d * (int(lo.max()) + 1) + lo)) >= need for lo in sh.lo.T)
+        need = 2 * len(distinct(d))
+        return any(len(distinct(d * (int(lo.max()) + 1) + lo)) >= need for lo in sh.lo.T)
     return _op_memo(o, "_twostarts", (), run)
 
 
@@ -757,7 +758,7 @@ def pipeline_units(low, g: Graph, policy: str = "auto") -> PipelineUnits | None:
     use = "gpipe" if policy == "gpipe" or not any_bwd or across else "1f1b"
     first_f = _first_forward(low, info, fwd_ops, fwd_dev)
     has = first_f >= 0
-    stage_ids = np.unique(first_f[has])
+    stage_ids = distinct(first_f[has])
     p = len(stage_ids)
     s_dev = np.where(has, np.searchsorted(stage_ids, first_f), p - 1)
     unit = _units_kernel(offs, op_phase, np.asarray(after_op, np.bool_), mb, dev, s_dev, m_dev, p, use == "1f1b")

@@ -78,6 +78,7 @@ from ir.graph import SOURCE_ROLES, Graph, Op
 from ir.kernels import ITEMSIZE, get_kernel
 from ir.kernels.base import Signature
 from ir.kernels.optim import StateUpdate
+from ir.unique import first_indices
 
 
 #: Largest index-space volume and tensor size in bytes the lowering accepts: box volumes are int64
@@ -434,7 +435,7 @@ class OpPiece:
     per device of port ``p`` when it reads a graph input."""
 
     __slots__ = ("op", "n", "f", "dev", "out_lo", "out_hi", "in_lo", "in_hi", "pack", "kclass", "dtype", "src_port",
-                 "res", "_ports")
+                 "res", "_ports", "_mb")
 
     def __init__(self, op: Op, f: np.ndarray, out_lo: np.ndarray, out_hi: np.ndarray, in_lo: np.ndarray,
                  in_hi: np.ndarray, pack: _SigPack, kclass: str, dtype: str, src_port: np.ndarray,
@@ -444,6 +445,7 @@ class OpPiece:
         self.out_lo, self.out_hi, self.in_lo, self.in_hi = out_lo, out_hi, in_lo, in_hi
         self.pack, self.kclass, self.dtype, self.src_port, self.res = pack, kclass, dtype, src_port, res
         self._ports: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._mb: bool | None = None  # ``_microbatched``, found once
 
     def input_boxes(self, port: str) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) int64[n, rank]: the boxes each shard reads through ``port``, clipped."""
@@ -496,7 +498,10 @@ def _microbatched(piece: "OpPiece") -> bool:
     beside another one (a device with two, the rest with one) is not: its group can still be a
     collective (one moved shard of a 512-way op left its whole group, ~250,000 transfers,
     point to point)."""
-    return piece.n >= 2 * np.unique(piece.dev).shape[0]
+    mb = piece._mb
+    if mb is None:
+        mb = piece._mb = piece.n >= 2 * np.count_nonzero(np.bincount(piece.dev))
+    return mb
 
 
 def _one_per_box(sel, src: np.ndarray, dst: np.ndarray, content: np.ndarray) -> np.ndarray:
@@ -538,9 +543,9 @@ def _compact_collective(counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, 
     parts, fl, sizes = [ints[:L]], [], np.zeros((C, 2), np.int64)
     for c, (ts, qs) in enumerate(zip(_rows_of(t_ex, C), _rows_of(q_ex, C))):
         tc, qc, fc = t_rows[ts], q_rows[qs], flts[:T][ts]
-        _, first = np.unique(tc[:, 0], return_index=True)
+        _, first = first_indices(tc[:, 0])
         t_keep = tc[np.sort(first)]
-        _, first = np.unique(qc[:, 1] * width + qc[:, 2], return_index=True)
+        _, first = first_indices(qc[:, 1] * width + qc[:, 2])
         q_keep = qc[np.sort(first)]
         f = np.zeros((t_keep.shape[0], flts.shape[1]))
         f[0] = fc[0]

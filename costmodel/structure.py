@@ -35,6 +35,7 @@ import numpy as np
 
 from ir.graph import NEXT_SUFFIX, SOURCE_ROLES, STATE_ROLES, Graph
 from ir.kernels import ITEMSIZE
+from ir.unique import distinct, first_indices
 
 
 class _Groups:
@@ -73,7 +74,7 @@ class _Sources:
 
 def _csr(rows: np.ndarray, cols: np.ndarray, n_rows: int, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
     """The sorted, deduplicated ``cols`` of each row (CSR ``ptr, idx``)."""
-    key = np.unique(rows * max(n_cols, 1) + cols)
+    key = distinct(rows * max(n_cols, 1) + cols)
     r = key // max(n_cols, 1)
     ptr = np.zeros(n_rows + 1, np.int64)
     np.cumsum(np.bincount(r, minlength=n_rows), out=ptr[1:])
@@ -252,7 +253,7 @@ def build_structure(g: Graph, program: int) -> Structure:
     key = np.where(e_prod >= 0, e_prod, np.where(e_home >= 0, n + e_home, -1))
     grouped = np.nonzero(key >= 0)[0]
     o = grouped[np.argsort(key[grouped], kind="stable")]
-    gkeys, first, counts = np.unique(key[o], return_index=True, return_counts=True)
+    gkeys, first, counts = first_indices(key[o], counts=True)
     g_state = (gkeys >= n).astype(np.int8)
     g_prod = np.where(g_state == 1, gkeys - n, gkeys)
     g_tid = np.where(g_state == 1, state_t[g_prod], out_t[g_prod])
@@ -264,7 +265,7 @@ def build_structure(g: Graph, program: int) -> Structure:
     cand = np.nonzero((e_prod < 0) & (e_home < 0))[0]
     src_ids = []
     if cand.size:
-        u, first_read = np.unique(in_t[cand], return_index=True)
+        u, first_read = first_indices(in_t[cand])
         u = u[np.argsort(first_read, kind="stable")]
         src_ids = [t for t in u.tolist() if tensors[names[t]].role in SOURCE_ROLES]
     src_ids = np.array(src_ids, np.int64)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ir.graph import Graph
 from ir.mesh import Mesh, enumerate_meshes
+from ir.unique import distinct
 
 
 def guess_mesh(g: Graph, devices_per_node: int = 8) -> Mesh:
@@ -49,7 +50,7 @@ def _grid(lo: np.ndarray, hi: np.ndarray) -> tuple[list[int], np.ndarray] | None
     n, d = lo.shape
     parts, coords = [], np.zeros((n, d), np.int64)
     for c in range(d):
-        starts = np.unique(lo[:, c])
+        starts = distinct(lo[:, c])
         parts.append(len(starts))
         coords[:, c] = np.searchsorted(starts, lo[:, c])
     if prod(parts) != n or len({tuple(r) for r in coords.tolist()}) != n:

@@ -18,6 +18,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ir.unique import distinct
+
 #: the largest size a workload or import parameter may give a dim: far beyond any model's, far
 #: below where NumPy's int64 shape arithmetic overflows (a tensor's cell count is checked later)
 MAX_DIM = 2**40
@@ -156,7 +158,7 @@ def _overlap_problem(lo: np.ndarray, hi: np.ndarray) -> str | None:
     n, d = lo.shape
     if n <= 1:
         return None
-    axes = [np.unique(np.concatenate([lo[:, k], hi[:, k]])) for k in range(d)]
+    axes = [distinct(np.concatenate([lo[:, k], hi[:, k]])) for k in range(d)]
     cells = int(np.prod([len(a) - 1 for a in axes]))
     if cells <= 4_000_000:
         count = np.zeros([len(a) - 1 for a in axes], dtype=np.int32)

@@ -45,6 +45,7 @@ from ir.rewrites.errors import RewriteError
 from ir.rewrites.hierarchical import two_level
 from ir.rewrites.reduction import merge_reduction, split_reduction
 from ir.rewrites.shard import split
+from ir.unique import distinct
 from ir.zspace import split_points
 
 
@@ -382,7 +383,7 @@ def _batch_ranges(g: Graph, names: list[str], bd: dict) -> int:
         o = g.ops.get(n)
         if b is None or b[0] != "dim" or o is None or o.params.get("split"):
             continue
-        counts.append(len(np.unique(o.shards.lo[:, b[1]])))
+        counts.append(len(distinct(o.shards.lo[:, b[1]])))
     return min(counts) if counts else 1
 
 
