@@ -459,20 +459,22 @@ class OpPiece:
 
 
 class GroupPiece:
-    """Edges and transfers of one produced tensor (see ``_kernels.group_kernel``); ``counts``
-    int64[5] = (L, T, Q, K, C): K > 0 when its transfers run as C collectives, one per
-    independent exchange, with K participants in all (``coll`` float64[C, 8]: port seconds,
-    latency, joules per byte, link mask, transfer rows, reader rows, participants, in place of each;
-    ``parts`` float64[K, 2] = device, bytes received; ``collective`` the tuple of their
-    :class:`CollectiveCost`; a last column 1 where the collective reduces partials of several
-    microbatches, accumulated in place on each device first). Otherwise ``coll`` is one row of
-    zeros."""
+    """Edges and transfers of one produced tensor (see ``_kernels.group_kernel``; its ``ints``
+    rows kept as int32); ``counts`` int64[5] = (L, T, Q, K, C): K > 0 when its transfers run as C
+    collectives, one per independent exchange, with K participants in all (``coll``
+    float64[C, 8]: port seconds, latency, joules per byte, link mask, transfer rows, reader rows,
+    participants, in place of each; ``parts`` float64[K, 2] = device, bytes received;
+    ``collective`` the tuple of their :class:`CollectiveCost`; a last column 1 where the
+    collective reduces partials of several microbatches, accumulated in place on each device
+    first). Otherwise ``coll`` is one row of zeros."""
 
     __slots__ = ("counts", "ints", "flts", "keep", "coll", "parts", "collective")
 
     def __init__(self, counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, keep: tuple, coll: np.ndarray,
                  parts: np.ndarray, collective: Any = None) -> None:
-        self.counts, self.ints, self.flts, self.keep = counts, ints, flts, keep
+        # int32 rows (shard, device and reader numbers): half the bytes every plan's arrays copy
+        # (a 7B truncation's ~116,000 rows spliced and assembled at each step)
+        self.counts, self.ints, self.flts, self.keep = counts, ints.astype(np.int32), flts, keep
         self.coll, self.parts, self.collective = coll, parts, collective
 
 
@@ -573,7 +575,7 @@ _flow_key = attrgetter("flow_key")
 #: the lowering's six concatenated arrays (``_Cat``): which pieces (op, group or source), the rows
 #: each piece contributes, and the empty array
 _CATS = (("op", attrgetter("f"), np.zeros((0, 5))),
-         ("group", attrgetter("ints"), np.zeros((0, 3), np.int64)),
+         ("group", attrgetter("ints"), np.zeros((0, 3), np.int32)),
          ("group", attrgetter("flts"), np.zeros((0, 7))),
          ("group", _coll_rows, np.zeros((0, 8))),
          ("group", attrgetter("parts"), _NO_PARTS),
