@@ -776,6 +776,9 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
     for i in range(k):
         off[i + 1] = off[i] + op_sizes[i]
     nc = off[k]
+    roff = np.empty(g_rop.shape[0], np.int64)  # first node of each reader op
+    for q in range(g_rop.shape[0]):
+        roff[q] = off[g_rop[q]]
     G = g_prod.shape[0]
     L = 0
     T = 0
@@ -794,7 +797,8 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
     m = L + Q
     kind = np.zeros(n, np.int8)
     link = np.zeros(n, np.int8)
-    part_ptr = np.zeros(n + 1, np.int64)
+    part_ptr = np.empty(n + 1, np.int64)  # written per node: 0 up to the transfers, then below
+    part_ptr[: nc + 1] = 0
     part_dev = np.empty(KP, np.int32)
     part_alloc = np.empty(KP, np.float64)
     stamp = np.full(nc, -1, np.int64)  # dedupes a collective's edges
@@ -813,12 +817,11 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
     ints[: k + 1] = off
     t_op = ints[k + 1 : k + 1 + T]
     t_src_op = ints[k + 1 + T :]
-    for i in range(nc):
-        dst[i] = -1
-    for i in range(nc):
+    dst[:nc] = -1
+    lat[:nc] = 0.0
+    for i in range(nc):  # (a loop writing all seven rows at once is slower)
         dev[i] = np.int32(op_f[i, 0])
         dur[i] = op_f[i, 1]
-        lat[i] = 0.0
         alloc[i] = op_f[i, 2]
         flops[i] = op_f[i, 3]
         nbytes[i] = op_f[i, 4]
@@ -826,8 +829,10 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
         if op_inplace[i] != 0:
             for x in range(off[i], off[i + 1]):
                 alloc[x] = 0.0
-    src = np.empty(m, np.int64)
-    tgt = np.empty(m, np.int64)
+    # the edges in the order generated, sorted by source below. Hot loops index slices from 0 and
+    # src is unsigned, so numba can drop its negative-index wraparound.
+    src = np.empty(m, np.uint32)
+    tgt = np.empty(m, np.int32)
     e = 0
     t_base = 0  # node of the group's first transfer (or its collective), minus nc
     f_base = 0  # row of the group's first transfer in g_flts
@@ -844,10 +849,13 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
         r0 = g_rptr[g]
         state = g_state[g] != 0
         if not state:
+            rows = g_ints[row : row + lg]
+            es = src[e : e + lg]
+            et = tgt[e : e + lg]
             for x in range(lg):
-                src[e] = p_off + g_ints[row + x, 0]
-                tgt[e] = off[g_rop[r0 + g_ints[row + x, 1]]] + g_ints[row + x, 2]
-                e += 1
+                es[x] = p_off + rows[x, 0]
+                et[x] = roff[r0 + rows[x, 1]] + rows[x, 2]
+            e += lg
         row += lg
         if kg > 0:  # the group's transfers as g_counts[g, 4] collectives, each its rows in turn
             for c in range(g_counts[g, 4]):
@@ -872,19 +880,33 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
                     part_dev[kp + x] = np.int32(c_parts[kp + x, 0])
                     part_alloc[kp + x] = c_parts[kp + x, 1]
                 kp += kc
-                part_ptr[node + 1] = kc
+                part_ptr[node + 1] = kp
                 mark += 1
                 if not state:
+                    rows = g_ints[row : row + tc]
+                    es = src[e : e + tc]
+                    sorted_ = True  # increasing shards are distinct: no stamp pass needed
                     for x in range(tc):
-                        s = p_off + g_ints[row + x, 0]
-                        if stamp[s] != mark:
-                            stamp[s] = mark
-                            src[e] = s
-                            tgt[e] = node
-                            e += 1
+                        es[x] = p_off + rows[x, 0]
+                        tgt[e + x] = node
+                        if x > 0 and es[x] <= es[x - 1]:
+                            sorted_ = False
+                    if sorted_:
+                        e += tc
+                    else:
+                        for x in range(tc):
+                            s = es[x]
+                            if stamp[s] != mark:
+                                stamp[s] = mark
+                                src[e] = s
+                                e += 1
                 row += tc
-                for x in range(qc):  # a second stamp pass: reader shards
-                    r = off[g_rop[r0 + g_ints[row + x, 1]]] + g_ints[row + x, 2]
+                rows = g_ints[row : row + qc]
+                et = tgt[e : e + qc]
+                for x in range(qc):  # reader shards, then a second stamp pass keeps each one's first
+                    et[x] = roff[r0 + rows[x, 1]] + rows[x, 2]
+                for x in range(qc):
+                    r = et[x]
                     if stamp[r] != -1 - mark:
                         stamp[r] = -1 - mark
                         src[e] = node
@@ -899,6 +921,7 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
         for x in range(tg):
             node = nc + t_base + x
             kind[node] = 1
+            part_ptr[node + 1] = kp
             dev[node] = dev[p_off + g_ints[row + x, 0]]
             dst[node] = np.int32(g_ints[row + x, 1])
             dur[node] = g_flts[f_base + x, 1]
@@ -915,26 +938,45 @@ def assemble(op_sizes, op_f, g_prod, g_rptr, g_rop, g_counts, g_ints, g_flts, re
         row += tg
         for x in range(qg):
             src[e] = nc + t_base + g_ints[row + x, 0]
-            tgt[e] = off[g_rop[r0 + g_ints[row + x, 1]]] + g_ints[row + x, 2]
+            tgt[e] = roff[r0 + g_ints[row + x, 1]] + g_ints[row + x, 2]
             e += 1
         row += qg
         t_base += tg
         f_base += tg
-    for i in range(n):
-        part_ptr[i + 1] += part_ptr[i]
     m = e
-    # CSR by a stable counting sort on the source
+    # CSR by a stable counting sort on the source: nxt[s] (= ptr[s + 1]) counts s's edges, then
+    # is s's next slot, and so ends as the end of its edges (no separate fill array)
     ptr = np.zeros(n + 1, np.int64)
-    for x in range(m):
-        ptr[src[x] + 1] += 1
+    nxt = ptr[1:]
+    if m > 0:  # sources come in runs (a shard's readers): count each run at once
+        cur = src[0]
+        c = 0
+        for x in range(m):
+            s = src[x]
+            if s != cur:
+                nxt[cur] += c
+                cur = s
+                c = 0
+            c += 1
+        nxt[cur] += c
+    start = 0
     for i in range(n):
-        ptr[i + 1] += ptr[i]
-    fill = ptr[:n].copy()
+        c = nxt[i]
+        nxt[i] = start
+        start += c
     idx = np.empty(m, np.int32)
-    for x in range(m):
-        s = src[x]
-        idx[fill[s]] = np.int32(tgt[x])
-        fill[s] += 1
+    if m > 0:  # ... and keep the run's next slot in a register
+        cur = src[0]
+        p = nxt[cur]
+        for x in range(m):
+            s = src[x]
+            if s != cur:
+                nxt[cur] = p
+                cur = s
+                p = nxt[s]
+            idx[p] = tgt[x]
+            p += 1
+        nxt[cur] = p
     resident = np.zeros(n_dev, np.float64)
     for s in range(res.shape[0] // n_dev):  # one row of n_dev per input tensor, added in order
         for d in range(n_dev):
