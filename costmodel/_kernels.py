@@ -1055,3 +1055,170 @@ def _put_range(out, m, lo, hi):
     for i in range(lo, hi):
         out[m + i - lo] = i
     return m + hi - lo
+
+
+# ---------------------------------------------------------------------------------------------
+# collectives: the facts of each exchange of a group at once
+# ---------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _block_sum(a, lo, n):
+    """``np.sum(a[lo:lo + n])`` for ``n <= 128``: one of NumPy's pairwise blocks (eight
+    accumulators from eight values on)."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r = a[lo:lo + 8].copy()
+    m = n - n % 8
+    for i in range(8, m, 8):
+        for j in range(8):
+            r[j] += a[lo + i + j]
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    for i in range(m, n):
+        res += a[lo + i]
+    return res
+
+
+@njit(cache=True, nogil=True)
+def _np_sum(a, n):
+    """``np.sum(a[:n])`` bit for bit: NumPy's pairwise summation, blocks of up to 128 values
+    (``_block_sum``), a longer run split in two halves at a multiple of 8 and their sums added.
+    The recursion runs on a stack (a recursive function defeats numba's cache)."""
+    if n <= 128:
+        return _block_sum(a, 0, n)
+    los = np.empty(128, np.int64)  # pending runs: start, length, halves pushed yet
+    lens = np.empty(128, np.int64)
+    split = np.zeros(128, np.bool_)
+    vals = np.empty(128, np.float64)  # sums of finished runs, left before right
+    top = 0
+    los[0], lens[0] = 0, n
+    nv = 0
+    while top >= 0:
+        lo, m = los[top], lens[top]
+        if m <= 128:
+            vals[nv] = _block_sum(a, lo, m)
+            nv += 1
+            top -= 1
+        elif split[top]:
+            nv -= 1
+            vals[nv - 1] = vals[nv - 1] + vals[nv]
+            top -= 1
+        else:
+            split[top] = True
+            half = m // 2
+            half -= half % 8
+            los[top + 1], lens[top + 1], split[top + 1] = lo + half, m - half, False
+            los[top + 2], lens[top + 2], split[top + 2] = lo, half, False
+            top += 2
+    return vals[0]
+
+
+@njit(cache=True, nogil=True)
+def exchange_facts(order, ptr, src, dst, shard, nbytes, epb, content, reduce, n_dev, dev_per_node, min_ranks):
+    """What ``Lowerer._collectives`` needs of each exchange ``c`` of a group, whose transfers
+    are ``order[ptr[c]:ptr[c + 1]]`` (in row order; ``src``, ``dst``, ``shard``, ``nbytes``,
+    ``epb``, ``content`` per transfer), as ``collectives.classify``, ``ranks_by_node`` and
+    ``all_to_all_time`` and NumPy's sums and ``bincount`` give it, bit for bit.
+
+    Returns ``iv`` int64[C, 3] = (``collectives.KIND_CODES`` code of ``classify``, 0 when it stays
+    point to point; 1 when every destination is also a source; which links it uses: 1 NVLink,
+    2 NIC), ``fv`` float64[C, 4] = (bytes, bytes x joules per byte, the most bytes a rank sends
+    or receives over NVLink, over the NIC), the ranks of each exchange (CSR ``r_ptr``,
+    ``ranks`` ascending, ``recv`` bytes each receives) and its ranks per node (CSR ``n_ptr``,
+    ``per_node``, nodes ascending)."""
+    C = ptr.shape[0] - 1
+    iv = np.zeros((C, 3), np.int64)
+    fv = np.zeros((C, 4), np.float64)
+    r_ptr = np.zeros(C + 1, np.int64)
+    n_ptr = np.zeros(C + 1, np.int64)
+    most = min(C * n_dev, 2 * (ptr[C] - ptr[0]))  # ranks in all: at most each transfer's two
+    ranks = np.empty(most, np.int64)
+    recv = np.empty(most, np.float64)
+    per_node = np.empty(most, np.int64)
+    seen = np.zeros(n_dev, np.int64)  # c + 1 on the devices of exchange c
+    is_src = np.zeros(n_dev, np.int64)  # c + 1 on its sources
+    got = np.zeros(n_dev, np.float64)
+    sent = np.zeros((2, n_dev), np.float64)
+    taken = np.zeros((2, n_dev), np.float64)
+    shard_seen = np.full(shard.max() + 1 if shard.shape[0] else 0, -1, np.int64)  # c: a run of exchange c
+    buf = np.empty(ptr[C] - ptr[0], np.float64)
+    for c in range(C):
+        a, b = ptr[c], ptr[c + 1]
+        n = b - a
+        for x in range(a, b):
+            t = order[x]
+            is_src[src[t]] = c + 1
+            for j in range(2):
+                d = src[t] if j == 0 else dst[t]
+                seen[d] = c + 1
+                got[d] = 0.0
+                for k in range(2):
+                    sent[k, d] = 0.0
+                    taken[k, d] = 0.0
+        local = 1
+        links = 0
+        for x in range(a, b):  # bincount's sums, in row order
+            t = order[x]
+            got[dst[t]] += nbytes[t]
+            k = 1 if src[t] // dev_per_node != dst[t] // dev_per_node else 0
+            links |= k + 1
+            sent[k, src[t]] += nbytes[t]
+            taken[k, dst[t]] += nbytes[t]
+            if is_src[dst[t]] != c + 1:
+                local = 0
+        m = r_ptr[c]
+        q = n_ptr[c]
+        node = -1
+        for d in range(n_dev):
+            if seen[d] == c + 1:
+                ranks[m] = d
+                recv[m] = got[d]
+                m += 1
+                if d // dev_per_node != node:
+                    node = d // dev_per_node
+                    per_node[q] = 0
+                    q += 1
+                per_node[q - 1] += 1
+                for k in range(2):
+                    fv[c, 2 + k] = max(fv[c, 2 + k], sent[k, d], taken[k, d])
+        r_ptr[c + 1] = m
+        n_ptr[c + 1] = q
+        for x in range(a, b):
+            buf[x - a] = nbytes[order[x]]
+        fv[c, 0] = _np_sum(buf, n)
+        for x in range(a, b):
+            buf[x - a] = nbytes[order[x]] * epb[order[x]]
+        fv[c, 1] = _np_sum(buf, n)
+        iv[c, 1] = local
+        iv[c, 2] = links
+        if n < 2 or m - r_ptr[c] < min_ranks:
+            continue
+        if reduce:
+            code = 5  # reduce
+            for x in range(a, b):
+                if dst[order[x]] != dst[order[a]]:
+                    code = 1  # reduce_scatter
+            iv[c, 0] = code
+            continue
+        # a replicated read: runs of one shard, each at least two transfers of the same bytes and
+        # box, every shard in one run
+        code = 2  # all_gather
+        runs = 0
+        x = a
+        while x < b:
+            s = shard[order[x]]
+            y = x + 1
+            while y < b and shard[order[y]] == s:
+                if nbytes[order[y]] != nbytes[order[x]] or content[order[y]] != content[order[x]]:
+                    code = 6
+                y += 1
+            if y - x < 2 or shard_seen[s] == c:
+                code = 6  # all_to_all
+            shard_seen[s] = c
+            runs += 1
+            x = y
+        iv[c, 0] = 4 if code == 2 and runs == 1 else code  # broadcast
+    return iv, fv, r_ptr, ranks[:r_ptr[C]], recv[:r_ptr[C]], n_ptr, per_node[:n_ptr[C]]

@@ -79,7 +79,7 @@ from costmodel.hardware import Hardware
 from ir.unique import distinct
 
 __all__ = ["BUS_EFFICIENCY", "KINDS", "MIN_RANKS", "CollectiveCost", "all_to_all_time", "buffer_bytes", "classify",
-           "collective_time", "ranks_by_node"]
+           "collective_time", "pairwise_time", "ranks_by_node"]
 
 #: fraction of the link's per-direction bandwidth NCCL reaches on large messages (see above)
 BUS_EFFICIENCY = {"intra": 0.80, "inter": 0.90}
@@ -160,17 +160,28 @@ def all_to_all_time(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, hw: Ha
     nbytes = np.asarray(nbytes, np.float64)
     ranks = distinct(np.concatenate((src, dst)))
     nodes = len(ranks_by_node(ranks, hw.devices_per_node))
-    if src.shape[0] == 0 or not nbytes.sum() > 0:
-        return CollectiveCost("all_to_all", "none", 0.0, ranks.shape[0], nodes, 0.0, 0.0)
     inter = src // hw.devices_per_node != dst // hw.devices_per_node
+    busiest = []
+    for on in (~inter, inter):
+        w = np.where(on, nbytes, 0.0)
+        busiest.append(max(np.bincount(src, weights=w).max(), np.bincount(dst, weights=w).max()) if on.any()
+                       else None)
+    return pairwise_time(float(nbytes.sum()), ranks.shape[0], nodes, busiest[0], busiest[1], hw)
+
+
+def pairwise_time(nbytes: float, ranks: int, nodes: int, busiest_intra: float | None, busiest_inter: float | None,
+                  hw: Hardware) -> CollectiveCost:
+    """``all_to_all_time`` from its sums: ``nbytes`` moved among ``ranks`` ranks on ``nodes``
+    nodes, of which a rank sends or receives at most ``busiest_intra`` bytes over NVLink and
+    ``busiest_inter`` over the NIC (None: no transfer uses that link)."""
+    if not nbytes > 0:
+        return CollectiveCost("all_to_all", "none", 0.0, ranks, nodes, 0.0, 0.0)
     seconds = 0.0
-    for on, link in ((~inter, hw.intra_link), (inter, hw.inter_link)):
-        if on.any():
-            w = np.where(on, nbytes, 0.0)
-            busiest = max(np.bincount(src, weights=w).max(), np.bincount(dst, weights=w).max())
+    for busiest, link in ((busiest_intra, hw.intra_link), (busiest_inter, hw.inter_link)):
+        if busiest is not None:
             seconds = max(seconds, busiest / link.bandwidth)
-    latency = hw.inter_link.latency if inter.any() else hw.intra_link.latency
-    return CollectiveCost("all_to_all", "pairwise", float(nbytes.sum()), ranks.shape[0], nodes, seconds, latency)
+    latency = hw.inter_link.latency if busiest_inter is not None else hw.intra_link.latency
+    return CollectiveCost("all_to_all", "pairwise", nbytes, ranks, nodes, seconds, latency)
 
 
 def classify(reduce: bool, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, shard: np.ndarray,
@@ -180,7 +191,9 @@ def classify(reduce: bool, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
     ``src``/``dst``: devices of each transfer; ``shard``: the source shard it comes from;
     ``nbytes``: its bytes; ``content``: what it carries (equal values: the same box; the lowering
     passes a hash of its bounding box; None: judged by bytes alone); ``reduce``: the readers are
-    ``accumulate`` ops (partials of a split reduction). Rules in the module docstring."""
+    ``accumulate`` ops (partials of a split reduction). Rules in the module docstring. The
+    lowering applies them compiled, to every exchange of a group at once
+    (``_kernels.exchange_facts``; ``tests/costmodel/test_exchange_facts.py`` holds the two equal)."""
     if src.shape[0] < 2:
         return None
     if _distinct(np.concatenate((src, dst))) < MIN_RANKS:

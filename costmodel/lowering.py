@@ -460,8 +460,9 @@ class OpPiece:
 
 class GroupPiece:
     """Edges and transfers of one produced tensor (see ``_kernels.group_kernel``; its ``ints``
-    rows kept as int32); ``counts`` int64[5] = (L, T, Q, K, C): K > 0 when its transfers run as C
-    collectives, one per independent exchange, with K participants in all (``coll``
+    rows kept as int32, of its ``flts`` the first five columns); ``counts`` int64[5] = (L, T, Q,
+    K, C): K > 0 when its transfers run as C collectives, one per independent exchange, with K
+    participants in all (``coll``
     float64[C, 8]: port seconds, latency, joules per byte, link mask, transfer rows, reader rows,
     participants, in place of each; ``parts`` float64[K, 2] = device, bytes received;
     ``collective`` the tuple of their :class:`CollectiveCost`; a last column 1 where the
@@ -472,9 +473,12 @@ class GroupPiece:
 
     def __init__(self, counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, keep: tuple, coll: np.ndarray,
                  parts: np.ndarray, collective: Any = None) -> None:
-        # int32 rows (shard, device and reader numbers): half the bytes every plan's arrays copy
-        # (a 7B truncation's ~116,000 rows spliced and assembled at each step)
-        self.counts, self.ints, self.flts, self.keep = counts, ints.astype(np.int32), flts, keep
+        # int32 rows (shard, device and reader numbers) and the five columns of ``flts`` the
+        # assembly reads (not the boxes' hashes and sums that the collectives were found by):
+        # fewer bytes every plan's arrays copy (a 7B truncation's ~116,000 rows spliced and
+        # assembled at each step)
+        self.counts, self.ints, self.keep = counts, ints.astype(np.int32), keep
+        self.flts = np.ascontiguousarray(flts[:, :5])
         self.coll, self.parts, self.collective = coll, parts, collective
 
 
@@ -506,58 +510,61 @@ def _microbatched(piece: "OpPiece") -> bool:
     return mb
 
 
-def _one_per_box(sel, src: np.ndarray, dst: np.ndarray, content: np.ndarray) -> np.ndarray:
-    """The rows of ``sel`` (an index array or slice), the first of each (source device,
-    destination device, box carried): several microbatches' partials of one box, summed on their
-    device before they are sent, move once."""
-    rows = np.arange(src.shape[0])[sel]
-    key = np.stack([src[rows].astype(np.float64), dst[rows].astype(np.float64), content[rows]], axis=1)
+def _one_per_box(sel: np.ndarray, src: np.ndarray, dst: np.ndarray, content: np.ndarray) -> np.ndarray:
+    """The rows of ``sel`` (ascending), the first of each (source device, destination device,
+    box carried): several microbatches' partials of one box, summed on their device before they
+    are sent, move once."""
+    key = np.stack([src[sel].astype(np.float64), dst[sel].astype(np.float64), content[sel]], axis=1)
     _, first = np.unique(key, axis=0, return_index=True)
-    return rows[np.sort(first)]
+    return sel[np.sort(first)]
 
 
-def _rows_of(ex: np.ndarray, C: int) -> list:
-    """The rows of each of ``C`` exchanges (``ex``: the exchange of each row), in row order: one
-    stable sort for all of them rather than a comparison of every row per exchange."""
+def _rows_of(ex: np.ndarray, C: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of each of ``C`` exchanges (``ex``: the exchange of each row), in row order, as
+    CSR (rows, ptr): one stable sort for all of them rather than a comparison of every row per
+    exchange."""
     if C == 1:
-        return [slice(None)]
-    order = np.argsort(ex, kind="stable")
+        return np.arange(ex.shape[0]), np.array([0, ex.shape[0]])
     bounds = np.zeros(C + 1, np.int64)
     np.cumsum(np.bincount(ex, minlength=C), out=bounds[1:])
-    return [order[bounds[c]:bounds[c + 1]] for c in range(C)]
+    return np.argsort(ex, kind="stable"), bounds
 
 
 def _compact_collective(counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, t_ex: np.ndarray,
-                        q_ex: np.ndarray, C: int, totals: list | None = None
+                        q_ex: np.ndarray, C: int, totals: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A collective group's rows as ``_kernels.assemble`` reads them: its local edges, then for
     each of its ``C`` exchanges (``t_ex``/``q_ex``: the exchange of each transfer and reader row)
     one transfer row per producer shard it reads (the first row first: it names the op the
-    collective feeds; the exchange's bytes in its first row of ``flts``, zeros after) and one row
-    per reader shard it feeds, each in first-occurrence order. The point-to-point pairs (every
-    producer shard times every destination: quadratic in the ranks, 750 MB of rows for Llama-2
-    70B on 512 GPUs) are not kept: the collectives' cost came from them already. Also returns
-    the (transfer rows, reader rows) of each exchange. ``totals``: each exchange's bytes where
-    they are not the sum of its rows (microbatches' partials accumulated in place: one copy moves)."""
+    collective feeds; the exchange's bytes ``totals[c]`` in its first row of ``flts``, zeros
+    after) and one row per reader shard it feeds, each in first-occurrence order. The
+    point-to-point pairs (every producer shard times every destination: quadratic in the ranks,
+    750 MB of rows for Llama-2 70B on 512 GPUs) are not kept: the collectives' cost came from
+    them already. Also returns the (transfer rows, reader rows) of each exchange. All exchanges
+    at once: their rows grouped by exchange (a stable sort), the first of each (exchange, shard)
+    and (exchange, reader shard) kept, then interleaved exchange by exchange."""
     L, T, Q = int(counts[0]), int(counts[1]), int(counts[2])
-    t_rows, q_rows = ints[L:L + T], ints[L + T:L + T + Q]
-    width = int(q_rows[:, 2].max()) + 1 if Q else 1
-    parts, fl, sizes = [ints[:L]], [], np.zeros((C, 2), np.int64)
-    for c, (ts, qs) in enumerate(zip(_rows_of(t_ex, C), _rows_of(q_ex, C))):
-        tc, qc, fc = t_rows[ts], q_rows[qs], flts[:T][ts]
-        _, first = first_indices(tc[:, 0])
-        t_keep = tc[np.sort(first)]
-        _, first = first_indices(qc[:, 1] * width + qc[:, 2])
-        q_keep = qc[np.sort(first)]
-        f = np.zeros((t_keep.shape[0], flts.shape[1]))
-        f[0] = fc[0]
-        f[0, 0] = fc[:, 0].sum() if totals is None else totals[c]
-        parts += [t_keep, q_keep]
-        fl.append(f)
-        sizes[c] = t_keep.shape[0], q_keep.shape[0]
+    t_order, t_ptr = _rows_of(t_ex, C)
+    q_order, _ = _rows_of(q_ex, C)
+    tc, qc = ints[L:L + T][t_order], ints[L + T:L + T + Q][q_order]
+    te, qe = t_ex[t_order], q_ex[q_order]  # nondecreasing
+    _, first = first_indices(te * (int(tc[:, 0].max()) + 1) + tc[:, 0])
+    t_keep = np.sort(first)
+    width = int(qc[:, 2].max()) + 1 if Q else 1
+    qkey = qc[:, 1] * width + qc[:, 2]
+    _, first = first_indices(qe * (int(qkey.max()) + 1 if Q else 1) + qkey)
+    q_keep = np.sort(first)
+    te, qe = te[t_keep], qe[q_keep]
+    sizes = np.stack([np.bincount(te, minlength=C), np.bincount(qe, minlength=C)], axis=1)
+    kept = np.concatenate((tc[t_keep], qc[q_keep]))
+    by_exchange = np.argsort(np.concatenate((2 * te, 2 * qe + 1)), kind="stable")
+    f = np.zeros((t_keep.shape[0], flts.shape[1]))
+    firsts = np.cumsum(sizes[:, 0]) - sizes[:, 0]
+    f[firsts] = flts[t_order[t_ptr[:-1]]]
+    f[firsts, 0] = totals
     out = counts.copy()
-    out[1], out[2] = sizes.sum(axis=0)
-    return out, np.concatenate(parts), np.concatenate(fl), sizes
+    out[1], out[2] = t_keep.shape[0], q_keep.shape[0]
+    return out, np.concatenate((ints[:L], kept[by_exchange])), f, sizes
 
 
 def _coll_rows(p: GroupPiece) -> np.ndarray:
@@ -576,7 +583,7 @@ _flow_key = attrgetter("flow_key")
 #: each piece contributes, and the empty array
 _CATS = (("op", attrgetter("f"), np.zeros((0, 5))),
          ("group", attrgetter("ints"), np.zeros((0, 3), np.int32)),
-         ("group", attrgetter("flts"), np.zeros((0, 7))),
+         ("group", attrgetter("flts"), np.zeros((0, 5))),
          ("group", _coll_rows, np.zeros((0, 8))),
          ("group", attrgetter("parts"), _NO_PARTS),
          ("source", _same_rows, np.zeros(0)))
@@ -924,8 +931,8 @@ class Lowerer:
         return piece
 
     def _collectives(self, counts, ints, flts, p_dev, reduce: bool, r_counts: np.ndarray | None = None):
-        """(coll, parts, costs, (t_ex, q_ex, C)) when a group's transfers are collectives, one
-        per independent exchange (``_exchanges``; each must be one), else no collective. With
+        """(coll, parts, costs, (t_ex, q_ex, C, totals)) when a group's transfers are collectives,
+        one per independent exchange (``_exchanges``; each must be one), else no collective. With
         ``r_counts`` (the reader shards of each reader: a microbatched group), the exchanges are
         found over shards (``_kernels.shard_exchanges``): one per microbatch."""
         none = _NO_COLL, _NO_PARTS, None, None
@@ -935,14 +942,14 @@ class Lowerer:
         shard = rows[:, 0]
         src = p_dev[shard]
         dst = rows[:, 1]
-        if np.count_nonzero(np.bincount(np.concatenate((src, dst)), minlength=self.hw.n_devices)) < C.MIN_RANKS:
+        n_dev = self.hw.n_devices
+        if np.count_nonzero(np.bincount(np.concatenate((src, dst)), minlength=n_dev)) < C.MIN_RANKS:
             return none  # the common case, decided without sorting
-        nbytes, epb, content, summed = flts[:, 0], flts[:, 2], flts[:, 5], flts[:, 6]
         if r_counts is None:
-            t_ex, q_ex, n_ex = _exchanges(ints[:L + T + Q], L, T, src, self.hw.n_devices)
+            t_ex, q_ex, n_ex = _exchanges(ints[:L + T + Q], L, T, src, n_dev)
         else:
             t_ex, n_ex = K.shard_exchanges(ints[:L + T + Q], L, T, p_dev.shape[0], r_counts,
-                                           np.ascontiguousarray(p_dev, np.int64), self.hw.n_devices)
+                                           np.ascontiguousarray(p_dev, np.int64), n_dev)
             if n_ex < 0 and not reduce:
                 return none
             if n_ex < 0:
@@ -951,51 +958,48 @@ class Lowerer:
                 # come (Megatron-LM's main_grad), then the devices reduce those sums once, one
                 # collective per exchange of devices, after their last microbatch
                 in_place = True
-                t_ex, q_ex, n_ex = _exchanges(ints[:L + T + Q], L, T, src, self.hw.n_devices)
+                t_ex, q_ex, n_ex = _exchanges(ints[:L + T + Q], L, T, src, n_dev)
             else:
                 q_ex = t_ex[ints[L + T:L + T + Q, 0]]
-        rows_, parts, costs, totals = [], [], [], []
-        for sel in _rows_of(t_ex, n_ex):
-            if r_counts is not None and not in_place and not np.isin(dst[sel], src[sel]).all():
-                return none  # a microbatch's data sent to other devices: a pipeline's send
-            if in_place:  # one copy of each (device, destination, box of the sum): the accumulated sum
-                sel = _one_per_box(sel, src, dst, summed)
-            one = self._collective(src[sel], dst[sel], nbytes[sel], shard[sel], epb[sel], reduce, content[sel])
-            if one is None:
-                return none
-            rows_.append(np.append(one[0], 1.0 if in_place else 0.0))
-            parts.append(one[1])
-            costs.append(one[2])
-            totals.append(float(nbytes[sel].sum()))
-        return (np.stack(rows_), np.concatenate(parts), tuple(costs),
-                (t_ex, q_ex, n_ex, totals if in_place else None))
+        order, ptr = _rows_of(t_ex, n_ex)
+        if in_place:  # one copy of each (device, destination, box of the sum): the accumulated sum
+            sels = [_one_per_box(order[a:b], src, dst, flts[:, 6]) for a, b in zip(ptr[:-1], ptr[1:])]
+            order = np.concatenate(sels)
+            np.cumsum([s.shape[0] for s in sels], out=ptr[1:])
+        iv, fv, r_ptr, ranks, recv, n_ptr, per_node = K.exchange_facts(
+            order, ptr, src, dst, shard, flts[:, 0], flts[:, 2], flts[:, 5], reduce, n_dev, self.hw.devices_per_node,
+            C.MIN_RANKS)
+        if not iv[:, 0].all():  # an exchange between two devices, or one not a collective
+            return none
+        if r_counts is not None and not in_place and not iv[:, 1].all():
+            return none  # a microbatch's data sent to other devices: a pipeline's send
+        rows_, costs = [], []
+        r_ptr, n_ptr, per_node = r_ptr.tolist(), n_ptr.tolist(), per_node.tolist()
+        for (code, _, links), (total, energy, b_nv, b_ib), r0, r1, n0, n1 in zip(
+                iv.tolist(), fv.tolist(), r_ptr, r_ptr[1:], n_ptr, n_ptr[1:]):
+            cost = self._collective(C.KINDS[code - 1], total, r1 - r0, per_node[n0:n1], b_nv if links & 1 else None,
+                                    b_ib if links & 2 else None)
+            rows_.append((cost.bandwidth_s, cost.latency_s, energy / total if total > 0 else 0.0,
+                          1.0 if n1 - n0 == 1 else 3.0, 0.0, 0.0, r1 - r0, 1.0 if in_place else 0.0))
+            costs.append(cost)
+        return (np.array(rows_), np.stack([ranks.astype(np.float64), recv], axis=1), tuple(costs),
+                (t_ex, q_ex, n_ex, fv[:, 0]))
 
-    def _collective(self, src, dst, nbytes, shard, epb, reduce: bool, content=None):
-        """(coll row, parts, cost) of one exchange run as a collective, or None (point to point)."""
-        seen = np.bincount(np.concatenate((src, dst)), minlength=self.hw.n_devices)
-        if np.count_nonzero(seen) < C.MIN_RANKS:
-            return None
-        kind = C.classify(reduce, src, dst, nbytes, shard, content)
-        if kind is None:
-            return None
-        ranks = np.flatnonzero(seen)
-        by_node = C.ranks_by_node(ranks, self.hw.devices_per_node)
+    def _collective(self, kind: str, total: float, n_ranks: int, by_node: list[int], busiest_nv: float | None,
+                    busiest_ib: float | None) -> C.CollectiveCost:
+        """The cost of one exchange run as collective ``kind``: ``total`` bytes as point-to-point
+        transfers among ``n_ranks`` ranks, ``by_node`` of them on each node; ``busiest_*``: the
+        most bytes a rank sends or receives over NVLink, over the NIC (all-to-all only)."""
         if kind == "all_to_all":  # its time depends on what each rank sends (the piece is cached)
-            cost = C.all_to_all_time(src, dst, nbytes, self.hw)
-        else:
-            S = C.buffer_bytes(float(nbytes.sum()), ranks.shape[0])
-            ck = (kind, S, tuple(by_node))
-            cost = self._coll_cost.get(ck)
-            if cost is None:
-                cost = self._coll_cost[ck] = C.collective_time(kind, S, by_node, self.hw)
-                if len(self._coll_cost) > 4096:
-                    self._coll_cost.pop(next(iter(self._coll_cost)))
-        recv = np.bincount(dst, weights=nbytes, minlength=self.hw.n_devices)[ranks]
-        parts = np.stack([ranks.astype(np.float64), recv], axis=1)
-        total = float(nbytes.sum())
-        joules = float((nbytes * epb).sum() / total) if total > 0 else 0.0
-        mask = 1.0 if len(by_node) == 1 else 3.0
-        return np.array([cost.bandwidth_s, cost.latency_s, joules, mask, 0.0, 0.0, ranks.shape[0]]), parts, cost
+            return C.pairwise_time(total, n_ranks, len(by_node), busiest_nv, busiest_ib, self.hw)
+        S = C.buffer_bytes(total, n_ranks)
+        ck = (kind, S, tuple(by_node))
+        cost = self._coll_cost.get(ck)
+        if cost is None:
+            cost = self._coll_cost[ck] = C.collective_time(kind, S, by_node, self.hw)
+            if len(self._coll_cost) > 4096:
+                self._coll_cost.pop(next(iter(self._coll_cost)))
+        return cost
 
     def _source_piece(self, g: Graph, st: Structure, si: int, ops: list[Op], pieces: list[OpPiece]) -> np.ndarray:
         tensor, readers = st.sources[si]
