@@ -135,11 +135,11 @@ busy_ingress``, ``used`` (bool[n_devices]: any node on it, as compute, source or
 resident bytes > 0), ``rank`` (float64[n]), ``order`` (int32[n], nodes in the order they were
 scheduled), ``critical_path`` (max rank: a lower bound on the makespan), ``bytes_moved``.
 
-Cost: O((n + m) log n) in one compiled function, no Python objects inside. Measured on the
-2-vCPU development VM: ~0.08 ms for 1,000 nodes, ~1.3 ms for 10,000 nodes with 20,000 edges and
-64 devices (about 0.4 ms of it the memory sweep); ~4.2 ms for the 49,000-node Llama-2 7B plan on
-64 GPUs (102,000 data and 46,000 control edges, 1,400 collectives, contention on): ~0.4 ms the
-ranks, ~0.2 ms the priorities, ~2.2 ms the list scheduling, ~1.2 ms the memory sweep, plus page
+Cost: O((n + m) log n) in compiled functions, no Python objects inside. Measured on the
+2-vCPU development VM: ~0.07 ms for 1,000 nodes, ~1.2 ms for 10,000 nodes with 20,000 edges and
+64 devices (about 0.4 ms of it the memory sweep); ~3.4 ms for the 49,000-node Llama-2 7B plan on
+64 GPUs (102,000 data and 46,000 control edges, 1,400 collectives, contention on): ~0.35 ms the
+ranks, ~0.2 ms the priorities, ~1.6 ms the list scheduling, ~1.3 ms the memory sweep, plus page
 faults when the allocator hands freed memory back to the system between calls (up to ~1.5 ms
 there; it depends on the process's heap). :func:`simulate` adds ~0.1 ms of conversion and
 validation per 10,000 nodes; :func:`simulate_arrays` skips it. numba compiles on the first call
@@ -190,7 +190,7 @@ class SimulationError(ValueError):
 # lower one inserted since): the scheduler pops positions in nearly increasing order.
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline='always')
 def _ctz(x):
     """Index of the lowest set bit of a non-zero uint64 (LLVM's cttz: one instruction; a de
     Bruijn table lookup made the list scheduling ~10% slower)."""
@@ -223,36 +223,6 @@ def _bitset_insert(bits, off, n_lev, p):
         if old != 0:  # the levels above already know this word is non-empty
             break
         p = w
-
-
-@njit(cache=True, nogil=True)
-def _bitset_pop_from(bits, off, n_lev, lo):
-    """Remove and return the smallest member (the set must not be empty), given that none is
-    below ``lo``: searches upwards from ``lo`` (the minimum is mostly in the word of ``lo`` or
-    close after it: one or two words read instead of one per level from the top), then descends
-    to the smallest member found there."""
-    q = lo
-    lev = 0
-    while True:
-        w = q >> 6
-        x = bits[off[lev] + w] & (~np.uint64(0) << np.uint64(q & 63))  # members >= q in its word
-        if x != 0:
-            break
-        lev += 1
-        q = w + 1  # the words after w, one level up (a member lies there: the set holds one >= lo)
-    p = (w << 6) + _ctz(x)
-    while lev > 0:
-        lev -= 1
-        p = (p << 6) + _ctz(bits[off[lev] + p])
-    q = p
-    for lev in range(n_lev):  # remove p; a word that empties clears its bit one level up
-        w = q >> 6
-        x = bits[off[lev] + w] & ~(np.uint64(1) << np.uint64(q & 63))
-        bits[off[lev] + w] = x
-        if x != 0:
-            break
-        q = w
-    return p
 
 
 @njit(cache=True, nogil=True)
@@ -428,7 +398,7 @@ def _radix_run(keys, idx, tmp, a, e):
     idx[a:e] = src
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline='always')
 def _contended(t, du, cs, ce, s):
     """Duration of a compute node starting at ``t`` with ``du`` seconds of work alone, on a device
     whose communication runs over ``[cs, ce)``: inside that window it progresses at ``1/s``.
@@ -442,7 +412,7 @@ def _contended(t, du, cs, ce, s):
     return du if w0 >= du or ce <= a else slowed
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline='always')
 def _charge_comm(q, t, o, comm_start, comm_end, compute_free, s):
     """Communication over ``[t, o)`` on device ``q``: remember it for the compute placed later, and
     slow down the compute already placed on ``q`` that it overlaps (up to ``compute_free[q]``) by
@@ -459,11 +429,15 @@ def _charge_comm(q, t, o, comm_start, comm_end, compute_free, s):
 
 
 @njit(cache=True, nogil=True)
-def _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, indeg, topo, rank, dur, lat):
-    """Kahn's topological order of the data and control edges into ``topo`` (``indeg``: the
-    in-degrees, left unchanged), then the upward ranks along it. Returns (status, ordered):
-    status 1 when a cycle leaves nodes unordered (``topo[:ordered]`` holds the ordered ones)."""
-    deg = indeg.copy()
+def _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, topo, rank, dur, lat):
+    """Kahn's topological order of the data and control edges into ``topo``, then the upward
+    ranks along it. Returns (status, ordered): status 1 when a cycle leaves nodes unordered
+    (``topo[:ordered]`` holds the ordered ones)."""
+    deg = np.zeros(n, np.int32)
+    for e in range(succ_idx.shape[0]):
+        deg[succ_idx[e]] += 1
+    for e in range(ctl_idx.shape[0]):  # control edges order the schedule too (a cycle through them is one)
+        deg[ctl_idx[e]] += 1
     tail = 0
     for i in range(n):
         if deg[i] == 0:
@@ -499,6 +473,215 @@ def _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, indeg, topo, rank, dur, 
 
 
 @njit(cache=True, nogil=True)
+def _hint_rank(topo_hint, succ_ptr, succ_idx, ctl_ptr, ctl_idx, rank, dur, lat, with_ctl):
+    """The upward ranks along ``topo_hint``; False (``rank`` then partly written, -1 where not)
+    as soon as a data edge, or with ``with_ctl`` a control edge, points backwards in it. The
+    first two successors and the first control successor are read without branches (most nodes
+    have one or two: a loop's exit would often be mispredicted); a missing one reads some node's
+    rank and ignores it."""
+    n = rank.shape[0]
+    sidx = succ_idx if succ_idx.shape[0] > 0 else np.zeros(1, np.int32)
+    cidx = ctl_idx if ctl_idx.shape[0] > 0 else np.zeros(1, np.int32)
+    last_s = sidx.shape[0] - 1
+    last_c = cidx.shape[0] - 1
+    for i in range(n):
+        rank[i] = -1.0  # not yet ranked (a rank is >= 0)
+    for k in range(n - 1, -1, -1):
+        u = topo_hint[k]
+        a = succ_ptr[u]
+        b = succ_ptr[u + 1]
+        r0 = rank[sidx[min(a, last_s)]]
+        r1 = rank[sidx[min(a + 1, last_s)]]
+        r0 = r0 if b > a else 0.0
+        r1 = r1 if b > a + 1 else 0.0
+        best = max(max(r0, r1), 0.0)
+        low = min(r0, r1)  # < 0: a successor before u in the hint, not topological
+        for e in range(a + 2, b):
+            r = rank[sidx[e]]
+            best = max(best, r)
+            low = min(low, r)
+        if with_ctl:  # control successors too (no rank from them)
+            a = ctl_ptr[u]
+            b = ctl_ptr[u + 1]
+            r0 = rank[cidx[min(a, last_c)]]
+            low = min(low, r0 if b > a else 0.0)
+            for e in range(a + 1, b):
+                low = min(low, rank[cidx[e]])
+        if low < 0.0:
+            return False
+        rank[u] = dur[u] + lat[u] + best
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _list_schedule(prio, succ_ptr, succ_pos, ctl_ptr, ctl_pos, deg, kind, dev, dst, dur, lat, link, part_ptr,
+                   part_dev, contention, start, finish, order, busy_compute, busy_egress, busy_ingress, used, ready):
+    """The list scheduling (module docstring): ``prio[p]`` is the node of priority position p,
+    ``succ_pos``/``ctl_pos`` the edges' heads as positions, ``deg`` and ``ready`` (zeros) the
+    in-degrees and ready times by position; the loop indexes its per-node state by position, one
+    indirection less on its critical path. Writes the outputs; returns (makespan, nodes
+    scheduled: fewer than n on a cycle)."""
+    n = prio.shape[0]
+    n_devices = busy_compute.shape[0]
+    prio_u = prio.view(np.uint32)  # unsigned indices: no wraparound for negative ones
+    dev_u = dev.view(np.uint32)
+    dst_u = dst.view(np.uint32)
+    compute_free = np.zeros(n_devices, np.float64)
+    egress_free = np.zeros(2 * n_devices, np.float64)  # port 2*d: NVLink, 2*d+1: NIC
+    ingress_free = np.zeros(2 * n_devices, np.float64)
+    # contention: the last communication interval each device takes part in (see _contended)
+    comm_start = np.zeros(n_devices, np.float64)
+    comm_end = np.zeros(n_devices, np.float64)
+    off, n_lev = _bitset_layout(n)
+    ready_set = np.zeros(off[n_lev], np.uint64)  # priority positions of the ready nodes
+    n_ready = 0
+    lo = n  # no ready position is below lo
+    for p in range(n):
+        if deg[p] == 0:
+            _bitset_insert(ready_set, off, n_lev, p)
+            n_ready += 1
+            lo = min(lo, p)
+    makespan = 0.0
+    k = 0
+    while n_ready > 0:
+        # Pop the smallest ready position, none being below lo: search upwards from lo (the
+        # minimum is mostly in the word of lo or close after it: one or two words read instead of
+        # one per level from the top), then descend to the smallest member found there. (The
+        # ready set's operations are written out in this loop: numba counts references to the
+        # arrays passed to a function on every call, even an inlined one.)
+        q = lo
+        lev = 0
+        while True:
+            w = q >> 6
+            x = ready_set[off[lev] + w] & (~np.uint64(0) << np.uint64(q & 63))  # members >= q in its word
+            if x != 0:
+                break
+            lev += 1
+            q = w + 1  # the words after w, one level up (a member lies there: the set holds one >= lo)
+        p = (w << 6) + _ctz(x)
+        while lev > 0:
+            lev -= 1
+            p = (p << 6) + _ctz(ready_set[off[lev] + p])
+        q = p
+        for lev in range(n_lev):  # remove p; a word that empties clears its bit one level up
+            w = q >> 6
+            x = ready_set[off[lev] + w] & ~(np.uint64(1) << np.uint64(q & 63))
+            ready_set[off[lev] + w] = x
+            if x != 0:
+                break
+            q = w
+        lo = p
+        n_ready -= 1
+        u = prio_u[p]
+        d = dev_u[u]
+        t = ready[p]
+        if kind[u] == 0:
+            if compute_free[d] > t:
+                t = compute_free[d]
+            du = dur[u]
+            if contention > 1.0:  # (du itself when the last communication ended by t)
+                du = _contended(t, du, comm_start[d], comm_end[d], contention)
+            o = t + du  # the resources are held until o; the output is available at f
+            compute_free[d] = o
+            busy_compute[d] += dur[u]  # the work (the slowdown shows in start/finish and the makespan)
+            used[d] = True
+        elif kind[u] == 1:
+            r = dst_u[u]
+            c = link[u]
+            if egress_free[2 * d + c] > t:
+                t = egress_free[2 * d + c]
+            if ingress_free[2 * r + c] > t:
+                t = ingress_free[2 * r + c]
+            o = t + dur[u]
+            egress_free[2 * d + c] = o
+            ingress_free[2 * r + c] = o
+            busy_egress[d] += dur[u]
+            busy_ingress[r] += dur[u]
+            used[d] = True
+            used[r] = True
+            if contention > 1.0 and o > t:
+                _charge_comm(d, t, o, comm_start, comm_end, compute_free, contention)
+                _charge_comm(r, t, o, comm_start, comm_end, compute_free, contention)
+        else:  # a collective: every participant's ports on its links, together
+            mask = link[u]
+            for j in range(part_ptr[u], part_ptr[u + 1]):
+                q = part_dev[j]
+                for c in range(2):
+                    if (mask >> c) & 1:
+                        if egress_free[2 * q + c] > t:
+                            t = egress_free[2 * q + c]
+                        if ingress_free[2 * q + c] > t:
+                            t = ingress_free[2 * q + c]
+            o = t + dur[u]
+            for j in range(part_ptr[u], part_ptr[u + 1]):
+                q = part_dev[j]
+                for c in range(2):
+                    if (mask >> c) & 1:
+                        egress_free[2 * q + c] = o
+                        ingress_free[2 * q + c] = o
+                busy_egress[q] += dur[u]
+                busy_ingress[q] += dur[u]
+                used[q] = True
+                if contention > 1.0 and o > t:
+                    _charge_comm(q, t, o, comm_start, comm_end, compute_free, contention)
+        f = o + lat[u]
+        start[u] = t
+        finish[u] = f
+        if f > makespan:
+            makespan = f
+        order[k] = u
+        k += 1
+        # Release the successors; one that becomes ready is inserted into the ready set's bottom
+        # word without a branch (z: 0 or 1; whether a node becomes ready is unpredictable), into
+        # the words above only when that word was empty.
+        for e in range(succ_ptr[u], succ_ptr[u + 1]):
+            v = succ_pos[e]
+            ready[v] = max(ready[v], f)
+            dv = deg[v] - 1
+            deg[v] = dv
+            z = dv == 0
+            w = v >> 6
+            old = ready_set[w]
+            ready_set[w] = old | (np.uint64(z) << np.uint64(v & 63))
+            if z and old == 0:  # a word that was empty: mark it one level up
+                q = w
+                for lev in range(1, n_lev):
+                    w = q >> 6
+                    old = ready_set[off[lev] + w]
+                    ready_set[off[lev] + w] = old | (np.uint64(1) << np.uint64(q & 63))
+                    if old != 0:
+                        break
+                    q = w
+            n_ready += z
+            lo = v if z and v < lo else lo
+        for e in range(ctl_ptr[u], ctl_ptr[u + 1]):  # issue order: v may start once u has started
+            v = ctl_pos[e]
+            ready[v] = max(ready[v], t)
+            dv = deg[v] - 1
+            deg[v] = dv
+            z = dv == 0
+            w = v >> 6
+            old = ready_set[w]
+            ready_set[w] = old | (np.uint64(z) << np.uint64(v & 63))
+            if z and old == 0:  # a word that was empty: mark it one level up
+                q = w
+                for lev in range(1, n_lev):
+                    w = q >> 6
+                    old = ready_set[off[lev] + w]
+                    ready_set[off[lev] + w] = old | (np.uint64(1) << np.uint64(q & 63))
+                    if old != 0:
+                        break
+                    q = w
+            n_ready += z
+            lo = v if z and v < lo else lo
+    if contention > 1.0:  # slowdown charged to compute that had already been placed (see _charge_comm)
+        for q in range(n_devices):
+            if compute_free[q] > makespan:
+                makespan = compute_free[q]
+    return makespan, k
+
+
+@njit(cache=True, nogil=True, inline='always')
 def _add_event(t, c, ok, ev, run_t, run_a, base, ne, nr):
     """Appends event ``c`` (a buffer, see :func:`_memory_sweep`) at time ``t`` to the ``ne``
     events from ``base`` on in ``ev`` if ``ok`` (written anyway, without branches), starting a
@@ -506,7 +689,7 @@ def _add_event(t, c, ok, ev, run_t, run_a, base, ne, nr):
     differs from the last run's time (by value: event times are never NaN, nor -0.0). Returns
     the new (ne, nr)."""
     ev[base + ne] = c
-    new = ok and (nr == 0 or t != run_t[base + nr - 1])
+    new = ok & ((nr == 0) | (t != run_t[base + nr - 1]))  # (reads ``run_t[-1]`` when nr == base == 0)
     run_t[base + nr] = t
     run_a[base + nr] = base + ne
     return ne + ok, nr + new
@@ -555,197 +738,32 @@ def _memory_sweep(ev, run_t, run_a, nf, n_free_runs, a0, na, n_alloc_runs, kind,
 
 
 @njit(cache=True, nogil=True)
-def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices, keep, link,
-                   part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx, contention, acc, topo_hint):
-    """Returns (status, start, finish, makespan, peak_mem, busy_compute, busy_egress,
-    busy_ingress, used, rank, order, n_topo). status 0 = ok, 1 = cycle (then ``order[:n_topo]``
-    holds the nodes that could be ordered; the others lie on or behind a cycle).
+def _memory_peaks(kind, dev, dst, alloc_bytes, keep, acc, succ_ptr, succ_idx, part_ptr, part_dev, part_alloc,
+                  start, finish, acc_start, into, ev, peak_mem):
+    """Raises ``peak_mem`` (the resident bytes on entry) to each device's peak of live buffers
+    (module docstring), given the schedule's ``start`` and ``finish``. Scratch (memory the
+    caller no longer needs: less fresh memory to touch): ``acc_start`` float64[n], ``into``
+    bool[n], ``ev`` int32[2 (n + len(part_dev))] at least.
 
-    ``topo_hint`` (int32[n], or empty): a permutation of the nodes, probably a topological order
-    (a lowering's program order, ``Lowered.topo_hint``). When every data and control edge points
-    forward in it, it is one (so there is no cycle), and the ranks are computed along it without
-    Kahn's pass; otherwise Kahn's pass runs, as without a hint, and finds any cycle before the
-    list scheduling starts (a pipeline's control edges often point backwards in program order)."""
+    In-place accumulation: a buffer whose every reader is an accumulate node (``acc``) on the
+    buffer's own device is added into that accumulator as it is produced (Megatron-LM's
+    ``main_grad``, gradient accumulation across microbatches), so it lives only while it is
+    produced, and each accumulator's buffer from the start of its first such input on. So does a
+    collective whose readers all accumulate (a reduce-scatter: NCCL reduces the chunks into the
+    output as they arrive). Another collective's buffer on a participant lives until the readers
+    on that participant end.
+
+    Events, each kind in node (then participant) order: frees when the buffer's last reader
+    ends, allocations at its start, at most one of each per node or participant (so no counting
+    pass): ``ev[:nf]`` and ``ev[ub:ub + na]`` hold which buffer (a node i < n, or a participant
+    n + j; the bytes and device are looked up in the sweep: less memory to write). Neighbouring
+    nodes mostly share their times (9 events in 10 on the 49k-node Llama-2 7B plan have the time
+    of the one before): the events are grouped into runs of equal times as they come, and the
+    sweep sorts runs, not events."""
     n = kind.shape[0]
-    m = succ_idx.shape[0]
-    start = np.zeros(n, np.float64)
-    finish = np.zeros(n, np.float64)
-    rank = np.zeros(n, np.float64)
-    order = np.empty(n, np.int32)
-    peak_mem = resident_bytes.copy()
-    busy_compute = np.zeros(n_devices, np.float64)
-    busy_egress = np.zeros(n_devices, np.float64)
-    busy_ingress = np.zeros(n_devices, np.float64)
-    used = resident_bytes > 0.0
-
-    indeg = np.zeros(n, np.int32)
-    for e in range(m):
-        indeg[succ_idx[e]] += 1
-    for e in range(ctl_idx.shape[0]):  # control edges order the schedule too (a cycle through them is one)
-        indeg[ctl_idx[e]] += 1
-
-    # --- upward rank along the hint, when every edge points forward in it ------------------
-    hinted = topo_hint.shape[0] == n
-    if hinted:
-        for i in range(n):
-            rank[i] = -1.0  # not yet ranked (a rank is >= 0)
-        for k in range(n - 1, -1, -1):
-            u = topo_hint[k]
-            best = 0.0
-            low = 0.0  # < 0: a successor before u in the hint, not topological
-            for e in range(succ_ptr[u], succ_ptr[u + 1]):
-                r = rank[succ_idx[e]]
-                best = max(best, r)
-                low = min(low, r)
-            for e in range(ctl_ptr[u], ctl_ptr[u + 1]):  # control successors too (no rank from them)
-                low = min(low, rank[ctl_idx[e]])
-            if low < 0.0:
-                hinted = False
-                break
-            rank[u] = dur[u] + lat[u] + best
-    if not hinted:
-        status, tail = _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, indeg, order, rank, dur, lat)
-        if status != 0:
-            return (1, start, finish, 0.0, peak_mem, busy_compute, busy_egress, busy_ingress, used,
-                    rank, order, tail)
-
-    # --- priority: position in (rank descending, index ascending) order ---------------------
-    # prio[p] = node with the p-th highest priority (descending: the ranks' bits complemented)
-    prio = _argsort_runs(rank.view(np.uint64), ~np.uint64(0))
-    pos = np.empty(n, np.int32)
-    for p in range(n):
-        pos[prio[p]] = p
-    # the edges' heads as priority positions: the loop below indexes its per-node state (ready
-    # set, in-degrees, ready times) by position, one indirection less on its critical path
-    succ_pos = np.empty(m, np.int32)
-    for e in range(m):
-        succ_pos[e] = pos[succ_idx[e]]
-    ctl_pos = np.empty(ctl_idx.shape[0], np.int32)
-    for e in range(ctl_idx.shape[0]):
-        ctl_pos[e] = pos[ctl_idx[e]]
-
-    # --- list scheduling ------------------------------------------------------------------
-    ready = np.zeros(n, np.float64)  # by position: max finish (data available) of the predecessors
-    # scheduled so far
-    compute_free = np.zeros(n_devices, np.float64)
-    egress_free = np.zeros(2 * n_devices, np.float64)  # port 2*d: NVLink, 2*d+1: NIC
-    ingress_free = np.zeros(2 * n_devices, np.float64)
-    # contention: the last communication interval each device takes part in (see _contended)
-    comm_start = np.zeros(n_devices, np.float64)
-    comm_end = np.zeros(n_devices, np.float64)
-    off, n_lev = _bitset_layout(n)
-    ready_set = np.zeros(off[n_lev], np.uint64)  # priority positions of the ready nodes
-    n_ready = 0
-    lo = n  # no ready position is below lo
-    deg = np.empty(n, np.int32)  # by position: predecessors not yet scheduled
-    for p in range(n):
-        deg[p] = indeg[prio[p]]
-        if deg[p] == 0:
-            _bitset_insert(ready_set, off, n_lev, p)
-            n_ready += 1
-            lo = min(lo, p)
-    makespan = 0.0
-    k = 0
-    while n_ready > 0:
-        p = _bitset_pop_from(ready_set, off, n_lev, lo)
-        lo = p
-        n_ready -= 1
-        u = prio[p]
-        d = dev[u]
-        t = ready[p]
-        if kind[u] == 0:
-            if compute_free[d] > t:
-                t = compute_free[d]
-            du = dur[u]
-            if contention > 1.0:  # (du itself when the last communication ended by t)
-                du = _contended(t, du, comm_start[d], comm_end[d], contention)
-            o = t + du  # the resources are held until o; the output is available at f
-            compute_free[d] = o
-            busy_compute[d] += dur[u]  # the work (the slowdown shows in start/finish and the makespan)
-            used[d] = True
-        elif kind[u] == 1:
-            r = dst[u]
-            c = link[u]
-            if egress_free[2 * d + c] > t:
-                t = egress_free[2 * d + c]
-            if ingress_free[2 * r + c] > t:
-                t = ingress_free[2 * r + c]
-            o = t + dur[u]
-            egress_free[2 * d + c] = o
-            ingress_free[2 * r + c] = o
-            busy_egress[d] += dur[u]
-            busy_ingress[r] += dur[u]
-            used[d] = True
-            used[r] = True
-            if contention > 1.0 and o > t:
-                _charge_comm(d, t, o, comm_start, comm_end, compute_free, contention)
-                _charge_comm(r, t, o, comm_start, comm_end, compute_free, contention)
-        else:  # a collective: every participant's ports on its links, together
-            mask = link[u]
-            for j in range(part_ptr[u], part_ptr[u + 1]):
-                q = part_dev[j]
-                for c in range(2):
-                    if (mask >> c) & 1:
-                        if egress_free[2 * q + c] > t:
-                            t = egress_free[2 * q + c]
-                        if ingress_free[2 * q + c] > t:
-                            t = ingress_free[2 * q + c]
-            o = t + dur[u]
-            for j in range(part_ptr[u], part_ptr[u + 1]):
-                q = part_dev[j]
-                for c in range(2):
-                    if (mask >> c) & 1:
-                        egress_free[2 * q + c] = o
-                        ingress_free[2 * q + c] = o
-                busy_egress[q] += dur[u]
-                busy_ingress[q] += dur[u]
-                used[q] = True
-                if contention > 1.0 and o > t:
-                    _charge_comm(q, t, o, comm_start, comm_end, compute_free, contention)
-        f = o + lat[u]
-        start[u] = t
-        finish[u] = f
-        if f > makespan:
-            makespan = f
-        order[k] = u
-        k += 1
-        for e in range(succ_ptr[u], succ_ptr[u + 1]):
-            v = succ_pos[e]
-            ready[v] = max(ready[v], f)
-            deg[v] -= 1
-            if deg[v] == 0:
-                _bitset_insert(ready_set, off, n_lev, v)
-                n_ready += 1
-                lo = min(lo, v)
-        for e in range(ctl_ptr[u], ctl_ptr[u + 1]):  # issue order: v may start once u has started
-            v = ctl_pos[e]
-            ready[v] = max(ready[v], t)
-            deg[v] -= 1
-            if deg[v] == 0:
-                _bitset_insert(ready_set, off, n_lev, v)
-                n_ready += 1
-                lo = min(lo, v)
-
-    if k < n:  # stalled: a cycle (cannot happen after either check above; kept as a guard)
-        return (1, start, finish, 0.0, peak_mem, busy_compute, busy_egress, busy_ingress, used,
-                rank, order, k)
-    if contention > 1.0:  # slowdown charged to compute that had already been placed (see _charge_comm)
-        for q in range(n_devices):
-            if compute_free[q] > makespan:
-                makespan = compute_free[q]
-
-    # --- memory: event sweep --------------------------------------------------------------
-    # In-place accumulation: a buffer whose every reader is an accumulate node (``acc``) on the
-    # buffer's own device is added into that accumulator as it is produced (Megatron-LM's
-    # ``main_grad``, gradient accumulation across microbatches), so it lives only while it is
-    # produced, and each accumulator's buffer from the start of its first such input on. So does
-    # a collective whose readers all accumulate (a reduce-scatter: NCCL reduces the chunks into
-    # the output as they arrive). Another collective's buffer on a participant lives until the
-    # readers on that participant end.
-    acc_start = ready  # (the list scheduling's buffer, no longer needed: less memory to touch)
     acc_start[:] = start
-    into = np.zeros(n, np.bool_)
-    for i in range(n):
+    into[:] = False
+    for i in range(n if acc.any() else 0):  # (most plans accumulate nothing)
         if succ_ptr[i + 1] == succ_ptr[i] or keep[i]:
             continue
         loc = dev[i] if kind[i] == 0 else dst[i]
@@ -786,7 +804,6 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     # 7B plan have the time of the one before): the events are grouped into runs of equal times
     # as they come, and the sweep sorts runs, not events.
     ub = n + part_dev.shape[0]
-    ev = np.empty(2 * ub, np.int32)
     run_t = np.empty(2 * ub, np.float64)  # runs: free runs from 0, allocation runs from ub on
     run_a = np.empty(2 * ub, np.int32)  # a run's first event
     nf = 0
@@ -794,18 +811,19 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     n_free_runs = 0
     n_alloc_runs = 0
     # a collective's buffer on each participant lives until the readers on that device end
-    dev_tf = np.full(n_devices, -1.0)
+    dev_tf = np.full(peak_mem.shape[0], -1.0)
     for i in range(n):
-        frees = succ_ptr[i + 1] > succ_ptr[i] and not keep[i]
+        a = succ_ptr[i]
+        b = succ_ptr[i + 1]
+        frees = (b > a) & (not keep[i])
         if kind[i] != 2:  # without branches on the bytes (mispredicted: one node in five has none)
             tf = 0.0
-            for e in range(succ_ptr[i], succ_ptr[i + 1]):
+            for e in range(a, b):
                 tf = max(tf, finish[succ_idx[e]])
-            if into[i]:
-                tf = finish[i]  # an accumulated input lives while it is produced
+            tf = finish[i] if into[i] else tf  # an accumulated input lives while it is produced
             has = alloc_bytes[i] > 0.0
             na, n_alloc_runs = _add_event(acc_start[i], i, has, ev, run_t, run_a, ub, na, n_alloc_runs)
-            nf, n_free_runs = _add_event(tf, i, has and frees, ev, run_t, run_a, 0, nf, n_free_runs)
+            nf, n_free_runs = _add_event(tf, i, has & frees, ev, run_t, run_a, 0, nf, n_free_runs)
             continue
         tf = 0.0
         if into[i]:
@@ -828,6 +846,95 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
                 dev_tf[dev[succ_idx[e]]] = -1.0
     _memory_sweep(ev, run_t, run_a, nf, n_free_runs, ub, na, n_alloc_runs, kind, dev, dst, alloc_bytes,
                   part_dev, part_alloc, peak_mem)
+
+
+@njit(cache=True, nogil=True)
+def _cycle(succ_ptr, succ_idx, ctl_ptr, ctl_idx, dur, lat, resident_bytes, topo_hint, start, finish, rank, order):
+    """The outputs for a graph with a cycle (``_simulate_core``'s status 1): zero times and
+    loads, the resident bytes as peaks, the nodes Kahn's pass orders (``order[:n_topo]``), and
+    the ranks as left by the checks: those along a hint (checking every edge, control edges too)
+    up to its first backward edge, -1 before it; zeros without a hint."""
+    n = rank.shape[0]
+    n_devices = resident_bytes.shape[0]
+    if topo_hint.shape[0] == n:
+        _hint_rank(topo_hint, succ_ptr, succ_idx, ctl_ptr, ctl_idx, rank, dur, lat, True)
+    else:
+        rank[:] = 0.0
+    tail = _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, order, rank, dur, lat)[1]
+    start[:] = 0.0
+    finish[:] = 0.0
+    return (1, start, finish, 0.0, resident_bytes.copy(), np.zeros(n_devices, np.float64), np.zeros(n_devices, np.float64),
+            np.zeros(n_devices, np.float64), resident_bytes > 0.0, rank, order, tail)
+
+
+@njit(cache=True, nogil=True)
+def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, resident_bytes, n_devices, keep, link,
+                   part_ptr, part_dev, part_alloc, ctl_ptr, ctl_idx, contention, acc, topo_hint):
+    """Returns (status, start, finish, makespan, peak_mem, busy_compute, busy_egress,
+    busy_ingress, used, rank, order, n_topo). status 0 = ok, 1 = cycle (then ``order[:n_topo]``
+    holds the nodes that could be ordered; the others lie on or behind a cycle).
+
+    ``topo_hint`` (int32[n], or empty): a permutation of the nodes, probably a topological order
+    (a lowering's program order, ``Lowered.topo_hint``). When every data edge points forward in
+    it, the ranks are computed along it without Kahn's pass (control edges bring no rank; a
+    pipeline's often point backwards in program order, and a cycle through them stalls the list
+    scheduling); otherwise Kahn's pass runs, as without a hint, and finds any cycle before the
+    list scheduling starts. Either way the outputs on a cycle are those of :func:`_cycle`."""
+    n = kind.shape[0]
+    m = succ_idx.shape[0]
+    mc = ctl_idx.shape[0]
+    start = np.empty(n, np.float64)  # (every element written, but on a cycle: zeros then)
+    finish = np.empty(n, np.float64)
+    rank = np.empty(n, np.float64)
+    order = np.empty(n, np.int32)
+    peak_mem = resident_bytes.copy()
+    busy_compute = np.zeros(n_devices, np.float64)
+    busy_egress = np.zeros(n_devices, np.float64)
+    busy_ingress = np.zeros(n_devices, np.float64)
+    used = resident_bytes > 0.0
+
+    # --- upward rank along the hint, when every data edge points forward in it -------------
+    # (control edges bring no rank: a cycle through them stalls the list scheduling below)
+    with_hint = topo_hint.shape[0] == n
+    if not (with_hint and _hint_rank(topo_hint, succ_ptr, succ_idx, ctl_ptr, ctl_idx, rank, dur, lat, False)):
+        if _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, order, rank, dur, lat)[0] != 0:
+            return _cycle(succ_ptr, succ_idx, ctl_ptr, ctl_idx, dur, lat, resident_bytes, topo_hint, start, finish, rank,
+                          order)
+
+    # --- priority: position in (rank descending, index ascending) order ---------------------
+    # prio[p] = node with the p-th highest priority (descending: the ranks' bits complemented)
+    prio = _argsort_runs(rank.view(np.uint64), ~np.uint64(0))
+    pos = order  # (the output's buffer, written by the list scheduling only: less memory to touch)
+    for p in range(n):
+        pos[prio[p]] = p
+    # the edges' heads as positions, and the in-degrees by position
+    deg = np.zeros(n, np.int32)
+    # (one buffer for these and, later, the memory events)
+    edges = np.empty(max(m + mc, 2 * (n + part_dev.shape[0])), np.uint32)
+    succ_pos = edges[:m]
+    for e in range(m):
+        v = pos[succ_idx[e]]
+        succ_pos[e] = v
+        deg[v] += 1
+    ctl_pos = edges[m:m + mc]
+    for e in range(mc):  # control edges order the schedule too
+        v = pos[ctl_idx[e]]
+        ctl_pos[e] = v
+        deg[v] += 1
+
+    # --- list scheduling ------------------------------------------------------------------
+    ready = np.zeros(n, np.float64)  # by position: max finish (data available) of the predecessors
+    # scheduled so far
+    makespan, k = _list_schedule(prio, succ_ptr, succ_pos, ctl_ptr, ctl_pos, deg, kind, dev, dst, dur, lat, link,
+                                 part_ptr, part_dev, contention, start, finish, order, busy_compute, busy_egress,
+                                 busy_ingress, used, ready)
+    if k < n:  # stalled: a cycle through control edges
+        return _cycle(succ_ptr, succ_idx, ctl_ptr, ctl_idx, dur, lat, resident_bytes, topo_hint, start, finish, rank,
+                      order)
+
+    # --- memory: event sweep --------------------------------------------------------------
+    _memory_peaks(kind, dev, dst, alloc_bytes, keep, acc, succ_ptr, succ_idx, part_ptr, part_dev, part_alloc,
+                  start, finish, ready, deg.view(np.bool_)[:n], edges.view(np.int32), peak_mem)
     return (0, start, finish, makespan, peak_mem, busy_compute, busy_egress, busy_ingress, used,
             rank, order, n)
 
