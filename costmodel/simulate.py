@@ -863,8 +863,9 @@ def _cycle(succ_ptr, succ_idx, ctl_ptr, ctl_idx, dur, lat, resident_bytes, topo_
     tail = _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, order, rank, dur, lat)[1]
     start[:] = 0.0
     finish[:] = 0.0
-    return (1, start, finish, 0.0, resident_bytes.copy(), np.zeros(n_devices, np.float64), np.zeros(n_devices, np.float64),
-            np.zeros(n_devices, np.float64), resident_bytes > 0.0, rank, order, tail)
+    zeros = np.zeros(n_devices, np.float64)
+    return (1, start, finish, 0.0, resident_bytes.copy(), zeros, zeros.copy(), zeros.copy(), resident_bytes > 0.0,
+            rank, order, tail)
 
 
 @njit(cache=True, nogil=True)
@@ -898,8 +899,8 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     with_hint = topo_hint.shape[0] == n
     if not (with_hint and _hint_rank(topo_hint, succ_ptr, succ_idx, ctl_ptr, ctl_idx, rank, dur, lat, False)):
         if _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, order, rank, dur, lat)[0] != 0:
-            return _cycle(succ_ptr, succ_idx, ctl_ptr, ctl_idx, dur, lat, resident_bytes, topo_hint, start, finish, rank,
-                          order)
+            return _cycle(succ_ptr, succ_idx, ctl_ptr, ctl_idx, dur, lat, resident_bytes, topo_hint, start, finish,
+                          rank, order)
 
     # --- priority: position in (rank descending, index ascending) order ---------------------
     # prio[p] = node with the p-th highest priority (descending: the ranks' bits complemented)
