@@ -514,13 +514,13 @@ def _hint_rank(topo_hint, succ_ptr, succ_idx, ctl_ptr, ctl_idx, rank, dur, lat, 
 
 
 @njit(cache=True, nogil=True)
-def _list_schedule(prio, succ_ptr, succ_pos, ctl_ptr, ctl_pos, deg, kind, dev, dst, dur, lat, link, part_ptr,
+def _list_schedule(prio, succ_ptr, ctl_ptr, heads, m, deg, kind, dev, dst, dur, lat, link, part_ptr,
                    part_dev, contention, start, finish, order, busy_compute, busy_egress, busy_ingress, used, ready):
     """The list scheduling (module docstring): ``prio[p]`` is the node of priority position p,
-    ``succ_pos``/``ctl_pos`` the edges' heads as positions, ``deg`` and ``ready`` (zeros) the
-    in-degrees and ready times by position; the loop indexes its per-node state by position, one
-    indirection less on its critical path. Writes the outputs; returns (makespan, nodes
-    scheduled: fewer than n on a cycle)."""
+    ``heads`` the edges' heads as positions (the ``m`` data edges', then the control edges'),
+    ``deg`` and ``ready`` (zeros) the in-degrees and ready times by position; the loop indexes
+    its per-node state by position, one indirection less on its critical path. Writes the
+    outputs; returns (makespan, nodes scheduled: fewer than n on a cycle)."""
     n = prio.shape[0]
     n_devices = busy_compute.shape[0]
     prio_u = prio.view(np.uint32)  # unsigned indices: no wraparound for negative ones
@@ -631,32 +631,18 @@ def _list_schedule(prio, succ_ptr, succ_pos, ctl_ptr, ctl_pos, deg, kind, dev, d
             makespan = f
         order[k] = u
         k += 1
-        # Release the successors; one that becomes ready is inserted into the ready set's bottom
-        # word without a branch (z: 0 or 1; whether a node becomes ready is unpredictable), into
-        # the words above only when that word was empty.
-        for e in range(succ_ptr[u], succ_ptr[u + 1]):
-            v = succ_pos[e]
-            ready[v] = max(ready[v], f)
-            dv = deg[v] - 1
-            deg[v] = dv
-            z = dv == 0
-            w = v >> 6
-            old = ready_set[w]
-            ready_set[w] = old | (np.uint64(z) << np.uint64(v & 63))
-            if z and old == 0:  # a word that was empty: mark it one level up
-                q = w
-                for lev in range(1, n_lev):
-                    w = q >> 6
-                    old = ready_set[off[lev] + w]
-                    ready_set[off[lev] + w] = old | (np.uint64(1) << np.uint64(q & 63))
-                    if old != 0:
-                        break
-                    q = w
-            n_ready += z
-            lo = v if z and v < lo else lo
-        for e in range(ctl_ptr[u], ctl_ptr[u + 1]):  # issue order: v may start once u has started
-            v = ctl_pos[e]
-            ready[v] = max(ready[v], t)
+        # Release the successors: the data edges' heads (ready once u has finished, at f), then
+        # the control edges' (issue order: once u has started, at t), both runs of ``heads``.
+        # One that becomes ready is inserted into the ready set's bottom word without a branch
+        # (z: 0 or 1; whether a node becomes ready is unpredictable), into the words above only
+        # when that word was empty.
+        a = succ_ptr[u]
+        n_data = succ_ptr[u + 1] - a
+        c = m + ctl_ptr[u] - n_data  # heads[c + j]: the control edges, for j >= n_data
+        for j in range(n_data + ctl_ptr[u + 1] - ctl_ptr[u]):
+            data = j < n_data
+            v = heads[a + j if data else c + j]
+            ready[v] = max(ready[v], f if data else t)
             dv = deg[v] - 1
             deg[v] = dv
             z = dv == 0
@@ -926,7 +912,7 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     # --- list scheduling ------------------------------------------------------------------
     ready = np.zeros(n, np.float64)  # by position: max finish (data available) of the predecessors
     # scheduled so far
-    makespan, k = _list_schedule(prio, succ_ptr, succ_pos, ctl_ptr, ctl_pos, deg, kind, dev, dst, dur, lat, link,
+    makespan, k = _list_schedule(prio, succ_ptr, ctl_ptr, edges, m, deg, kind, dev, dst, dur, lat, link,
                                  part_ptr, part_dev, contention, start, finish, order, busy_compute, busy_egress,
                                  busy_ingress, used, ready)
     if k < n:  # stalled: a cycle through control edges
