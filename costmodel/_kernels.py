@@ -1222,3 +1222,74 @@ def exchange_facts(order, ptr, src, dst, shard, nbytes, epb, content, reduce, n_
             x = y
         iv[c, 0] = 4 if code == 2 and runs == 1 else code  # broadcast
     return iv, fv, r_ptr, ranks[:r_ptr[C]], recv[:r_ptr[C]], n_ptr, per_node[:n_ptr[C]]
+
+
+@njit(cache=True, nogil=True)
+def compact_collective(ints, L, T, Q, t_ex, q_ex, C, flts, totals):
+    """``lowering._compact_collective``'s rows: ``ints[:L]`` (local edges), then for each of the
+    ``C`` exchanges (``t_ex``/``q_ex``: the exchange of each transfer row ``ints[L + x]`` and
+    reader row ``ints[L + T + x]``) the first transfer row of each producer shard, then the first
+    reader row of each (reader, reader shard), both in row order. Returns those rows, ``f``
+    float64[kept transfers, flts columns]: zeros but for each exchange's first row, which is
+    ``flts`` of its first transfer with ``totals[c]`` in column 0, and ``sizes`` int64[C, 2]
+    (transfer rows, reader rows kept per exchange). Rows are taken exchange by exchange (counting
+    sorts) and repeats dropped by stamps: what the NumPy version did with sorts and uniques."""
+    t_ptr = np.zeros(C + 1, np.int64)
+    q_ptr = np.zeros(C + 1, np.int64)
+    for x in range(T):
+        t_ptr[t_ex[x] + 1] += 1
+    for x in range(Q):
+        q_ptr[q_ex[x] + 1] += 1
+    for c in range(C):
+        t_ptr[c + 1] += t_ptr[c]
+        q_ptr[c + 1] += q_ptr[c]
+    t_order = np.empty(T, np.int64)
+    q_order = np.empty(Q, np.int64)
+    nxt = t_ptr[:C].copy()
+    for x in range(T):
+        c = t_ex[x]
+        t_order[nxt[c]] = x
+        nxt[c] += 1
+    nxt = q_ptr[:C].copy()
+    for x in range(Q):
+        c = q_ex[x]
+        q_order[nxt[c]] = x
+        nxt[c] += 1
+    n_shard = 1
+    for x in range(T):
+        n_shard = max(n_shard, ints[L + x, 0] + 1)
+    n_reader = 1
+    width = 1
+    for x in range(Q):
+        n_reader = max(n_reader, ints[L + T + x, 1] + 1)
+        width = max(width, ints[L + T + x, 2] + 1)
+    t_seen = np.full(n_shard, -1, np.int64)
+    q_seen = np.full(n_reader * width, -1, np.int64)
+    out = np.empty((L + T + Q, 3), ints.dtype)
+    out[:L] = ints[:L]
+    f = np.zeros((T, flts.shape[1]), np.float64)
+    sizes = np.zeros((C, 2), np.int64)
+    r = L
+    nt = 0
+    for c in range(C):
+        if t_ptr[c] < t_ptr[c + 1]:
+            f[nt] = flts[t_order[t_ptr[c]]]
+            f[nt, 0] = totals[c]
+        for y in range(t_ptr[c], t_ptr[c + 1]):
+            row = L + t_order[y]
+            s = ints[row, 0]
+            if t_seen[s] != c:
+                t_seen[s] = c
+                out[r] = ints[row]
+                r += 1
+                nt += 1
+                sizes[c, 0] += 1
+        for y in range(q_ptr[c], q_ptr[c + 1]):
+            row = L + T + q_order[y]
+            k = ints[row, 1] * width + ints[row, 2]
+            if q_seen[k] != c:
+                q_seen[k] = c
+                out[r] = ints[row]
+                r += 1
+                sizes[c, 1] += 1
+    return out[:r], f[:nt], sizes

@@ -62,7 +62,7 @@ import weakref
 
 from collections import OrderedDict, deque
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_not, itemgetter, ne
+from operator import attrgetter, is_, is_not, itemgetter, ne
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -78,7 +78,6 @@ from ir.graph import SOURCE_ROLES, Graph, Op
 from ir.kernels import ITEMSIZE, get_kernel
 from ir.kernels.base import Signature
 from ir.kernels.optim import StateUpdate
-from ir.unique import first_indices
 
 
 #: Largest index-space volume and tensor size in bytes the lowering accepts: box volumes are int64
@@ -541,30 +540,12 @@ def _compact_collective(counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, 
     point-to-point pairs (every producer shard times every destination: quadratic in the ranks,
     750 MB of rows for Llama-2 70B on 512 GPUs) are not kept: the collectives' cost came from
     them already. Also returns the (transfer rows, reader rows) of each exchange. All exchanges
-    at once: their rows grouped by exchange (a stable sort), the first of each (exchange, shard)
-    and (exchange, reader shard) kept, then interleaved exchange by exchange."""
-    L, T, Q = int(counts[0]), int(counts[1]), int(counts[2])
-    t_order, t_ptr = _rows_of(t_ex, C)
-    q_order, _ = _rows_of(q_ex, C)
-    tc, qc = ints[L:L + T][t_order], ints[L + T:L + T + Q][q_order]
-    te, qe = t_ex[t_order], q_ex[q_order]  # nondecreasing
-    _, first = first_indices(te * (int(tc[:, 0].max()) + 1) + tc[:, 0])
-    t_keep = np.sort(first)
-    width = int(qc[:, 2].max()) + 1 if Q else 1
-    qkey = qc[:, 1] * width + qc[:, 2]
-    _, first = first_indices(qe * (int(qkey.max()) + 1 if Q else 1) + qkey)
-    q_keep = np.sort(first)
-    te, qe = te[t_keep], qe[q_keep]
-    sizes = np.stack([np.bincount(te, minlength=C), np.bincount(qe, minlength=C)], axis=1)
-    kept = np.concatenate((tc[t_keep], qc[q_keep]))
-    by_exchange = np.argsort(np.concatenate((2 * te, 2 * qe + 1)), kind="stable")
-    f = np.zeros((t_keep.shape[0], flts.shape[1]))
-    firsts = np.cumsum(sizes[:, 0]) - sizes[:, 0]
-    f[firsts] = flts[t_order[t_ptr[:-1]]]
-    f[firsts, 0] = totals
+    at once, in one compiled pass (``_kernels.compact_collective``)."""
+    kept, f, sizes = K.compact_collective(ints, int(counts[0]), int(counts[1]), int(counts[2]), t_ex, q_ex, C, flts,
+                                          totals)
     out = counts.copy()
-    out[1], out[2] = t_keep.shape[0], q_keep.shape[0]
-    return out, np.concatenate((ints[:L], kept[by_exchange])), f, sizes
+    out[1], out[2] = sizes.sum(axis=0)
+    return out, kept, f, sizes
 
 
 def _coll_rows(p: GroupPiece) -> np.ndarray:
@@ -575,7 +556,8 @@ def _same_rows(a: np.ndarray) -> np.ndarray:
     return a
 
 
-_second = itemgetter(1)
+_first, _second = itemgetter(0), itemgetter(1)
+_MISS = (None, None)  # a memo miss (``_memo_key``)
 _role = attrgetter("role")
 _flow_key = attrgetter("flow_key")
 
@@ -1203,8 +1185,8 @@ class Lowerer:
         # cache's size (set by the truncations it lowers), and a memo smaller than one model misses always
         cap = max(self.cache_size, 3 * len(g.ops))
         ops = list(g.ops.values())
-        hits = list(map(memo.get, map(id, ops)))  # (op, its entries or None: they depend on g)
-        for i in [i for i, (h, o) in enumerate(zip(hits, ops)) if h is None or h[0] is not o]:
+        hits = list(map(memo.get, map(id, ops), repeat(_MISS)))  # (op, its entries or None: they depend on g)
+        for i in list(compress(range(len(ops)), map(is_not, map(_first, hits), ops))):
             o = ops[i]
             dyn = entries is not _logical_entries and _entries_read_graph(o)
             hits[i] = memo[id(o)] = (o, None if dyn else entries(o, g))
@@ -1212,7 +1194,7 @@ class Lowerer:
                 memo.popitem(last=False)
         logical = list(chain.from_iterable(filter(None, map(_second, hits))))
         if entries is not _logical_entries:
-            for o in [h[0] for h in hits if h[1] is None]:
+            for o in list(compress(ops, map(is_, map(_second, hits), repeat(None)))):
                 if not _attention_grad_of_fused(o, g):
                     logical.extend(entries(o, g))
         # sources and outputs: rewrites copy the tensors mapping but share these Tensor objects
