@@ -115,20 +115,32 @@ def same_entry(src: Op, dst: Op, g: Graph) -> None:
 
 
 class GraphMemo:
-    """A few recent graphs' derived values, by identity (weak: never keeps a graph alive)."""
+    """A few recently used graphs' derived values, by identity (weak: never keeps a graph alive).
+    A hit makes an entry the most recent and dead graphs' entries go first, so a search's root
+    plan, whose children are made every few steps, keeps its values (the truncations its children
+    are derived from) while the steps between make and drop theirs."""
 
     def __init__(self, cap: int = 16) -> None:
         self.cap = cap
         self.d: OrderedDict = OrderedDict()
 
     def get(self, g: Graph, key: Any = None) -> Any:
-        hit = self.d.get((id(g), key))
-        return hit[1] if hit is not None and hit[0]() is g else None
+        k = (id(g), key)
+        hit = self.d.get(k)
+        if hit is None or hit[0]() is not g:
+            return None
+        self.d.move_to_end(k)
+        return hit[1]
 
     def put(self, g: Graph, value: Any, key: Any = None) -> Any:
-        self.d[(id(g), key)] = (weakref.ref(g), value)
-        if len(self.d) > self.cap:
-            self.d.popitem(last=False)
+        d = self.d
+        for k in [k for k, (ref, _v) in d.items() if ref() is None]:
+            del d[k]
+        k = (id(g), key)
+        d[k] = (weakref.ref(g), value)
+        d.move_to_end(k)
+        if len(d) > self.cap:
+            d.popitem(last=False)
         return value
 
 
