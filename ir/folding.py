@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import weakref
 
-from ir.graph import Edit, Graph, Tensor
+from ir.graph import NEXT_SUFFIX, Edit, Graph, Tensor
 
 __all__ = ["fold_constants", "folded_ops"]
 
@@ -41,7 +41,8 @@ def _folding(g: Graph) -> tuple[tuple[str, ...], dict | None]:
     out: list[str] = []
     # op order (program order almost always; where it is not, a chain folds less, never wrongly):
     # a truncated model's new tables pass here, and its topological order would cost more
-    for o in g.ops.values():
+    ops = () if _folds_nothing(g) else g.ops.values()
+    for o in ops:
         if not o.inputs:
             continue
         for _, t in o.inputs:
@@ -64,6 +65,38 @@ def _folding(g: Graph) -> tuple[tuple[str, ...], dict | None]:
 
 
 _MEMO: dict[int, tuple[object, tuple[str, ...], dict | None]] = {}
+
+
+def _folds_nothing(g: Graph) -> bool:
+    """Whether nothing of ``g`` folds, told from the plan ``with_ops`` made it from when that plan's
+    table folds nothing (the search's plans: a training step's weights are carried). The first op
+    that folds reads non-carried parameters only, so only an op the edit brought or one reading a
+    tensor the edit changed (or whose next value it changed: ``Graph.is_carried``) could; else
+    False (look at every op). A truncated plan's edits make new tables: this saves the pass."""
+    origin = g.origin() if g.origin is not None else None
+    delta = g.tensor_delta
+    if origin is None or g.ops_delta is None or delta is None or delta[0] is not origin.tensors:
+        return False
+    hit = _MEMO.get(id(origin.tensors))
+    if hit is None or hit[0] is not origin.tensors or hit[1]:
+        return False
+    tensors, before = g.tensors, origin.tensors
+
+    def foldable(t: str) -> bool:  # (a tensor the first folded op may read)
+        x = tensors.get(t)
+        return x is not None and x.role == "parameter" and not g.is_carried(t)
+
+    for n in delta[1]:
+        if foldable(n) or (n.endswith(NEXT_SUFFIX) and foldable(n[:-len(NEXT_SUFFIX)])):
+            return False
+        if n in before and before[n].role == "output":  # (an op it was the output of may fold now)
+            return False
+    replace, insert_after = g.ops_delta
+    for o in [*replace.values(), *(o for extra in insert_after.values() for o in extra)]:
+        if o is not None and o.inputs and (all(foldable(t) for _, t in o.inputs)
+                                           or any(t not in tensors for _, t in o.inputs)):
+            return False  # (a missing tensor: the pass over every op says what it says)
+    return True
 
 
 def fold_constants(g: Graph) -> Graph:

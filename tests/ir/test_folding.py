@@ -66,3 +66,47 @@ def test_nothing_folds_where_the_weights_change_or_a_weight_is_an_output():
     g2 = b.build(outputs=["t.out", "mm.out"])
     assert folded_ops(g2) == ()  # an output is computed (and written) by the step
     assert np.isfinite(Evaluator("h100-sxm-8")(g2).makespan)
+
+
+def _full_pass(g):
+    """``folded_ops`` of ``g`` found by the pass over every op (a fresh table has no lineage)."""
+    from ir.graph import Graph
+
+    return folded_ops(Graph(dict(g.tensors), dict(g.ops)))
+
+
+def test_a_child_of_a_plan_that_folds_nothing_is_told_without_the_pass_and_rightly():
+    from ir.folding import _folds_nothing
+    from ir.graph import Op, Tensor
+
+    b = GraphBuilder()
+    x = b.input("x", (8, 4))
+    y = b.matmul(x, b.parameter("A", (4, 3)), name="mm")
+    b.relu(y, name="act", out="y")
+    g = b.build(outputs=["y"])
+    assert folded_ops(g) == ()
+    # an edit that adds nothing foldable: the child's answer comes from its origin's
+    h = g.with_ops(insert_after={"act": [Op("neg", "relu", (("x", "y"),), "neg.out")]},
+                   tensors={"neg.out": Tensor("neg.out", (8, 3))})
+    assert _folds_nothing(h) and folded_ops(h) == _full_pass(h) == ()
+    # a new op reading weights only folds
+    t = Op("t", "transpose", (("x", "A"),), "t.out", {"perm": [1, 0]})
+    h = g.with_ops(insert_after={"mm": [t]}, tensors={"t.out": Tensor("t.out", (3, 4))})
+    assert not _folds_nothing(h) and folded_ops(h) == _full_pass(h) == ("t",)
+    # an input made a weight: the op reading it and a weight folds
+    h = g.with_ops(tensors={"x": Tensor("x", (8, 4), "float32", "parameter")})
+    assert not _folds_nothing(h) and folded_ops(h) == _full_pass(h) == ("mm",)  # (act writes the output)
+    # trained weights that stop being carried (their next values gone) fold again
+    s = training_step(packed())
+    assert folded_ops(s) == ()
+    gone = {n: None for n in s.tensors if n.endswith(".next")}
+    h = s.with_ops(tensors=gone)
+    assert not _folds_nothing(h) and folded_ops(h) == _full_pass(h) != ()
+    # a weights-only op whose output stops being a graph output folds
+    b = GraphBuilder()
+    w = b.transpose(b.parameter("A", (4, 3)), name="t", perm=[1, 0])
+    b.matmul(b.input("x", (2, 3)), w, name="mm")
+    g2 = b.build(outputs=["t.out", "mm.out"])
+    assert folded_ops(g2) == ()
+    h = g2.with_ops(tensors={"t.out": Tensor("t.out", (3, 4))})
+    assert not _folds_nothing(h) and folded_ops(h) == _full_pass(h) == ("t",)
