@@ -73,6 +73,17 @@ class Tensor:
     def to_json(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "role": self.role}
 
+    @cached_property
+    def canonical_text(self) -> str:
+        """Sorted, whitespace-free JSON, cached: plans share their Tensor objects, and every plan a
+        search makes is digested (``Graph.canonical_json``)."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("canonical_text", None)  # (a memo)
+        return state
+
 
 def _frozen(a: np.ndarray, dtype: Any) -> np.ndarray:
     a = np.ascontiguousarray(a, dtype=dtype)
@@ -402,9 +413,9 @@ class Graph:
 
     @cached_property
     def canonical_json(self) -> str:
-        """Sorted, whitespace-free JSON; per-op fragments are cached on the (shared) ops."""
-        tensors = ",".join(json.dumps(self.tensors[n].to_json(), sort_keys=True, separators=(",", ":"))
-                           for n in sorted(self.tensors))
+        """Sorted, whitespace-free JSON; per-op and per-tensor fragments are cached on the (shared) ops
+        and tensors."""
+        tensors = ",".join(self.tensors[n].canonical_text for n in sorted(self.tensors))
         ops = ",".join(self.ops[n].canonical_text for n in sorted(self.ops))
         return f'{{"format":"{FORMAT}","ops":[{ops}],"tensors":[{tensors}]}}'
 
