@@ -8,10 +8,11 @@ Two plans of one program have equal ``unshard`` digests.
 
 from __future__ import annotations
 
+import weakref
+
 from ir.graph import Graph, Shards
 from ir.kernels.attention import COMBINE_KERNEL
-from ir.rewrites.fusion import unfuse
-from ir.rewrites.errors import RewriteError
+from ir.rewrites.fusion import unfuse, unfuse_each
 from ir.rewrites.recompute import SUFFIX, is_copy, recomputed, unrecompute
 from ir.rewrites.reduction import merge_reduction
 from ir.rewrites.substitute_attention import fused_attentions, unfuse_attention
@@ -33,13 +34,7 @@ def unshard(g: Graph, keep_substitutions: bool = False) -> Graph:
         fused = [n for n, o in g.ops.items() if o.kernel == "fused"]
         if not fused:
             break
-        done = 0
-        for n in fused:
-            try:
-                g = unfuse(g, n)
-                done += 1
-            except RewriteError:
-                continue  # a copy's fusion beside its original's: the copy is dropped below
+        g, done = unfuse_each(g, fused)  # refused: a copy's fusion beside its original's, dropped below
         g = _unrecompute(g, fused=True)
         if not done:
             g = unfuse(g, fused[0])  # stuck: the rewrite names the problem
@@ -65,6 +60,10 @@ def _unrecompute(g: Graph, fused: bool = False) -> Graph:
     return unrecompute(g, names) if names else g
 
 
+#: split op -> ((its accumulate's output, its input tensors), the merged whole op): see ``_WHOLE``
+_MERGED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _merge_reductions(g: Graph) -> Graph:
     """Every split reduction merged (``merge_reduction`` of each, innermost first), in one pass:
     one graph copy instead of one per reduction (a sharded training step has hundreds). Merged
@@ -73,7 +72,7 @@ def _merge_reductions(g: Graph) -> Graph:
     if not split:
         return g
     ops, dropped_tensors = dict(g.ops), {}
-    consumers = g.consumers
+    consumers = g.__dict__.get("consumers") or _readers(g, {g.ops[n].output for n in split})
     for n in reversed(split):  # innermost first: a two-level reduction's accumulate is itself split
         o = ops[n]
         readers = consumers.get(o.output, [])
@@ -86,19 +85,46 @@ def _merge_reductions(g: Graph) -> Graph:
                 "accumulate", COMBINE_KERNEL):
             return merge_reduction(g, n)  # malformed: the single-step rewrite raises, naming the problem
         acc = ops.pop(readers[0][0])
-        merged = o.replace(params={k: v for k, v in o.params.items() if k != "split"}, output=acc.output)
-        ops[n] = merged.replace(shards=Shards.whole(g.signature(merged).extents))
+        key = (acc.output, tuple([g.tensors.get(t) for _, t in o.inputs]))
+        hit = _MERGED.get(o)
+        if hit is None or hit[0] != key:
+            merged = o.replace(params={k: v for k, v in o.params.items() if k != "split"}, output=acc.output)
+            hit = _MERGED[o] = (key, merged.replace(shards=Shards.whole(g.signature(merged).extents)))
+        ops[n] = hit[1]
         dropped_tensors[o.output] = None
     return Graph({t: v for t, v in g.tensors.items() if t not in dropped_tensors}, ops)
 
 
+def _readers(g: Graph, tensors: set[str]) -> dict[str, list[tuple[str, str]]]:
+    """``g.consumers`` of ``tensors`` alone (the whole map costs a list per tensor of the graph)."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for o in g.ops.values():
+        for port, t in o.inputs:
+            if t in tensors:
+                out.setdefault(t, []).append((o.name, port))
+    return out
+
+
+#: op -> (its input tensors, its one-whole-shard version or None where it is one already): the plans
+#: of a search share their ops, and the same whole op keeps its canonical text from call to call
+_WHOLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _whole(g: Graph) -> Graph:
     ops = {}
+    memo, tensors = _WHOLE, g.tensors
     for n, o in g.ops.items():
-        ext = g.signature(o).extents
-        sh = o.shards
-        if sh is not None and len(sh) == 1 and not sh.lo.any() and tuple(sh.hi[0].tolist()) == tuple(ext) \
-                and sh.device[0] == 0:
-            continue  # already one whole shard on device 0
-        ops[n] = o.replace(shards=Shards.whole(ext))
+        ts = tuple([tensors.get(t) for _, t in o.inputs])
+        hit = memo.get(o)
+        if hit is None or hit[0] != ts:
+            ext = g.signature(o).extents
+            sh = o.shards
+            if sh is not None and len(sh) == 1 and not sh.lo.any() and tuple(sh.hi[0].tolist()) == tuple(ext) \
+                    and sh.device[0] == 0:
+                hit = (ts, None)  # already one whole shard on device 0
+            else:
+                hit = (ts, o.replace(shards=Shards.whole(ext)))
+            memo[o] = hit
+        if hit[1] is not None:
+            ops[n] = hit[1]
     return g.with_ops(ops) if ops else g

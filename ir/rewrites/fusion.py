@@ -12,6 +12,9 @@ projection (aligned, not broadcast), the intermediate has no other reader and is
 
 from __future__ import annotations
 
+import weakref
+from typing import Iterable, Mapping
+
 from ir.graph import Graph, Op, Shards, Tensor
 from ir.kernels import ELEMENTWISE, get_kernel
 from ir.kernels.fused import Fused, stage_port
@@ -81,18 +84,66 @@ def fuse(g: Graph, producer: str, consumer: str) -> Graph:
     return g.with_ops({producer: None, consumer: None}, insert_after={after: [fused]}, tensors={p.output: None})
 
 
+#: fused op -> (its input tensors, (producer, consumer, intermediate tensor)): ``unshard`` unfuses the
+#: same (shared) fused ops of every plan of a search; the same split-off ops also keep their memos
+#: (signatures, canonical text) from one call to the next
+_UNFUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def unfuse(g: Graph, op: str) -> Graph:
     """Split the last stage off fused ``op``: restores the intermediate tensor and both ops."""
-    o = get_op(g, op)
+    producer, consumer, mid = _unfused(g.ops, g.tensors, op)
+    return g.with_ops({op: producer}, insert_after={op: [consumer]}, tensors={mid.name: mid})
+
+
+def unfuse_each(g: Graph, ops: Iterable[str]) -> tuple[Graph, int]:
+    """``unfuse`` of each of ``ops`` in turn, skipping those it refuses, and how many it unfused: the
+    graph that chain of ``unfuse`` calls makes, with one copy of the op table instead of one per op."""
+    cur, tensors = dict(g.ops), dict(g.tensors)  # the chain's graph so far, for the checks
+    replace: dict[str, Op] = {}
+    insert: dict[str, list[Op]] = {}
+    mids: dict[str, Tensor] = {}
+    for op in ops:
+        try:
+            producer, consumer, mid = _unfused(cur, tensors, op)
+        except RewriteError:
+            continue
+        del cur[op]
+        cur[producer.name], cur[consumer.name] = producer, consumer
+        tensors[mid.name] = mids[mid.name] = mid
+        replace[op], insert[op] = producer, [consumer]
+    return (g.with_ops(replace, insert_after=insert, tensors=mids) if replace else g), len(replace)
+
+
+def _unfused(ops: Mapping[str, Op], tensors: Mapping[str, Tensor], op: str) -> tuple[Op, Op, Tensor]:
+    """``unfuse``'s checks and (producer, consumer, intermediate tensor) in a graph of ``ops`` and ``tensors``."""
+    o = ops.get(op)
+    if o is None:
+        raise RewriteError(f"no operation {op!r}; operations are {list(ops)}")
     if o.kernel != "fused":
         raise RewriteError(f"{op} is not a fused operation")
     from ir.rewrites.recompute import SUFFIX
 
-    if op + SUFFIX in g.ops:  # the copy keeps the fused stages' names, which the unfused ops take
+    if op + SUFFIX in ops:  # the copy keeps the fused stages' names, which the unfused ops take
         raise RewriteError(f"cannot unfuse {op}: it has a recomputed copy; unrecompute{{op={op}}} first")
+    ts = tuple([tensors.get(t) for _, t in o.inputs])
+    hit = _UNFUSED.get(o)
+    if hit is not None and hit[0] == ts:
+        producer, consumer, mid = hit[1]
+    else:
+        producer, consumer, mid = _split_last(tensors, o)
+        _UNFUSED[o] = (ts, (producer, consumer, mid))
+    for name in (producer.name, consumer.name):
+        if name in ops and name != op:
+            raise RewriteError(f"cannot unfuse {op}: an operation named {name} exists")
+    return producer, consumer, mid
+
+
+def _split_last(tensors: Mapping[str, Tensor], o: Op) -> tuple[Op, Op, Tensor]:
+    """``unfuse``'s new ops and intermediate tensor: what ``o`` and its input tensors decide."""
     stages, inputs = _stages_of(o)
     last = stages[-1]
-    stage_sigs = Fused().stage_signatures({p: g.tensors[t].spec for p, t in o.inputs}, o.params)
+    stage_sigs = Fused().stage_signatures({p: tensors[t].spec for p, t in o.inputs}, o.params)
     mid_spec = stage_sigs[-2][1].out_spec
     M = stage_sigs[-1][2]
     via = last["via"]
@@ -111,8 +162,4 @@ def unfuse(g: Graph, op: str) -> Graph:
     lo, hi = project_boxes(M, o.shards.lo, o.shards.hi)
     consumer = Op(last["op"], last["kernel"], c_inputs, o.output, dict(last["params"]),
                   Shards(lo, hi, o.shards.device))
-    for name in (producer.name, consumer.name):
-        if name in g.ops and name != op:
-            raise RewriteError(f"cannot unfuse {op}: an operation named {name} exists")
-    return g.with_ops({op: producer}, insert_after={op: [consumer]},
-                      tensors={via: Tensor(via, mid_spec.shape, mid_spec.dtype, "intermediate")})
+    return producer, consumer, Tensor(via, mid_spec.shape, mid_spec.dtype, "intermediate")

@@ -16,6 +16,7 @@ Backward ops are those that depend on the loss gradient (the ``*_loss_grad`` ker
 
 from __future__ import annotations
 
+import weakref
 from typing import Iterable, Mapping
 
 from ir.graph import Graph, Tensor
@@ -112,7 +113,8 @@ def recompute_block(g: Graph, prefix: str) -> Graph:
 
 def recomputed(g: Graph) -> list[str]:
     """The original ops that have a recomputed copy."""
-    return [n[: -len(SUFFIX)] for n in g.ops if is_copy(g.ops, n)]
+    ops, k = g.ops, len(SUFFIX)
+    return [n[:-k] for n in ops if n.endswith(SUFFIX) and n[:-k] in ops]  # is_copy inlined: unshard asks often
 
 
 def is_copy(ops: Mapping[str, object], name: str) -> bool:
@@ -145,5 +147,13 @@ def unrecompute(g: Graph, ops: Iterable[str] | None = None) -> Graph:
             continue
         ins = tuple((p, back.get(t, t)) for p, t in o.inputs)
         if ins != o.inputs:
-            replace[n] = o.replace(inputs=ins)
+            hit = _REREAD.get(o)
+            if hit is None or hit[0] != ins:
+                hit = _REREAD[o] = (ins, o.replace(inputs=ins))
+            replace[n] = hit[1]
     return g.with_ops(replace, tensors={t: None for t in back})
+
+
+#: op -> (new inputs, the op reading them): ``unshard`` drops the copies of the (shared) ops of every
+#: plan of a search, and the same rewired readers keep their memos (signatures, canonical text)
+_REREAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

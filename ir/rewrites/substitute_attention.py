@@ -41,6 +41,7 @@ it. ``origin["backward"]`` records the replaced backward ops for ``unfuse_attent
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -392,13 +393,52 @@ def unfuse_attention(g: Graph, op: str) -> Graph:
             raise RewriteError(f"cannot unfuse {op}: an operation named {r['op']} exists")
         if r["role"] != "av" and r["output"] in g.tensors:
             raise RewriteError(f"cannot unfuse {op}: a tensor named {r['output']} exists")
+    try:
+        key = tuple([g.tensors.get(t) for t in _read_by(o)])
+    except (KeyError, TypeError, ValueError):  # malformed records: _restored raises as it always did
+        key = None
+    hit = _RESTORED.get(o)
+    if key is None or hit is None or hit[0] != key:
+        hit = _RESTORED[o] = (key, _restored(g, o))
+    new_ops, bwd, new_tensors = hit[1]
+    first, rest = new_ops[0], new_ops[1:]
+    replace: dict[str, Op | None] = {op: first}
+    insert = {op: rest}
+    if bwd:
+        lse = f"{op}.dlse"
+        grad_ops = [n for n in g.ops if n == lse or (n.startswith(f"{op}.d") and g.ops[n].kernel.startswith(
+            "attention_grad_"))]
+        for n in grad_ops:
+            replace[n] = None
+        replace[lse] = bwd[0]
+        insert[lse] = bwd[1:]
+    return g.with_ops(replace, insert_after=insert, tensors=dict(new_tensors))
+
+
+#: attention op -> (the tensors its records and itself read, what ``_restored`` makes of them): the
+#: plans of a search share their ops, and the restored ops keep their memos from call to call
+_RESTORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _read_by(o: Op) -> list[str]:
+    """The tensors that attention op ``o`` and the records in its ``origin`` read."""
+    origin = o.params["origin"]
+    return [t for rs in (origin["ops"], origin.get("backward") or ()) for r in rs for _, t in r["inputs"]] \
+        + [t for _, t in o.inputs]
+
+
+def _restored(g: Graph, o: Op) -> tuple[list[Op], list[Op], dict[str, Tensor | None]]:
+    """``unfuse_attention``'s forward ops, backward ops (empty in a forward program) and tensor edits:
+    what ``o`` and the tensors it and its records read decide."""
+    origin = o.params["origin"]
+    records = origin["ops"]
     made: dict[str, Any] = {}  # specs of the tensors the records make (the others: the graph's)
 
     def spec(t: str) -> Any:
         return made[t] if t in made else g.tensors[t].spec
 
     sh = o.shards
-    new_tensors: dict[str, Tensor] = {}
+    new_tensors: dict[str, Tensor | None] = {}
     new_ops: list[Op] = []
     for r in records:
         inputs = tuple((p, t) for p, t in r["inputs"])
@@ -415,14 +455,10 @@ def unfuse_attention(g: Graph, op: str) -> Graph:
             hi = np.concatenate([sh.hi, np.tile(extra, (len(sh), 1))], axis=1)
             shards = Shards(lo, hi, sh.device)
         new_ops.append(Op(r["op"], r["kernel"], inputs, r["output"], dict(r["params"]), shards))
-    first, rest = new_ops[0], new_ops[1:]
-    replace: dict[str, Op | None] = {op: first}
-    insert = {op: rest}
+    bwd: list[Op] = []
     if origin.get("backward"):
         kept = {dict(origin["grads"])[x] for x in dict(origin["grads"])}
-        lse = f"{op}.dlse"
-        new_tensors[f"{lse}.out"] = None
-        bwd: list[Op] = []
+        new_tensors[f"{o.name}.dlse.out"] = None
         for r in origin["backward"]:
             inputs = tuple((p, t) for p, t in r["inputs"])
             sig = get_kernel(r["kernel"]).signature({p: spec(t) for p, t in inputs}, r["params"])
@@ -431,13 +467,7 @@ def unfuse_attention(g: Graph, op: str) -> Graph:
                 new_tensors[r["output"]] = Tensor(r["output"], sig.out_spec.shape, sig.out_spec.dtype, "intermediate")
             bwd.append(Op(r["op"], r["kernel"], inputs, r["output"], dict(r["params"]),
                           Shards.whole(sig.extents, int(sh.device[0]))))
-        grad_ops = [n for n in g.ops if n == lse or (n.startswith(f"{op}.d") and g.ops[n].kernel.startswith(
-            "attention_grad_"))]
-        for n in grad_ops:
-            replace[n] = None
-        replace[lse] = bwd[0]
-        insert[lse] = bwd[1:]
-    return g.with_ops(replace, insert_after=insert, tensors=new_tensors)
+    return new_ops, bwd, new_tensors
 
 
 def attention_sites(g: Graph) -> list[str]:
