@@ -43,10 +43,11 @@ Rewrites share unchanged ``Op`` objects between a parent plan and its child. The
 the last few lowered plans (*states*) and, for a new plan with the same operations and tensors,
 finds the state it differs least from (by ``is`` on the ops), recomputes only the touched ops,
 the tensors they read or write and the inputs they read, and re-assembles the arrays in one
-compiled pass. Pieces are also cached by the identity of the ops they depend on (the cache keeps
-those ops alive, so their ids stay unique), so plans reached by other paths reuse them too. A
-structural rewrite (fusion, reduction split) gets its structure (``costmodel.structure``: program
-order and data flow as arrays) derived from that of the plan it was made from (``Graph.origin``)
+compiled pass. Pieces are also cached by what they are computed from (an op's signature, shards
+and input roles; a group's boxes and devices, by content), so plans reached by other paths, and
+the ops a structural move re-creates unchanged, reuse them too. A structural rewrite (fusion,
+reduction split) gets its structure (``costmodel.structure``: program order and data flow as
+arrays) derived from that of the plan it was made from (``Graph.origin``)
 when that plan is a recent state, else built (and cached by op names, kernels and data flow); it
 takes from that state (or the recent one closest in size) every piece whose ops it kept, matched
 by arrays rather than cache keys, and runs of its concatenated arrays as slices (``_derive``). The
@@ -57,6 +58,7 @@ random rewrite sequences).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import weakref
 
@@ -434,7 +436,7 @@ class OpPiece:
     per device of port ``p`` when it reads a graph input."""
 
     __slots__ = ("op", "n", "f", "dev", "out_lo", "out_hi", "in_lo", "in_hi", "pack", "kclass", "dtype", "src_port",
-                 "res", "_ports", "_mb")
+                 "res", "_ports", "_mb", "_box_ids")
 
     def __init__(self, op: Op, f: np.ndarray, out_lo: np.ndarray, out_hi: np.ndarray, in_lo: np.ndarray,
                  in_hi: np.ndarray, pack: _SigPack, kclass: str, dtype: str, src_port: np.ndarray,
@@ -445,6 +447,7 @@ class OpPiece:
         self.pack, self.kclass, self.dtype, self.src_port, self.res = pack, kclass, dtype, src_port, res
         self._ports: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._mb: bool | None = None  # ``_microbatched``, found once
+        self._box_ids: dict[str | None, bytes] = {}  # ``_boxes_key`` of its output (None) and input ports
 
     def input_boxes(self, port: str) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) int64[n, rank]: the boxes each shard reads through ``port``, clipped."""
@@ -455,6 +458,26 @@ class OpPiece:
             hit = self._ports[port] = (np.ascontiguousarray(self.in_lo[i, :, :r]),
                                        np.ascontiguousarray(self.in_hi[i, :, :r]))
         return hit
+
+
+def _content(*arrays: np.ndarray) -> bytes:
+    """A 128-bit digest of ``arrays`` (dtypes, shapes, bytes): a cache key that stays small where a
+    table of 512 shards' boxes is tens of kB (equal digests of unequal tables: odds of 2^-128)."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).data)
+    return h.digest()
+
+
+def _boxes_key(p: OpPiece, port: str | None) -> bytes:
+    """``_content`` of the boxes (and their devices) ``p`` writes (``port`` None) or reads through
+    ``port``, found once per piece."""
+    k = p._box_ids.get(port)
+    if k is None:
+        lo, hi = (p.out_lo, p.out_hi) if port is None else p.input_boxes(port)
+        k = p._box_ids[port] = _content(lo, hi, p.dev)
+    return k
 
 
 class GroupPiece:
@@ -468,15 +491,15 @@ class GroupPiece:
     collective reduces partials of several microbatches, accumulated in place on each device
     first). Otherwise ``coll`` is one row of zeros."""
 
-    __slots__ = ("counts", "ints", "flts", "keep", "coll", "parts", "collective")
+    __slots__ = ("counts", "ints", "flts", "coll", "parts", "collective")
 
-    def __init__(self, counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, keep: tuple, coll: np.ndarray,
-                 parts: np.ndarray, collective: Any = None) -> None:
+    def __init__(self, counts: np.ndarray, ints: np.ndarray, flts: np.ndarray, coll: np.ndarray, parts: np.ndarray,
+                 collective: Any = None) -> None:
         # int32 rows (shard, device and reader numbers) and the five columns of ``flts`` the
         # assembly reads (not the boxes' hashes and sums that the collectives were found by):
         # fewer bytes every plan's arrays copy (a 7B truncation's ~116,000 rows spliced and
         # assembled at each step)
-        self.counts, self.ints, self.keep = counts, ints.astype(np.int32), keep
+        self.counts, self.ints = counts, ints.astype(np.int32)
         self.flts = np.ascontiguousarray(flts[:, :5])
         self.coll, self.parts, self.collective = coll, parts, collective
 
@@ -784,41 +807,16 @@ class Lowerer:
     # -- pieces ----------------------------------------------------------------------------
     def op_piece(self, g: Graph, o: Op, like: OpPiece | None = None) -> OpPiece:
         """``o``'s piece; ``like``: the piece of an op with the same kernel, params and inputs
-        in the same tensors (its signature is reused instead of looked up)."""
+        in the same tensors (its signature is reused instead of looked up). Ops with the same
+        signature, shards and input roles share one piece (a piece is a function of these): the
+        ops of equal layers, and the ops a structural move re-creates unchanged, so the group
+        pieces keyed by their pieces are found again too."""
         key = ("op", id(o))
         cache = self._cache
         hit = cache.get(key)
         if hit is not None:
             cache.move_to_end(key)
             return hit
-        shared = self._shared_key(g, o)
-        if shared is None:
-            return self._cached(key, lambda: self._op_piece(g, o, like))
-        piece = cache.get(shared)
-        if piece is None:
-            piece = cache[shared] = self._op_piece(g, o, like)
-        else:
-            cache.move_to_end(shared)
-        cache[key] = piece
-        self._alive[key] = o  # the piece keeps another op alive: this one's id must stay unique
-        self._trim()
-        return piece
-
-    @staticmethod
-    def _shared_key(g: Graph, o: Op) -> tuple | None:
-        """The key of the piece ``o`` shares with the ops of other layers equal to it, or None
-        (an op outside the numbered layers). Equal layers (``ir.layers``: the same kernels,
-        params, specs and shards, names taken relative to the layer) have equal pieces, so a
-        move made in every layer of a class (``ir.rewrites.tie``) is lowered once, not per layer."""
-        from ir.layers import _entry
-
-        owner, number = _entry(o, g)
-        if owner is None:
-            return None
-        # which inputs are loop-carried (``g.carried`` costs a pass over a new graph's tensors)
-        return ("ope", number, tuple([g.is_carried(t) for _, t in o.inputs]))
-
-    def _op_piece(self, g: Graph, o: Op, like: OpPiece | None = None) -> OpPiece:
         if like is not None:
             pk, kclass, dtype, src_port = like.pack, like.kclass, like.dtype, like.src_port
         else:
@@ -828,13 +826,29 @@ class Lowerer:
             ins = o.input_map
             src_port = np.array([g.tensors[ins[p]].role in SOURCE_ROLES and not g.is_carried(ins[p])
                                  for p in pk.ports], np.bool_)
+        multi = self.runtime and multi_tensor(g, o)
+        sh = o.shards
+        # the piece keeps ``pk`` alive, so its id stays unique while this entry lives
+        shared = ("opc", id(pk), dtype, src_port.tobytes(), multi, _content(sh.lo, sh.hi, sh.device))
+        piece = cache.get(shared)
+        if piece is None:
+            piece = cache[shared] = self._op_piece(o, pk, kclass, dtype, src_port, multi)
+        else:
+            cache.move_to_end(shared)
+        cache[key] = piece
+        self._alive[key] = o  # the piece may keep another op alive: this one's id must stay unique
+        self._trim()
+        return piece
+
+    def _op_piece(self, o: Op, pk: _SigPack, kclass: str, dtype: str, src_port: np.ndarray,
+                  multi: bool) -> OpPiece:
         check_op_size(o.name, pk.sig.extents)
         sh = o.shards
         if sh.lo.shape[1] != pk.n_dims:
             raise ValueError(f"op {o.name!r}: shards have rank {sh.lo.shape[1]}, its index space has "
                              f"{pk.n_dims} dims (validate the plan)")
         fden, bden, launch = self._denominators(dtype, kclass)
-        if self.runtime and multi_tensor(g, o):
+        if multi:
             launch /= MULTI_TENSOR
         f, out_lo, out_hi, in_lo, in_hi, bad, res = K.op_kernel(
             sh.lo, sh.hi, sh.device, pk.in_Ap, pk.in_An, pk.in_b, pk.in_s, pk.in_shape, pk.in_rank, pk.in_item,
@@ -859,31 +873,30 @@ class Lowerer:
         # no batch rows in the tensor: a state, or made from states only (see the collective below)
         batch_free = state or all(map(g.is_carried, map(_second, ops[prod].inputs)))
         tag = "sgrp" if state else "bgrp" if batch_free else "grp"
-        # keyed by the pieces, not the ops: equal layers share their pieces, and so these too
-        if len(readers) == 1:
-            r, port = readers[0]
-            key = (tag, id(pieces[prod]), id(pieces[r]), port)
-        else:
-            key = (tag, id(pieces[prod])) + tuple((id(pieces[r]), port) for r, port in readers)
+        reduce = all(ops[r].kernel == "accumulate" for r, _ in readers)
+        # keyed by what it is computed from: the boxes (and devices) the producer writes and each
+        # reader reads, numbered by content, so a structural move's new ops (and pieces) that
+        # write or read as before find it again
+        pp = pieces[prod]
+        key = (tag, reduce, st.g_item[gi], _boxes_key(pp, None)) + tuple(
+            [_boxes_key(pieces[r], port) for r, port in readers])
         cache = self._cache
         hit = cache.get(key)
         if hit is not None:
             cache.move_to_end(key)
             return hit
-        pp = pieces[prod]
         if len(readers) == 1:  # the padded boxes (extra columns beyond the rank are ignored)
+            r, port = readers[0]
             pc = pieces[r]
             i = pc.pack.port_index[port]
             c_lo, c_hi, c_dev = pc.in_lo[i], pc.in_hi[i], pc.dev
             r_counts = np.array([pc.n], np.int64)
-            keep: tuple = (pp, pc)
         else:
             boxes = [pieces[r].input_boxes(port) for r, port in readers]
             c_lo = np.concatenate([b[0] for b in boxes])
             c_hi = np.concatenate([b[1] for b in boxes])
             c_dev = np.concatenate([pieces[r].dev for r, _ in readers])
             r_counts = np.array([pieces[r].n for r, _ in readers], np.int64)
-            keep = (pp,) + tuple(pieces[r] for r, _ in readers)
         counts, ints, flts = K.group_kernel(pp.out_lo, pp.out_hi, pp.dev, c_lo, c_hi, c_dev, r_counts,
                                             self.hw.n_devices, st.g_item[gi], *self._links)
         counts = np.append(counts, (0, 0))
@@ -898,7 +911,6 @@ class Lowerer:
         # what holds no batch (a loop-carried state, or an op computed from states only: a
         # weight's cast to bf16) are one collective for every microbatch on a device: the same
         # data, gathered once, as FSDP does.
-        reduce = all(ops[r].kernel == "accumulate" for r, _ in readers)
         mb = _microbatched(pp) or (not batch_free and any(_microbatched(pieces[r]) for r, _ in readers))
         if self.collectives and counts[1] >= 2:
             coll, parts, cost, ex = self._collectives(counts, ints, flts, pp.dev, reduce, r_counts if mb else None)
@@ -906,7 +918,7 @@ class Lowerer:
                 counts[3], counts[4] = parts.shape[0], coll.shape[0]
                 counts, ints, flts, sizes = _compact_collective(counts, ints, flts, *ex)
                 coll[:, 4:6] = sizes
-        piece = cache[key] = GroupPiece(counts, ints, flts, keep, coll, parts, cost)  # keep: ops whose ids are in key
+        piece = cache[key] = GroupPiece(counts, ints, flts, coll, parts, cost)
         self._piece_bytes[key] = size = ints.nbytes + flts.nbytes
         self._bytes += size
         self._trim()
