@@ -809,8 +809,8 @@ class Lowerer:
         """``o``'s piece; ``like``: the piece of an op with the same kernel, params and inputs
         in the same tensors (its signature is reused instead of looked up). Ops with the same
         signature, shards and input roles share one piece (a piece is a function of these): the
-        ops of equal layers, and the ops a structural move re-creates unchanged, so the group
-        pieces keyed by their pieces are found again too."""
+        ops of equal layers, and the ops a structural move re-creates unchanged (whose group
+        pieces are then found again by their boxes)."""
         key = ("op", id(o))
         cache = self._cache
         hit = cache.get(key)
@@ -875,7 +875,7 @@ class Lowerer:
         tag = "sgrp" if state else "bgrp" if batch_free else "grp"
         reduce = all(ops[r].kernel == "accumulate" for r, _ in readers)
         # keyed by what it is computed from: the boxes (and devices) the producer writes and each
-        # reader reads, numbered by content, so a structural move's new ops (and pieces) that
+        # reader reads, as digests of their content, so a structural move's new ops (and pieces) that
         # write or read as before find it again
         pp = pieces[prod]
         key = (tag, reduce, st.g_item[gi], _boxes_key(pp, None)) + tuple(
