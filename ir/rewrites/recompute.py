@@ -113,8 +113,7 @@ def recompute_block(g: Graph, prefix: str) -> Graph:
 
 def recomputed(g: Graph) -> list[str]:
     """The original ops that have a recomputed copy."""
-    ops, k = g.ops, len(SUFFIX)
-    return [n[:-k] for n in ops if n.endswith(SUFFIX) and n[:-k] in ops]  # is_copy inlined: unshard asks often
+    return [n[: -len(SUFFIX)] for n in g.ops if is_copy(g.ops, n)]
 
 
 def is_copy(ops: Mapping[str, object], name: str) -> bool:
