@@ -47,7 +47,6 @@ def test_compaction_keeps_the_front_and_resume_continues(tmp_path, db):
     cli("run", str(cfg), "--db", db, "--quiet", check=True)
     before = _status(db, "rc")
     assert before["campaign"]["counters"]["retention"]["runs"] >= 1
-    assert before["progress"]["archive_rows"]["candidates_delta"] > 0
     with Archive.open(db, readonly=True) as a:
         count, last = a.evaluation_count("rc"), a.last_seq("rc")
         folded = sum(i["evaluations"] for i in a.evaluation_intervals("rc"))
@@ -56,6 +55,9 @@ def test_compaction_keeps_the_front_and_resume_continues(tmp_path, db):
     report = json.loads(res.stdout)
     assert report["rows_after"]["candidates"] <= report["rows_before"]["candidates"]
     after = _status(db, "rc")
+    # Deltas are checked after the hand compaction: whether the driver's own last compaction
+    # (every second, timed by the machine's load) saw a child of a kept parent is luck.
+    assert after["progress"]["archive_rows"]["candidates_delta"] > 0
     key = lambda r: r["digest"]  # noqa: E731
     assert sorted(before["front"], key=key) == sorted(after["front"], key=key)
     assert after["hypervolume"] == before["hypervolume"]
