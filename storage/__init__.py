@@ -31,7 +31,7 @@ from storage.errors import (
     StorageError,
 )
 from storage.records import OBJECTIVE_COLUMNS
-from storage.retention import RetentionPolicy
+from storage.retention import NotReplayable, RetentionPolicy
 from storage.session import session_scope
 from storage.sql import format_rows, run_readonly_query
 
@@ -45,6 +45,7 @@ __all__ = [
     "DatabaseBusy",
     "InvalidRecord",
     "MultipleStatements",
+    "NotReplayable",
     "PlanNotKept",
     "QueryError",
     "ReadOnlyViolation",

@@ -74,6 +74,7 @@ from storage.records import OBJECTIVE_COLUMNS
 __all__ = [
     "HISTORY_MODES",
     "CompactionReport",
+    "NotReplayable",
     "Replay",
     "RetentionPolicy",
     "compact_campaign",
@@ -82,9 +83,15 @@ __all__ = [
 ]
 
 #: ``replay(parent_json, rewrite) -> (child_json, child_digest)``: applies a stored rewrite text
-#: to a plan (the optimizer supplies it; storage imports no graph code). Any exception means
-#: "cannot replay".
+#: to a plan (the optimizer supplies it; storage imports no graph code). ``NotReplayable`` means
+#: the text records lineage only (the plan stays whole, not a failure); any other exception means
+#: "cannot replay" (counted in ``CompactionReport.delta_failures``).
 Replay = Callable[[str, str], tuple[str, str]]
+
+
+class NotReplayable(Exception):
+    """Raised by a ``Replay`` for rewrite text that records lineage but cannot rebuild the plan
+    from its parent alone (a crossover needs its mate too): such plans are kept whole."""
 Scope = Callable[[str], AbstractContextManager[Session]]
 
 HISTORY_MODES = ("intervals", "objectives")
@@ -130,7 +137,10 @@ class CompactionReport:
     deleted_candidates: int = 0
     aggregated_evaluations: int = 0
     deltas: int = 0
+    #: replays that failed or gave another digest (a bug in the replay function or the archive)
     delta_failures: int = 0
+    #: plans whose rewrite records lineage only (``NotReplayable``), kept whole as expected
+    not_replayable: int = 0
     seconds: float = 0.0
     steps: int = 0
     #: seconds spent in ``VACUUM`` afterwards (PostgreSQL; 0.0 when none ran)
@@ -509,6 +519,9 @@ def _encode_deltas(
                 try:
                     base = plan_of(s, parent)  # type: ignore[arg-type]
                     made, made_digest = replay(base, rewrite)
+                except NotReplayable:
+                    report.not_replayable += 1
+                    continue
                 except Exception:  # noqa: BLE001 - any failure means "keep the full plan"
                     report.delta_failures += 1
                     continue

@@ -16,7 +16,8 @@ from ir.rewrites import RewriteError, random_rewrite, unshard
 from ir.serialize import dumps
 from ir.workloads import build
 from optimizer.campaign.plans import replay_rewrite
-from storage import Archive
+from optimizer.search.mutation import Crossover
+from storage import Archive, NotReplayable
 from tests.farm.conftest import cli, popen_cli, small_config, write_config
 
 
@@ -126,3 +127,10 @@ def test_replay_rewrite_rebuilds_random_rewrites() -> None:
         replayed += 1
         g = child
     assert replayed >= 30
+
+
+def test_replay_rewrite_refuses_a_crossover_as_lineage_only() -> None:
+    g = unshard(build("mlp"))
+    text = str(Crossover("ab" * 32, ("fc1",)))
+    with pytest.raises(NotReplayable, match="crossover"):
+        replay_rewrite(dumps(g, indent=None), text)

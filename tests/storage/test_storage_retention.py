@@ -23,7 +23,7 @@ from storage_testkit import (
     result,
 )
 
-from storage import Archive, PlanNotKept, StorageError
+from storage import Archive, NotReplayable, PlanNotKept, StorageError
 from storage.migrate import current_revision, head_revision, upgrade
 from storage.retention import RetentionPolicy
 
@@ -179,6 +179,17 @@ def test_delta_depth_is_capped_and_bad_replays_keep_the_full_plan(archive: Archi
     other = archive.compact(CAMPAIGN, NOW, replay=wrong)
     assert other["deltas"] == 0 and other["delta_failures"] >= 1
     assert _kinds(archive)[d("c2")] == "full"
+
+
+def test_lineage_only_rewrites_stay_whole_without_counting_as_failures(archive: Archive) -> None:
+    build(archive)
+
+    def lineage_only(parent_json: str, rewrite: str) -> tuple[str, str]:
+        raise NotReplayable(f"{rewrite!r} records lineage only")
+
+    report = archive.compact(CAMPAIGN, NOW, replay=lineage_only)
+    assert report["deltas"] == 0 and report["delta_failures"] == 0 and report["not_replayable"] >= 6
+    assert {_kinds(archive)[d(t)] for t in ("c1", "c2", "c3")} == {"full"}
 
 
 def test_a_dropped_plan_found_again_is_stored_again(archive: Archive) -> None:
