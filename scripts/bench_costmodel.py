@@ -56,7 +56,6 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -66,8 +65,10 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ir.rewrites.random as rewrite_random  # noqa: E402
+from machine_speed import describe_machine, reference_ms  # noqa: E402
 from ir import workloads  # noqa: E402
 from ir.kernels import cached_signature  # noqa: E402
 from ir.layers import truncate  # noqa: E402
@@ -311,6 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
     if hasattr(os, "sched_setaffinity"):
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {a.cpu if a.cpu is not None else cpus[0]})
+    ref_ms = reference_ms()
     results = [run_case(c, a.seconds, a.repeats, a.restart, a.seed) for c in a.cases]
     goals = {"transformer@8": 5000.0, "transformer@64": 500.0, "gpt2-small-train@8": 200.0,
              "llama2-7b-train@64" + REPEAT: 50.0, "llama2-70b-train@512" + REPEAT: 5.0}
@@ -325,7 +327,8 @@ def main(argv: list[str] | None = None) -> dict:
     print("cache hit rates (entries/cap): " + "; ".join(
         f"{r['case']}: " + ", ".join(f"{k} {v['hit_rate']:.0%} ({v['entries']}/{v['cap']})"
                                      for k, v in r["caches"].items()) for r in results))
-    doc = {"machine": f"{platform.machine()} {os.cpu_count()}-core, Python {platform.python_version()}",
+    print(f"this core: the reference workload (scripts/machine_speed.py) takes {ref_ms:.0f} ms")
+    doc = {"machine": describe_machine(), "reference_ms": round(ref_ms, 1),
            "one_core": True, "seconds": a.seconds, "repeats": a.repeats, "results": results}
     if a.json:
         Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")

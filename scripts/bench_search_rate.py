@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import replace
@@ -29,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_search import CASES, build  # noqa: E402
+from machine_speed import describe_machine, reference_ms  # noqa: E402
 from costmodel.evaluate import Evaluator  # noqa: E402
 from costmodel.presets import preset  # noqa: E402
 from ir.rewrites.pipeline import op_layers  # noqa: E402
@@ -72,12 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
+    ref_ms = reference_ms()
     results = [run_case(c, args.budget, args.seed) for c in chosen]
     print(f"{'case':<22}{'ops':>6}{'evaluations':>13}{'eval/s':>9}{'best (ms)':>12}")
     for r in results:
         print(f"{r['case']:<22}{r['ops']:>6}{r['evaluations']:>13}{r['eval_per_s']:>9.1f}{r['best_ms']:>12.4f}")
-    doc = {"machine": f"{platform.machine()} {os.cpu_count()}-core, Python {platform.python_version()}",
-           "budget_s": args.budget, "seed": args.seed, "results": results}
+    print(f"this core: the reference workload (scripts/machine_speed.py) takes {ref_ms:.0f} ms")
+    doc = {"machine": describe_machine(), "reference_ms": round(ref_ms, 1), "budget_s": args.budget, "seed": args.seed, "results": results}
     print(json.dumps(doc))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
