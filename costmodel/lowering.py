@@ -58,7 +58,6 @@ random rewrite sequences).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import weakref
 
@@ -76,7 +75,7 @@ from costmodel.hardware import Hardware, HardwareError, class_family
 from costmodel.lookahead import fetch_readers
 from costmodel.structure import Structure, build_structure, derive_structure
 from ir.folding import fold_constants
-from ir.graph import SOURCE_ROLES, Graph, Op
+from ir.graph import SOURCE_ROLES, Graph, Op, array_digest
 from ir.kernels import ITEMSIZE, get_kernel
 from ir.kernels.base import Signature
 from ir.kernels.optim import StateUpdate
@@ -460,23 +459,13 @@ class OpPiece:
         return hit
 
 
-def _content(*arrays: np.ndarray) -> bytes:
-    """A 128-bit digest of ``arrays`` (dtypes, shapes, bytes): a cache key that stays small where a
-    table of 512 shards' boxes is tens of kB (equal digests of unequal tables: odds of 2^-128)."""
-    h = hashlib.blake2b(digest_size=16)
-    for a in arrays:
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(np.ascontiguousarray(a).data)
-    return h.digest()
-
-
 def _boxes_key(p: OpPiece, port: str | None) -> bytes:
-    """``_content`` of the boxes (and their devices) ``p`` writes (``port`` None) or reads through
+    """``array_digest`` of the boxes (and their devices) ``p`` writes (``port`` None) or reads through
     ``port``, found once per piece."""
     k = p._box_ids.get(port)
     if k is None:
         lo, hi = (p.out_lo, p.out_hi) if port is None else p.input_boxes(port)
-        k = p._box_ids[port] = _content(lo, hi, p.dev)
+        k = p._box_ids[port] = array_digest(lo, hi, p.dev)
     return k
 
 
@@ -829,7 +818,7 @@ class Lowerer:
         multi = self.runtime and multi_tensor(g, o)
         sh = o.shards
         # the piece keeps ``pk`` alive, so its id stays unique while this entry lives
-        shared = ("opc", id(pk), dtype, src_port.tobytes(), multi, _content(sh.lo, sh.hi, sh.device))
+        shared = ("opc", id(pk), dtype, src_port.tobytes(), multi, sh.content_digest)
         piece = cache.get(shared)
         if piece is None:
             piece = cache[shared] = self._op_piece(o, pk, kclass, dtype, src_port, multi)

@@ -85,6 +85,19 @@ class Tensor:
         return state
 
 
+_compact_json = functools.partial(json.dumps, sort_keys=True, separators=(",", ":"))
+
+
+def array_digest(*arrays: np.ndarray) -> bytes:
+    """A 128-bit digest of ``arrays`` (dtypes, shapes, bytes): a cache key that stays small where a
+    table of 512 shards' boxes is tens of kB (equal digests of unequal tables: odds of 2^-128)."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).data)
+    return h.digest()
+
+
 def _frozen(a: np.ndarray, dtype: Any) -> np.ndarray:
     a = np.ascontiguousarray(a, dtype=dtype)
     a.flags.writeable = False
@@ -94,7 +107,7 @@ def _frozen(a: np.ndarray, dtype: Any) -> np.ndarray:
 class Shards:
     """Immutable shard table of one op: boxes ``[lo[i], hi[i])`` on ``device[i]``."""
 
-    __slots__ = ("lo", "hi", "device")
+    __slots__ = ("lo", "hi", "device", "_text", "_digest")
 
     def __init__(self, lo: Any, hi: Any, device: Any) -> None:
         lo = np.asarray(lo, dtype=np.int64)
@@ -129,6 +142,28 @@ class Shards:
 
     def to_json(self) -> dict:
         return {"lo": self.lo.tolist(), "hi": self.hi.tolist(), "device": self.device.tolist()}
+
+    @property
+    def canonical_text(self) -> str:
+        """Sorted, whitespace-free JSON, cached: most ops a rewrite re-creates keep their shard
+        table object, and writing a 64-shard table was most of a digest's time."""
+        try:
+            return self._text
+        except AttributeError:
+            self._text = text = _compact_json(self.to_json())
+            return text
+
+    @property
+    def content_digest(self) -> bytes:
+        """``array_digest(lo, hi, device)``, cached (the cost model keys its pieces by it)."""
+        try:
+            return self._digest
+        except AttributeError:
+            self._digest = d = array_digest(self.lo, self.hi, self.device)
+            return d
+
+    def __getstate__(self) -> tuple[None, dict]:
+        return None, {"lo": self.lo, "hi": self.hi, "device": self.device}  # not the memos
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Shards) and np.array_equal(self.lo, other.lo)
@@ -200,7 +235,12 @@ class Op:
 
     @cached_property
     def canonical_text(self) -> str:
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        """``json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))``, written field by
+        field in sorted-key order from the params' and shards' cached texts."""
+        shards = "null" if self.shards is None else self.shards.canonical_text
+        return (f'{{"inputs":{_compact_json(dict(self.inputs))},"kernel":{_compact_json(self.kernel)},'
+                f'"name":{_compact_json(self.name)},"output":{_compact_json(self.output)},'
+                f'"params":{self.params_key},"shards":{shards}}}')
 
 
 @dataclass(frozen=True)

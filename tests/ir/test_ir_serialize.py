@@ -45,6 +45,38 @@ def test_round_trip_of_randomly_rewritten_graphs(kit, name, seed, steps, n_devic
         assert h.ops[n].shards == o.shards
 
 
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(["mlp", "transformer", "convnet"]), seed=st.integers(0, 2**32 - 1),
+       steps=st.integers(1, 25))
+def test_an_ops_canonical_text_is_its_sorted_json(kit, name, seed, steps):
+    """``Op.canonical_text`` is written field by field from cached parts (the digest's speed); it
+    must be exactly the sorted compact JSON of ``to_json()``, fused ops and whole shards included."""
+    g = kit.small(name)
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        try:
+            g, _ = random_rewrite(g, rng, 4)
+        except RewriteError:
+            break
+        for o in g.ops.values():
+            assert o.canonical_text == json.dumps(o.to_json(), sort_keys=True, separators=(",", ":"))
+
+
+def test_a_shard_tables_text_memo_is_not_pickled():
+    import pickle
+
+    from ir.graph import Op, Shards
+
+    s = Shards([[0, 0], [2, 0]], [[2, 3], [4, 3]], [0, 1])
+    text = s.canonical_text
+    back = pickle.loads(pickle.dumps(s))
+    assert back == s and not hasattr(back, "_text") and back.canonical_text == text
+    assert text == json.dumps({"device": [0, 1], "hi": [[2, 3], [4, 3]], "lo": [[0, 0], [2, 0]]},
+                              separators=(",", ":"))
+    op = Op("é\"x", "relu", (("x", "a"),), "b", {"z": 1, "a": [1.5]}, None)  # escapes; no shards
+    assert op.canonical_text == json.dumps(op.to_json(), sort_keys=True, separators=(",", ":"))
+
+
 def test_digest_ignores_order_and_whitespace_but_not_content():
     g = workloads.mlp()
     data = json.loads(dumps(g))
