@@ -145,8 +145,8 @@ class Shards:
 
     @property
     def canonical_text(self) -> str:
-        """Sorted, whitespace-free JSON, cached: most ops a rewrite re-creates keep their shard
-        table object, and writing a 64-shard table was most of a digest's time."""
+        """Sorted, whitespace-free JSON, cached: most ops a structural rewrite re-creates keep
+        their shard table object, and writing a 64-shard table is most of writing an op's text."""
         try:
             return self._text
         except AttributeError:

@@ -92,6 +92,8 @@ Replay = Callable[[str, str], tuple[str, str]]
 class NotReplayable(Exception):
     """Raised by a ``Replay`` for rewrite text that records lineage but cannot rebuild the plan
     from its parent alone (a crossover needs its mate too): such plans are kept whole."""
+
+
 Scope = Callable[[str], AbstractContextManager[Session]]
 
 HISTORY_MODES = ("intervals", "objectives")
