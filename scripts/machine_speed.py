@@ -2,7 +2,7 @@
 
 The goals of ``bench_costmodel.py`` are evaluations a second on one core, and the machines this
 project is measured on differ about twofold in single-core speed (a shared 2-vCPU VM: the same
-code made 51-69 llama2-7b evaluations a second in one session and 27 in the next). So each
+code made 67-69 llama2-7b evaluations a second in one session and 26-27 in the next). So each
 benchmark reports ``reference_ms``: the milliseconds a fixed single-threaded workload takes on
 the pinned core (a Python loop over dicts and tuples, as the lowering's bookkeeping does, and a
 NumPy argsort and cumulative sum of half a million values, as the simulator's array passes do);
