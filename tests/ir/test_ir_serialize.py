@@ -68,9 +68,11 @@ def test_a_shard_tables_text_memo_is_not_pickled():
     from ir.graph import Op, Shards
 
     s = Shards([[0, 0], [2, 0]], [[2, 3], [4, 3]], [0, 1])
-    text = s.canonical_text
+    text, digest = s.canonical_text, s.content_digest
     back = pickle.loads(pickle.dumps(s))
-    assert back == s and not hasattr(back, "_text") and back.canonical_text == text
+    assert back == s and not hasattr(back, "_text") and not hasattr(back, "_digest")
+    assert back.canonical_text == text and back.content_digest == digest
+    assert Shards([[0, 0], [2, 0]], [[2, 3], [4, 3]], [0, 2]).content_digest != digest
     assert text == json.dumps({"device": [0, 1], "hi": [[2, 3], [4, 3]], "lo": [[0, 0], [2, 0]]},
                               separators=(",", ":"))
     op = Op("é\"x", "relu", (("x", "a"),), "b", {"z": 1, "a": [1.5]}, None)  # escapes; no shards
