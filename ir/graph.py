@@ -59,6 +59,9 @@ def next_name(tensor: str) -> str:
 DTYPES_OK = DTYPES
 
 
+_compact_json = functools.partial(json.dumps, sort_keys=True, separators=(",", ":"))  # canonical text
+
+
 @dataclass(frozen=True)
 class Tensor:
     name: str
@@ -77,15 +80,12 @@ class Tensor:
     def canonical_text(self) -> str:
         """Sorted, whitespace-free JSON, cached: plans share their Tensor objects, and every plan a
         search makes is digested (``Graph.canonical_json``)."""
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return _compact_json(self.to_json())
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state.pop("canonical_text", None)  # (a memo)
         return state
-
-
-_compact_json = functools.partial(json.dumps, sort_keys=True, separators=(",", ":"))
 
 
 def array_digest(*arrays: np.ndarray) -> bytes:
@@ -192,7 +192,7 @@ class Op:
 
     @cached_property
     def params_key(self) -> str:
-        return json.dumps(self.params, sort_keys=True, separators=(",", ":"))
+        return _compact_json(self.params)
 
     @cached_property
     def flow_key(self) -> tuple:

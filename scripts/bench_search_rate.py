@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(f"{r['case']:<22}{r['ops']:>6}{r['evaluations']:>13}{r['eval_per_s']:>9.1f}{r['best_ms']:>12.4f}")
     print(f"this core: the reference workload (scripts/machine_speed.py) takes {ref_ms:.0f} ms")
-    doc = {"machine": describe_machine(), "reference_ms": round(ref_ms, 1), "budget_s": args.budget, "seed": args.seed, "results": results}
+    doc = {"machine": describe_machine(), "reference_ms": round(ref_ms, 1), "budget_s": args.budget,
+           "seed": args.seed, "results": results}
     print(json.dumps(doc))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
