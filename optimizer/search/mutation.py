@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -192,19 +192,58 @@ def _program_digest(g: Graph) -> str:
     return d
 
 
+def _copy_family(ops: Mapping[str, object]) -> set[str]:
+    """The recomputed copies among ``ops`` and their originals, by name, a fused op's parts
+    apart (``a.re+b`` holds the copy ``a.re`` of ``a``; ``l3.ff1.re.acc`` is a copy's too)."""
+    family: set[str] = set()
+    for name in ops:
+        if _COPY.search(name) is None:
+            continue
+        for part in name.split("+"):
+            m = _COPY.search(part)
+            if m is not None:
+                family.update((part, part[:m.start()]))
+    return family
+
+
+def _touches_copies(parent: Mapping[str, object], child: Mapping[str, object]) -> bool:
+    """Whether an op that differs between ``parent`` and ``child`` (replaced, added or removed) is
+    a recomputed copy or an original of one, or holds or derives from one: a part of its name
+    (split at ``+``) is one, or extends one at a dot (``l3.ff1.acc`` of the original ``l3.ff1``)."""
+    changed = [n for n in parent.keys() | child.keys() if parent.get(n) is not child.get(n)]
+    if not changed:
+        return False
+    family = _copy_family(parent) | _copy_family(child)
+    for name in changed:
+        for part in name.split("+"):
+            prefix = part
+            while True:
+                if prefix in family:
+                    return True
+                cut = prefix.rfind(".")
+                if cut < 0:
+                    break
+                prefix = prefix[:cut]
+    return False
+
+
 def keeps_program(parent: Graph, child: Graph) -> bool:
     """Whether ``child`` still computes ``parent``'s program, checked where a rewrite may not
     know: a structural child holding recomputed copies (``.re`` ops). The rewrites are meaning-
     preserving on their own (property-tested), but a copy fused, split or substituted after the
     recomputation, or an original renamed under its copy, can leave a plan ``unshard`` cannot
-    map back; such a child is not a plan of the program. Shard moves and plans without copies
-    pass unchecked (one ``unshard`` costs ~10 ms at a thousand ops)."""
+    map back; such a child is not a plan of the program. Shard moves, plans without copies and
+    children whose changed ops leave every copy and its original alone (``_touches_copies``; three
+    in four structural children of a recomputing llama search) pass unchecked (one ``unshard``
+    costs ~10 ms at a thousand ops)."""
     e = child.edit
     if e is not None and e.parent() is parent and all(
             n in parent.ops and n in child.ops and _same_operation(parent.ops[n], child.ops[n]) for n in e.replaced):
         return True  # shards only
     if not any(map(_COPY.search, child.ops)):
         return True
+    if not _touches_copies(parent.ops, child.ops):
+        return True  # every copy and its original as they were: the rewrite alone preserves meaning
     try:
         return _program_digest(child) == _program_digest(parent)
     except Exception:  # noqa: BLE001 - any failure to recover the program rejects the child

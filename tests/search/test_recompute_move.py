@@ -13,7 +13,7 @@ from executor.verify import verify
 from ir import workloads
 from ir.layers import layer_classes
 from ir.rewrites import RewriteError, unshard
-from ir.rewrites.recompute import recomputed
+from ir.rewrites.recompute import recompute_block, recomputed
 from ir.rewrites.tie import tie
 from optimizer.search.baselines import recompute_layers, zero3
 from optimizer.search.local import local_search
@@ -141,3 +141,28 @@ def test_only_structural_children_with_copies_are_unsharded(monkeypatch):
     assert mutation.keeps_program(p, shard) and not calls
     assert mutation.keeps_program(p, parse_move("fuse{producer=l1.o_proj,consumer=l1.resid1}").apply(p))
     assert len(calls) == 2  # the child and its parent
+
+
+def test_a_structural_change_away_from_the_copies_is_not_unsharded(monkeypatch):
+    """A structural child whose changed ops neither are nor hold nor derive from a recomputed copy
+    or its original passes without an ``unshard``; a change to a copy, to an original (fused
+    under another name too) or to an op named after one (its backward, its accumulate) is checked."""
+    from ir.rewrites import parse_move
+    from optimizer.search import mutation
+
+    calls = []
+    monkeypatch.setattr(mutation, "_program_digest", lambda g: calls.append(g.digest) or "x")
+    g = zero3(workloads.build("llama", layers=3, **TINY), 4)
+    p = recompute_block(g, "l1.")
+    assert "l0.o_proj.re" not in p.ops and "l1.o_proj.re" in p.ops
+    far = parse_move("fuse{producer=l0.o_proj,consumer=l0.resid1}").apply(p)  # layer 0 keeps its activations
+    assert mutation.keeps_program(p, far) and not calls
+    near = [parse_move("fuse{producer=l1.o_proj,consumer=l1.resid1}").apply(p),  # an original
+            parse_move("fuse{producer=l1.o_proj.re,consumer=l1.resid1.re}").apply(p),  # copies
+            parse_move("merge_reduction{op=l1.o_proj.db}").apply(p)]  # the original's backward
+    for child in near:
+        calls.clear()
+        assert mutation.keeps_program(p, child) and len(calls) == 2
+    assert mutation._touches_copies(p.ops, far.ops) is False
+    fused = near[0]  # ``l1.o_proj+l1.resid1`` holds the original: a change to it is checked
+    assert mutation._touches_copies(fused.ops, parse_move("unfuse{op=l1.o_proj+l1.resid1}").apply(fused).ops)
