@@ -14,10 +14,12 @@ inverse.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ir.graph import Graph, Op, Shards, Tensor
-from ir.kernels import get_kernel
+from ir.kernels import cached_signature
 from ir.kernels.attention import COMBINE_KERNEL, SOFTMAX_MONOID
 from ir.rewrites.errors import RewriteError
 from ir.zspace import Projection, ZRange, identity_projection, partition_problem, project_boxes
@@ -52,25 +54,27 @@ def split_reduction(g: Graph, op: str, parts: int, reduction: str | None = None)
         raise RewriteError(f"{op}: names {acc_name(op)!r}/{partial_name(op)!r} are taken")
     out = g.tensors[o.output]
     params = {**o.params, "split": {"reduction": red.name, "parts": int(parts)}}
-    # The partial's shape comes from the kernel: ``(parts,) + out.shape`` for sum and max, one more
-    # channel (the log-sum-exp) for attention's softmax monoid.
-    part_spec = get_kernel(o.kernel).signature({p: g.tensors[t].spec for p, t in o.inputs}, params).out_spec
-    partial = Tensor(partial_name(op), part_spec.shape, out.dtype, "intermediate")
     sh = o.shards
     n = len(sh)
     lo = np.concatenate([np.zeros((n, 1), np.int64), sh.lo], axis=1)
     hi = np.concatenate([np.full((n, 1), parts, np.int64), sh.hi], axis=1)
-    new_op = o.replace(params=params, output=partial.name, shards=Shards(lo, hi, sh.device))
+    new_op = o.replace(params=params, output=partial_name(op), shards=Shards(lo, hi, sh.device))
+    # The partial's shape comes from the kernel: ``(parts,) + out.shape`` for sum and max, one more
+    # channel (the log-sum-exp) for attention's softmax monoid. (``g.signature`` memoises on the
+    # new op, which its readers ask for next.)
+    part_spec = g.signature(new_op).out_spec
+    partial = Tensor(partial_name(op), part_spec.shape, out.dtype, "intermediate")
     kernel, acc_params = ((COMBINE_KERNEL, {}) if red.monoid == SOFTMAX_MONOID
                           else ("accumulate", {"monoid": red.monoid}))
-    acc_rank = len(get_kernel(kernel).signature({"p": part_spec}, acc_params).dims)
+    acc = Op(acc_name(op), kernel, (("p", partial.name),), o.output, acc_params)
+    acc_rank = len(cached_signature(kernel, acc.params_key, (("p", part_spec),)).dims)
     if acc_rank == sh.ndim and _is_identity(sig.output):
         acc_shards = Shards(sh.lo, sh.hi, sh.device)
     else:  # the accumulate tiles the op's output boxes (attention's gradients keep a dim whole)
         out_lo, out_hi = project_boxes(sig.output, sh.lo, sh.hi)
         acc_shards = Shards(out_lo[:, :acc_rank], out_hi[:, :acc_rank], sh.device)
-    acc = Op(acc_name(op), kernel, (("p", partial.name),), o.output, acc_params, acc_shards)
-    return g.with_ops({op: new_op}, insert_after={op: [acc]}, tensors={partial.name: partial})
+    return g.with_ops({op: new_op}, insert_after={op: [acc.replace(shards=acc_shards)]},
+                      tensors={partial.name: partial})
 
 
 def merge_reduction(g: Graph, op: str) -> Graph:
@@ -84,10 +88,10 @@ def merge_reduction(g: Graph, op: str) -> Graph:
     acc = g.ops[readers[0][0]]
     if acc.params.get("split"):  # a two-level reduction: its output is the accumulate's partials
         raise RewriteError(f"{op}: its accumulate {acc.name} is itself split (merge_reduction {acc.name} first)")
-    params = {k: v for k, v in o.params.items() if k != "split"}
+    merged = o.replace(params={k: v for k, v in o.params.items() if k != "split"})
     n_op = o.shards.ndim - 1  # the index dims without the block dim
     shards = acc.shards
-    out = get_kernel(o.kernel).signature({p: g.tensors[t].spec for p, t in o.inputs}, params).output
+    out = g.signature(merged).output
     if shards.ndim == n_op and not _is_identity(out):  # output boxes back to index boxes, where they are blocks
         shards = _index_shards(out, acc.shards, ZRange.of_shape(o.shards.hi.max(axis=0)[1:]))
     elif shards.ndim != n_op:  # the accumulate tiles the output, which keeps more dims than the op's index
@@ -97,13 +101,18 @@ def merge_reduction(g: Graph, op: str) -> Graph:
         whole = ZRange.of_shape(o.shards.hi.max(axis=0)[1:])
         shards = (Shards(lo, hi, acc.shards.device[idx]) if partition_problem((lo, hi), whole) is None
                   else Shards.whole(whole.shape, int(acc.shards.device[0])))
-    new_op = o.replace(params=params, output=acc.output, shards=shards)
+    new_op = merged.replace(output=acc.output, shards=shards)
     return g.with_ops({op: new_op, acc.name: None}, tensors={o.output: None})
 
 
 def _is_identity(p: Projection) -> bool:
     n = len(p.A)
-    return all(len(row) == n for row in p.A) and p == identity_projection(n)
+    return all(len(row) == n for row in p.A) and p == _identity(n)
+
+
+@lru_cache(maxsize=16)
+def _identity(rank: int) -> Projection:
+    return identity_projection(rank)  # built once per rank: every split and merge compares with it
 
 
 def _index_shards(out: Projection, acc: Shards, whole: ZRange) -> Shards:
