@@ -358,20 +358,20 @@ def _cut_at(g: Graph, name: str, col: int, total: int) -> Graph:
     if ext < total:
         raise RewriteError(f"{name}: batch extent {ext} is smaller than {total} microbatches")
     b = microbatch_bounds(ext, total)
-    lo_rows, hi_rows, devs = [], [], []
-    for i in range(len(sh)):
-        a, z = int(sh.lo[i, col]), int(sh.hi[i, col])
-        cuts = [a] + [int(x) for x in b if a < x < z] + [z]
-        for u, v in zip(cuts[:-1], cuts[1:]):
-            lo = sh.lo[i].copy()
-            hi = sh.hi[i].copy()
-            lo[col], hi[col] = u, v
-            lo_rows.append(lo)
-            hi_rows.append(hi)
-            devs.append(int(sh.device[i]))
-    if len(devs) == len(sh):
+    a, z = sh.lo[:, col], sh.hi[:, col]
+    # shard i is cut at the bounds strictly inside it, b[first[i]:last[i]], into pieces[i] pieces
+    first = np.searchsorted(b, a, side="right")
+    last = np.searchsorted(b, z, side="left")
+    pieces = np.maximum(last - first, 0) + 1
+    if pieces.sum() == len(sh):
         raise RewriteError(f"{name}: its shards already lie within single microbatches")
-    return g.with_ops({name: o.replace(shards=Shards(np.array(lo_rows), np.array(hi_rows), devs))})
+    row = np.repeat(np.arange(len(sh)), pieces)  # the shard each piece comes from, in order
+    j = np.arange(len(row)) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # piece number in it
+    k = first[row] + j  # the bound ending piece j, unless it is the shard's last piece
+    lo, hi = sh.lo[row], sh.hi[row]
+    lo[:, col] = np.where(j == 0, a[row], b.take(k - 1, mode="clip"))  # (clipped: entries not taken)
+    hi[:, col] = np.where(j == pieces[row] - 1, z[row], b.take(k, mode="clip"))
+    return g.with_ops({name: o.replace(shards=Shards(lo, hi, sh.device[row]))})
 
 
 def _batch_ranges(g: Graph, names: list[str], bd: dict) -> int:
