@@ -41,19 +41,20 @@ any plan of the region is one move away from any layout of it::
 from __future__ import annotations
 
 import fnmatch
+from functools import lru_cache
 from math import prod
 from typing import Sequence
 
 import numpy as np
 
 from ir.graph import STATE_ROLES, Graph, Op, Shards, Tensor
-from ir.kernels import Signature, cached_signature
+from ir.kernels import Signature
 from ir.kernels.attention import COMBINE_KERNEL
 from ir.mesh import Mesh
 from ir.rewrites.errors import RewriteError
 from ir.rewrites.hierarchical import block_owners, split_dim, stage_one_shards
 from ir.rewrites.reduction import acc_name, merge_reduction, split_reduction
-from ir.zspace import split_points
+from ir.zspace import Projection, split_points
 
 USES = ("b", "s", "t")
 
@@ -87,6 +88,17 @@ def _unit_col(row: tuple[int, ...]) -> int | None:
     """The index column a projection row copies one-to-one, or None."""
     nz = [c for c, v in enumerate(row) if v != 0]
     return nz[0] if len(nz) == 1 and row[nz[0]] == 1 else None
+
+
+@lru_cache(maxsize=4096)
+def _unit_cols(proj: Projection) -> tuple[int | None, ...]:
+    """``_unit_col`` of each row of ``proj`` (projections are shared by the signatures of a
+    search, and a layout asks for every row of every port of every op)."""
+    return tuple(_unit_col(row) for row in proj.A)
+
+
+#: A tensor's sharding in a layout: ``(tensor dim, mesh axes splitting it, outer first)`` pairs.
+Sharding = tuple[tuple[int, tuple[int, ...]], ...]
 
 
 class _Assign:
@@ -123,37 +135,76 @@ def _weights(v: _View, g: Graph) -> set[str]:
     return w
 
 
-def _param_dims(g: Graph | _View, name: str, sig: Signature, weights: set[str]) -> list[int]:
-    """Index dims that only weight-like inputs see (one-to-one), in index order."""
-    o = g.ops[name]
+def _param_dims(sig: Signature, inputs: Sequence[tuple[str, bool]]) -> list[int]:
+    """Index dims that only weight-like inputs see (one-to-one), in index order; ``inputs``:
+    ``(port, whether its tensor is weight-like)`` of each input."""
     seen_by_act: set[int] = set()
     seen_by_w: set[int] = set()
-    for port, t in o.inputs:
-        proj = sig.inputs[port]
-        cols = {c for c in (_unit_col(r) for r in proj.A) if c is not None}
-        (seen_by_w if t in weights else seen_by_act).update(cols)
+    for port, is_weight in inputs:
+        cols = {c for c in _unit_cols(sig.inputs[port]) if c is not None}
+        (seen_by_w if is_weight else seen_by_act).update(cols)
     return sorted(seen_by_w - seen_by_act)  # in index order: heads before head dims
 
 
 def _out_dim_col(sig: Signature, r: int) -> int | None:
-    if r >= len(sig.output.A):
-        return None
-    return _unit_col(sig.output.A[r])
+    cols = _unit_cols(sig.output)
+    return cols[r] if r < len(cols) else None
 
 
-def _decide(g: Graph | _View, name: str, mesh: Mesh, use: Sequence[str],
-            T: dict[str, dict[int, list[int]]], allow_reduction: bool, weights: set[str]) -> _Assign:
-    o = g.ops[name]
-    sig = g.signature(o)
+class _Decision:
+    """What ``_decide`` chose for one op: mesh axes per index dim (outer first; read-only), and
+    the hidden reduction split over mesh axes (``(name, axes)``) or None. Without a split, also
+    the op's tile grid and its output's sharding (with one, they follow from the split op)."""
+
+    __slots__ = ("dims", "red", "shards", "out")
+
+    def __init__(self, sig: Signature, mesh: Mesh, asg: _Assign) -> None:
+        self.dims: dict[int, tuple[int, ...]] = {c: tuple(sorted(axes)) for c, axes in asg.dims.items()}
+        self.red = None if asg.red is None else (asg.red[0], tuple(asg.red[1]))
+        self.shards = self.out = None
+        if self.red is None:
+            self.shards = _grid_shards(sig, mesh, self.dims)
+            self.out = _out_sharding(sig, self.dims)
+
+
+# ``_decide`` is a function of the op's signature, kernel and inputs' shardings, not of the plan:
+# the ops of a search share a few hundred signatures, so most decisions are seen before.
+_DECISIONS: dict[tuple, tuple[Signature, _Decision]] = {}
+_DECISIONS_MAX = 8192
+
+
+def _decide(v: _View, name: str, mesh: Mesh, use: tuple[str, ...], T: dict[str, Sharding],
+            weights: set[str]) -> tuple[Signature, _Decision]:
+    """The op's signature and its layout decision (memoised, see ``_DECISIONS``)."""
+    o = v.ops[name]
+    sig = v.signature(o)
+    inputs = tuple([(port, T.get(t, ()), t in weights) for port, t in o.inputs])
+    # keyed by the signature's id: the entry holds the signature, so the id stays its own
+    key = (id(sig), o.kernel, inputs, mesh, use)
+    hit = _DECISIONS.get(key)
+    if hit is not None:
+        return hit
+    if len(_DECISIONS) >= _DECISIONS_MAX:
+        _DECISIONS.clear()
+    asg = _assign(sig, o.kernel, inputs, mesh, use)
+    _DECISIONS[key] = out = (sig, _Decision(sig, mesh, asg))
+    return out
+
+
+def _assign(sig: Signature, kernel: str, inputs: tuple[tuple[str, Sharding, bool], ...], mesh: Mesh,
+            use: tuple[str, ...]) -> _Assign:
+    """Mesh axes for the index dims of an op from ``(port, sharding, is weight-like)`` of each
+    input (steps 2 and 3 of the module doc)."""
     asg = _Assign(sig, mesh)
-    wdims = _param_dims(g, name, sig, weights)
+    wdims = _param_dims(sig, [(port, is_weight) for port, _, is_weight in inputs])
     # 1. one-to-one inheritance from the inputs' shardings; a tensor-parallel axis arriving on a
     #    dim the weights do not see is dropped where the op has weight-only dims (Megatron: the
     #    activations are gathered, the weights stay split)
-    for port, t in o.inputs:
+    for port, sharding, _ in inputs:
         proj = sig.inputs[port]
-        for r, axes in T.get(t, {}).items():
-            c = _unit_col(proj.A[r])
+        cols = _unit_cols(proj)
+        for r, axes in sharding:
+            c = cols[r]
             if c is None or proj.s[r] != 1:
                 continue
             for a in axes:
@@ -161,11 +212,11 @@ def _decide(g: Graph | _View, name: str, mesh: Mesh, use: Sequence[str],
                     continue
                 asg.give(c, a)
     # 2. a sharded tensor dim that is a hidden reduction of the op: split it over those axes
-    if allow_reduction and o.kernel not in ("fused", "accumulate", COMBINE_KERNEL) and sig.reductions:
-        for port, t in o.inputs:
+    if kernel not in ("fused", "accumulate", COMBINE_KERNEL) and sig.reductions:
+        for port, sharding, _ in inputs:
             if asg.red is not None:
                 break
-            for r, axes in T.get(t, {}).items():
+            for r, axes in sharding:
                 free = [a for a in axes if a not in asg.used]
                 red = next((x for x in sig.reductions if (port, r) in x.spans), None)
                 if not free or red is None or any(v != 0 for v in sig.inputs[port].A[r]):
@@ -197,7 +248,7 @@ def _decide(g: Graph | _View, name: str, mesh: Mesh, use: Sequence[str],
 _GRIDS: dict[tuple, Shards] = {}
 
 
-def _grid_shards(sig: Signature, mesh: Mesh, dims: dict[int, list[int]]) -> Shards:
+def _grid_shards(sig: Signature, mesh: Mesh, dims: dict[int, Sequence[int]]) -> Shards:
     """A regular tile grid; tile coordinates along a dim are mesh coordinates of its axes.
 
     Grids are cached by (extents, mesh, assignment): the ops of identical layers share one
@@ -213,7 +264,7 @@ def _grid_shards(sig: Signature, mesh: Mesh, dims: dict[int, list[int]]) -> Shar
     return out
 
 
-def _build_grid(sig: Signature, mesh: Mesh, dims: dict[int, list[int]]) -> Shards:
+def _build_grid(sig: Signature, mesh: Mesh, dims: dict[int, Sequence[int]]) -> Shards:
     nd = len(sig.dims)
     parts = [prod(mesh.shape[a] for a in dims.get(c, ())) for c in range(nd)]
     n = prod(parts)
@@ -233,13 +284,9 @@ def _build_grid(sig: Signature, mesh: Mesh, dims: dict[int, list[int]]) -> Shard
     return Shards(lo, hi, mesh.device(coords))
 
 
-def _out_sharding(sig: Signature, dims: dict[int, list[int]]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for r, row in enumerate(sig.output.A):
-        c = _unit_col(row)
-        if c is not None and dims.get(c):
-            out[r] = list(dims[c])
-    return out
+def _out_sharding(sig: Signature, dims: dict[int, tuple[int, ...]]) -> Sharding:
+    return tuple([(r, tuple(dims[c])) for r, c in enumerate(_unit_cols(sig.output))
+                  if c is not None and dims.get(c)])
 
 
 class _View:
@@ -252,8 +299,9 @@ class _View:
         self.after: dict[str, list[str]] = {}  # new op names, inserted after an op
 
     def signature(self, op: str | Op) -> Signature:
-        o = self.ops[op] if isinstance(op, str) else op
-        return cached_signature(o.kernel, o.params_key, tuple((p, self.tensors[t].spec) for p, t in o.inputs))
+        # Graph.signature reads only ``ops`` and ``tensors``, and memoises on the op: the ops of
+        # a region are mostly the plan's own, whose signatures the search has asked for already
+        return Graph.signature(self, op)  # type: ignore[arg-type]
 
     def insert(self, after: str, op: Op) -> None:
         self.ops[op.name] = op
@@ -326,46 +374,40 @@ def layout(g: Graph, ops: str | Sequence[str], mesh: Mesh, use: Sequence[str],
     v = _View(g)
     names = _merge_region(v, g, names)
     produced_in = {v.ops[n].output for n in names}
-    T: dict[str, dict[int, list[int]]] = {}
+    T: dict[str, Sharding] = {}
     for n in names:  # seeds: activations entering the region
         for _, t in v.ops[n].inputs:
             ten = v.tensors[t]
             if t in produced_in or t in T or ten.role in STATE_ROLES:
                 continue
-            s: dict[int, list[int]] = {}
-            for a, u in enumerate(use):
-                r = {"b": 0, "s": 1}.get(u)
-                if r is not None and r < len(ten.shape) and mesh.shape[a] > 1:
-                    have = prod(mesh.shape[x] for x in s.get(r, ()))
-                    if ten.shape[r] >= have * mesh.shape[a]:
-                        s.setdefault(r, []).append(a)
-            T[t] = s
+            T[t] = _seed(ten.shape, mesh, use)
     weights = _weights(v, g)
     # ops on weights alone (casts to bf16) are laid out last, the way their readers read them
     deferred = [n for n in names if all(t in weights for _, t in v.ops[n].inputs)]
     work = [n for n in names if n not in set(deferred)]
-    decided: dict[str, tuple[Signature, dict[int, list[int]]]] = {}
+    decided: dict[str, tuple[Signature, dict[int, tuple[int, ...]]]] = {}
     twos: list[tuple[str, int, Shards]] = []
     i = 0
     while i < len(work):
         name = work[i]
         i += 1
-        asg = _decide(v, name, mesh, use, T, allow_reduction=True, weights=weights)
+        sig, d = _decide(v, name, mesh, use, T, weights)
+        dims, shards, out = d.dims, d.shards, d.out
         two = None
-        if asg.red is not None:
-            red, axes = asg.red
+        if d.red is not None:
+            red, axes = d.red
             acc = _split(v, name, prod(mesh.shape[a] for a in axes), red)
-            asg.dims = {0: axes, **{c + 1: x for c, x in asg.dims.items()}}
-            asg.sig = v.signature(name)
+            dims = {0: axes, **{c + 1: x for c, x in dims.items()}}
+            sig = v.signature(name)
+            shards, out = _grid_shards(sig, mesh, dims), _out_sharding(sig, dims)
             work.insert(i, acc)
             inner = prod(mesh.shape[a] for a in axes if not mesh.crosses_nodes(a))
             if hierarchical and 1 < inner < prod(mesh.shape[a] for a in axes):
                 two = (acc, inner)
         o = v.ops[name]
-        shards = _grid_shards(asg.sig, mesh, asg.dims)
         v.ops[name] = o.replace(shards=shards)
-        T[o.output] = _out_sharding(asg.sig, asg.dims)
-        decided[name] = (asg.sig, asg.dims)
+        T[o.output] = out
+        decided[name] = (sig, dims)
         if two is not None:
             twos.append((two[0], two[1], shards))
     for name in reversed(deferred):
@@ -378,20 +420,38 @@ def layout(g: Graph, ops: str | Sequence[str], mesh: Mesh, use: Sequence[str],
         for a in range(mesh.ndim):  # axes the reader does not split the weight over: shard it
             if a not in asg.used and mesh.shape[a] > 1:  # anyway (ZeRO: each device holds a part)
                 next((c for c in range(len(sig.dims)) if asg.give(c, a)), None)
-        dims = {c: sorted(x) for c, x in asg.dims.items()}
+        dims = {c: tuple(sorted(x)) for c, x in asg.dims.items()}
         v.ops[name] = o.replace(shards=_grid_shards(sig, mesh, dims))
         decided[name] = (sig, dims)
     for acc, inner, psh in twos:  # inside the node first, then across nodes
         _two_level_view(v, acc, inner, psh)
     out = v.graph(g)
-    if all(n in before.ops and before.ops[n].shards == o.shards and before.ops[n].params_key == o.params_key
-           for n, o in out.ops.items()) and len(out.ops) == len(before.ops):
+    if len(out.ops) == len(before.ops) and all(n in before.ops and _same_shards(before.ops[n].shards, o.shards)
+                                               and before.ops[n].params_key == o.params_key
+                                               for n, o in out.ops.items()):
         raise RewriteError(f"the region is already laid out like this on mesh {mesh.text}")
     return out
 
 
+def _seed(shape: tuple[int, ...], mesh: Mesh, use: tuple[str, ...]) -> Sharding:
+    """The sharding of an activation entering the region: ``b`` axes split its dim 0, ``s`` axes
+    its dim 1, where long enough."""
+    s: dict[int, list[int]] = {}
+    for a, u in enumerate(use):
+        r = {"b": 0, "s": 1}.get(u)
+        if r is not None and r < len(shape) and mesh.shape[a] > 1:
+            have = prod(mesh.shape[x] for x in s.get(r, ()))
+            if shape[r] >= have * mesh.shape[a]:
+                s.setdefault(r, []).append(a)
+    return tuple((r, tuple(axes)) for r, axes in s.items())
+
+
+def _same_shards(a: Shards, b: Shards) -> bool:
+    return a is b or a == b  # a re-laid-out op mostly gets its grid object back (``_grid_shards``)
+
+
 def _as_read(g: Graph, tensor: str, sig: Signature, mesh: Mesh,
-             decided: dict[str, tuple[Signature, dict[int, list[int]]]]) -> dict[int, list[int]] | None:
+             decided: dict[str, tuple[Signature, dict[int, tuple[int, ...]]]]) -> dict[int, list[int]] | None:
     """Index-dim axes for the op writing ``tensor`` so that its first laid-out reader finds each
     box where it reads it (None when no reader was laid out)."""
     for reader, port in g.consumers.get(tensor, []):
@@ -400,8 +460,7 @@ def _as_read(g: Graph, tensor: str, sig: Signature, mesh: Mesh,
         rsig, rdims = decided[reader]
         proj = rsig.inputs[port]
         dims: dict[int, list[int]] = {}
-        for r, row in enumerate(proj.A):
-            c = _unit_col(row)
+        for r, c in enumerate(_unit_cols(proj)):
             oc = _out_dim_col(sig, r)
             if c is None or proj.s[r] != 1 or not rdims.get(c) or oc is None:
                 continue
