@@ -43,6 +43,7 @@ from ir.graph import STATE_ROLES, Graph, Shards
 from ir.layers import LAYER_RE
 from ir.rewrites.errors import RewriteError
 from ir.rewrites.hierarchical import two_level
+from ir.rewrites.layout import select_ops
 from ir.rewrites.reduction import merge_reduction, split_reduction
 from ir.rewrites.shard import split
 from ir.unique import distinct
@@ -390,8 +391,6 @@ def _batch_ranges(g: Graph, names: list[str], bd: dict) -> int:
 def microbatch(g: Graph, ops: str, m: int) -> Graph:
     """Cut the batch into ``m`` microbatches for every op of the region ``ops`` (a region text
     as ``ir.rewrites.layout.select_ops`` reads it: ``all``, a glob, ``a:b``)."""
-    from ir.rewrites.layout import select_ops
-
     if not isinstance(m, (int, np.integer)) or m < 2:
         raise RewriteError(f"microbatch needs m >= 2 microbatches, got {m!r}")
     names = select_ops(g, ops)

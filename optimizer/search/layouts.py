@@ -24,6 +24,7 @@ from ir.mesh import Mesh, enumerate_meshes
 from ir.rewrites import RewriteError
 from ir.rewrites import moves as M
 from ir.rewrites.layout import USES
+from ir.rewrites.pipeline import op_layers
 
 _LAYER = re.compile(r"^(l\d+)\.")
 TEMPLATE_P = 0.35  # share of layout draws that take an expert's uses (see draw_layout)
@@ -104,8 +105,6 @@ def draw_pipeline(g: Graph, rng: np.random.Generator, n_devices: int, per_node: 
     """A random pipelined plan in one move: a layout of every op on a mesh of ``n / pp``
     devices, ``pp`` stages of contiguous layers on consecutive device groups, ``m``
     microbatches (``pp``, ``2·pp`` or ``4·pp``) — Megatron-LM's TP x DP x PP and its neighbours."""
-    from ir.rewrites.pipeline import op_layers
-
     _, n_layers = op_layers(g)
     pps = [k for k in (2, 4, 8, 16) if k <= n_layers and n_devices % k == 0]
     if not pps:
