@@ -159,7 +159,7 @@ class _Decision:
     __slots__ = ("dims", "red", "shards", "out")
 
     def __init__(self, sig: Signature, mesh: Mesh, asg: _Assign) -> None:
-        self.dims: dict[int, tuple[int, ...]] = {c: tuple(sorted(axes)) for c, axes in asg.dims.items()}
+        self.dims: dict[int, tuple[int, ...]] = {c: tuple(axes) for c, axes in asg.dims.items()}
         self.red = None if asg.red is None else (asg.red[0], tuple(asg.red[1]))
         self.shards = self.out = None
         if self.red is None:
