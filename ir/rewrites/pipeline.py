@@ -43,17 +43,11 @@ from ir.graph import STATE_ROLES, Graph, Shards
 from ir.layers import LAYER_RE
 from ir.rewrites.errors import RewriteError
 from ir.rewrites.hierarchical import two_level
-from ir.rewrites.layout import select_ops
+from ir.rewrites.layout import _unit_col, select_ops
 from ir.rewrites.reduction import merge_reduction, split_reduction
 from ir.rewrites.shard import split
 from ir.unique import distinct
 from ir.zspace import split_points
-
-
-
-def _unit_col(row) -> int | None:
-    nz = [c for c, v in enumerate(row) if v != 0]
-    return nz[0] if len(nz) == 1 and row[nz[0]] == 1 else None
 
 
 # ------------------------------------------------------------------------------------------
