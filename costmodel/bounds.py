@@ -9,10 +9,15 @@ where ``B·R`` is weights-only, is folded at load time (``ir.folding``) so the s
 smaller weight. So each term is the smallest of its values over three forms of the program: as
 written; every cheaper reassociation applied and the weights-only ops folded; and that with every
 attention pattern and norm fused as well. Work is a sum over ops and the chain a longest path, so
-a plan that applies some of the substitutions lies between those forms term by term.
+a plan that applies some of the substitutions lies between those forms term by term. The work
+term's second launch (``every_kernel_waits``) is added only where all three forms allow it; the
+condition is checked op by op, so it carries over to the ops a plan builds from them (fused,
+merged, split into partial sums, copied).
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 
@@ -22,7 +27,11 @@ from costmodel.lowering import MULTI_TENSOR, kernel_class_of, multi_tensor
 from ir.graph import SOURCE_ROLES, Graph
 from ir.kernels import ELEMENTWISE, ITEMSIZE, get_kernel
 
-__all__ = ["bound_over", "bound_terms", "lower_bound", "substituted_forms"]
+__all__ = ["bound_over", "bound_terms", "every_kernel_waits", "lower_bound", "substituted_forms"]
+
+#: kernels a plan may run without a launch of their own: an accumulate may lower to a collective
+#: (``costmodel.collectives``), a contiguous slice to a view (the lowering's runtime mode)
+FREE_KERNELS = frozenset({"accumulate", "slice"})
 
 
 def lower_bound(program: Graph, hw: Hardware, curves: Curves | None = None) -> float:
@@ -37,7 +46,10 @@ def lower_bound(program: Graph, hw: Hardware, curves: Curves | None = None) -> f
 def bound_over(forms: list[Graph], hw: Hardware, curves: Curves | None = None) -> float:
     """The bound over ``forms`` of one program: its smallest work term against its shortest chain."""
     terms = [bound_terms(f, hw, curves) for f in forms]
-    return max(min(w for w, _ in terms), min(c for _, c in terms))
+    work = min(w for w, _ in terms)
+    if work > 0 and all(map(every_kernel_waits, forms)):
+        work += min(_launch(f, hw) for f in forms)
+    return max(work, min(c for _, c in terms))
 
 
 def substituted_forms(program: Graph) -> list[Graph]:
@@ -95,5 +107,125 @@ def bound_terms(program: Graph, hw: Hardware, curves: Curves | None = None) -> t
         chain[name] = max((chain[p] for p in preds), default=0.0) + step
     io = sum(float(np.prod(t.shape)) * ITEMSIZE[t.dtype] for t in program.tensors.values()
              if t.role in SOURCE_ROLES or t.role == "output")
-    work_term = max(work, io / (hw.device.mem_bandwidth * me)) / n + (launch if work > 0 or io > 0 else 0.0)
+    # the device with the most work runs at least one kernel: the shortest launch (a multi-tensor one's)
+    first = _launch(program, hw) if work > 0 or io > 0 else 0.0
+    work_term = max(work, io / (hw.device.mem_bandwidth * me)) / n + first
     return work_term, max(chain.values(), default=0.0)
+
+
+def _launch(program: Graph, hw: Hardware) -> float:
+    """The shortest launch any kernel of a plan of ``program`` pays: the smallest over the kernel
+    classes, a ``MULTI_TENSOR``-th of it where the program has multi-tensor ops."""
+    launch = min([hw.device.launch_overhead] + list(hw.launch_overhead_by_class.values()))
+    return launch / MULTI_TENSOR if any(multi_tensor(program, o) for o in program.ops.values()) else launch
+
+
+def _image(program: Graph, o, port: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The box ``o`` reads through ``port`` over its whole index space, or None where interval
+    arithmetic gives only a hull (a row with a stride larger than its window has gaps)."""
+    sig = program.signature(o)
+    p = sig.inputs[port]
+    return _hull(p.A, p.b, p.s, sig.extents)
+
+
+@lru_cache(maxsize=4096)
+def _hull(A, b, s, extents) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """``ir.zspace.project_boxes`` of the whole index box ``[0, extents)``, in plain integers
+    (the ranks are small), or None where the image has gaps."""
+    lo, hi = [], []
+    for row, bk, sk in zip(A, b, s):
+        if any(abs(a) > sk for a in row):
+            return None
+        lo.append(bk + sum(a * (e - 1) for a, e in zip(row, extents) if a < 0))
+        hi.append(bk + sk + sum(a * (e - 1) for a, e in zip(row, extents) if a > 0))
+    return tuple(lo), tuple(hi)
+
+
+def _covered(shape: tuple[int, ...], boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> bool:
+    """Whether the union of ``boxes`` covers every cell of a tensor of ``shape`` (on the grid the
+    boxes' corners cut the tensor into, each cell lies inside a box or outside all of them)."""
+    if any(all(x <= 0 for x in lo) and all(y >= n for y, n in zip(hi, shape)) for lo, hi in boxes):
+        return True
+    if not boxes or not shape:
+        return bool(boxes)
+    cuts = [np.unique(np.clip([0, n] + [x for lo, hi in boxes for x in (lo[d], hi[d])], 0, n))
+            for d, n in enumerate(shape)]
+    points = np.stack(np.meshgrid(*[c[:-1] for c in cuts], indexing="ij"), -1).reshape(-1, len(shape))
+    inside = np.zeros(len(points), bool)
+    for lo, hi in boxes:
+        inside |= np.all((points >= np.array(lo)) & (points < np.array(hi)), axis=1)
+    return bool(inside.all())
+
+
+def every_kernel_waits(program: Graph) -> bool:
+    """Whether, in every plan of ``program``, each kernel that computes something a result needs
+    either starts after another kernel ends or ends before another kernel starts (the second
+    launch of the work term; module doc of ``costmodel.evaluate``).
+
+    Checked on the program after load-time folding (the plan's own runtime form), op by op, so
+    that it holds for every kernel a plan can form from them (an op alone, an op with elementwise
+    consumers fused into it, shards of either, copies, partial sums):
+    - every produced tensor is a graph output or its readers together read all of it, so the
+      shards some kernel waits on cover every op's whole index space;
+    - each op reads a produced tensor (through a projection whose image stays inside it, so every
+      shard reads some of it) from a kernel that launches, or every reader of its output is such a
+      kernel and the output is not a graph output. An elementwise reader may be fused into the op;
+      it then counts only through its other inputs or its own readers. Accumulates and slices may
+      run without a launch (``FREE_KERNELS``): the wait passes through them."""
+    from ir.folding import fold_constants
+
+    g = fold_constants(program)
+    if not g.ops:
+        return False
+    producers, readers = g.producers, g.consumers
+    for t, rs in readers.items():
+        if t in producers and g.tensors[t].role != "output":
+            boxes = [_image(g, g.ops[r], port) for r, port in rs]
+            if any(b is None for b in boxes) or not _covered(g.tensors[t].shape, boxes):
+                return False
+
+    def inside(o, port: str, t: str) -> bool:
+        box = _image(g, o, port)
+        return box is not None and min(box[0], default=0) >= 0 and all(
+            y <= n for y, n in zip(box[1], g.tensors[t].shape))
+
+    waits: dict[str, bool] = {}
+    waited: dict[str, bool] = {}
+
+    def waits_for(name: str, skip: str | None = None) -> bool:
+        """A kernel of ``name`` starts after some launched kernel ends (``skip``: its input from
+        an op it may be fused into)."""
+        if skip is None and name in waits:
+            return waits[name]
+        o = g.ops[name]
+        ok = False
+        for port, t in o.inputs:
+            p = producers.get(t)
+            if t == skip or p is None or not inside(o, port, t):
+                continue
+            if g.ops[p].kernel not in FREE_KERNELS or waits_for(p):
+                ok = True
+                break
+        if skip is None:
+            waits[name] = ok
+        return ok
+
+    def waited_for(name: str) -> bool:
+        """Every kernel that reads ``name``'s output launches, or is waited for in turn."""
+        if name in waited:
+            return waited[name]
+        o = g.ops[name]
+        rs = readers.get(o.output, [])
+        ok = g.tensors[o.output].role != "output" and bool(rs)
+        for r, _ in rs if ok else ():
+            ro = g.ops[r]
+            if ro.kernel in FREE_KERNELS:
+                ok = waited_for(r)
+            elif ro.kernel != "fused" and ELEMENTWISE in get_kernel(ro.kernel).properties:
+                ok = waits_for(r, skip=o.output) or waited_for(r)
+            if not ok:
+                break
+        waited[name] = ok
+        return ok
+
+    return all(waits_for(n) or waited_for(n) for n in g.topo_order)

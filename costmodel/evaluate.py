@@ -8,11 +8,18 @@ communication, idle) and per operation (shards, FLOPs, compute seconds, incoming
 Lower bound (``lower_bound``): no plan of the same program on the same fleet can finish sooner
 under this cost model. It is the larger of
 
-- **total work over the fleet, plus one launch**: ``max(Σ_ops FLOPs / (peak·ce), program I/O
-  bytes / (bw·me)) / n + launch`` (every FLOP runs somewhere; every input, weight and output
-  byte is read or written at least once; intermediates could be fused away, so they are not
-  counted; the best efficiency factors of the hardware). The device with the most compute has
-  at least the average and runs at least one shard, so it also pays at least one launch; and
+- **total work over the fleet, plus one or two launches**: ``max(Σ_ops FLOPs / (peak·ce),
+  program I/O bytes / (bw·me)) / n + launch`` (every FLOP runs somewhere; every input, weight and
+  output byte is read or written at least once; intermediates could be fused away, so they are
+  not counted; the best efficiency factors of the hardware). The device with the most compute
+  has at least the average and runs at least one shard, so it also pays at least one launch (the
+  shortest: a multi-tensor kernel's where the program has one). Where ``every_kernel_waits``
+  holds (``costmodel.bounds``: every produced tensor is read whole, and every op reads a tensor a
+  launched kernel produces or is read only by launched kernels), a second launch is added:
+  among the devices, count only the shards some kernel waits on (they still cover every op, as
+  the tensors are read whole); the one with the most of that work either runs a second kernel or
+  runs one that waits for, or is waited on by, a launched kernel elsewhere. A chain split over
+  the batch on every device meets this exactly (``tests/costmodel/test_bounds.py``); and
 - **the critical path at full parallelism**: with every op spread over the whole fleet and
   pipelined, the compute along a path is already in the work term; what remains is that a chain
   of dependent ops still runs one shard of each after the other, each paying at least one
@@ -22,9 +29,10 @@ under this cost model. It is the larger of
 Both terms are valid bounds. (Summing per-op roofline times along the longest path is not: a
 fused op overlaps one stage's memory traffic with another's compute, a pipelined plan overlaps
 the ops. Nor is the work over the fleet plus a launch for each op on the chain, though a plan
-that runs every op on every device pays that: a device may skip ops while others run them. Two
-dependent ops on device 0 and an independent one of one launch's work on device 1 finish in two
-launches, under work/2 + two launches.) For a training step the work term holds the forward, backward and optimizer FLOPs.
+that runs every op on every device pays that: a device may skip ops while others run them. And
+the second launch needs its condition: two independent ops, each alone on half the fleet, finish
+in work/n + one launch.) For a training step the work term holds the forward, backward and
+optimizer FLOPs.
 Each term is the smallest over the program's substituted forms (``costmodel.bounds``: fused
 attention and norms launch fewer kernels on the chain, a reassociated chain costs fewer FLOPs), so
 the bound holds for plans that use substitutions too.

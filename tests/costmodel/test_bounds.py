@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 
 from costmodel import evaluate, load_hardware
-from costmodel.bounds import bound_terms, lower_bound, substituted_forms
+from costmodel.bounds import _launch as _shortest_launch
+from costmodel.bounds import bound_terms, every_kernel_waits, lower_bound, substituted_forms
+from costmodel.lowering import MULTI_TENSOR
 from ir import workloads
 from ir.builder import GraphBuilder
-from ir.rewrites import parse_move, reassociate, unshard
+from ir.rewrites import parse_move, reassociate, retile, unshard
 
 HW = "h100-sxm-8"
 
@@ -73,6 +75,10 @@ def test_a_training_step_keeps_its_bound_and_model_flops():
     flops = sum(float(np.prod(g.signature(o).extents)) * g.signature(o).flops_per_point for o in g.ops.values())
     assert e.model_flops == pytest.approx(flops)
     assert e.lower_bound <= e.makespan
+    # its optimizer updates run in multi-tensor kernels: the busiest device may pay only their launch
+    assert _shortest_launch(g, hw) == pytest.approx(_launch(hw) / MULTI_TENSOR)
+    assert _shortest_launch(workloads.build("gpt", layers=1, d_model=16, heads=2, vocab=16, seq=8, batch=8),
+                            hw) == _launch(hw)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -92,3 +98,72 @@ def test_random_substituted_plans_never_beat_the_bound(seed):
         except RewriteError:
             continue
         assert evaluate(p, HW).makespan >= bound * (1 - 1e-12)
+
+
+def _launch(hw) -> float:
+    return min([hw.device.launch_overhead] + list(hw.launch_overhead_by_class.values()))
+
+
+def _chain(n: int = 4096):
+    b = GraphBuilder()
+    h = b.matmul(b.input("x", (n, n)), b.parameter("W1", (n, n)), name="mm1")
+    b.matmul(h, b.parameter("W2", (n, n)), name="mm2")
+    return b.build()
+
+
+def test_a_chain_run_alike_on_every_device_meets_the_bound_with_two_launches():
+    """Two dependent matmuls, each split over the batch on the 8 devices: every device runs two
+    kernels one after the other, so the step takes exactly the work over the fleet plus two
+    launches (flat roofline, no transfers). That is the bound: the device with the most work
+    either runs two kernels or waits for (or is waited on by) a kernel elsewhere."""
+    hw = load_hardware(HW)
+    g = _chain()
+    plan = retile(retile(g, "mm1", [8, 1], range(8)), "mm2", [8, 1], range(8))
+    e = evaluate(plan, hw, curves=None)
+    work, chain = bound_terms(g, hw)
+    assert every_kernel_waits(g)
+    assert chain == pytest.approx(2 * _launch(hw))
+    assert e.lower_bound == pytest.approx(work + _launch(hw), rel=1e-12)  # work holds the first launch
+    assert e.makespan == pytest.approx(e.lower_bound, rel=1e-9)
+    # half the devices on each op (a two-stage pipeline): the second waits for the first
+    piped = retile(retile(g, "mm1", [4, 1], range(4)), "mm2", [4, 1], range(4, 8))
+    assert evaluate(piped, hw, curves=None).makespan > e.lower_bound
+
+
+def test_independent_ops_keep_one_launch():
+    """Two independent matmuls, each a graph output, each on its own half of the fleet: each
+    device runs one kernel that nothing waits for, so the step takes the work over the fleet plus
+    one launch, and a second launch would overstate the bound."""
+    hw = load_hardware(HW)
+    n = 4096
+    b = GraphBuilder()
+    b.matmul(b.input("x", (n, n)), b.parameter("W1", (n, n)), name="a")
+    b.matmul(b.input("y", (n, n)), b.parameter("W2", (n, n)), name="b")
+    g = b.build()
+    assert not every_kernel_waits(g)
+    plan = retile(retile(g, "a", [4, 1], range(4)), "b", [4, 1], range(4, 8))
+    e = evaluate(plan, hw, curves=None)
+    assert e.makespan == pytest.approx(e.lower_bound, rel=1e-9)
+    assert e.lower_bound == pytest.approx(bound_terms(g, hw)[0], rel=1e-12)
+
+
+def test_what_every_kernel_waits_refuses():
+    """The second launch needs every produced tensor read whole (else a device's work may be
+    dead) and every op to wait or be waited on through launched kernels."""
+    n = 64
+    b = GraphBuilder()
+    h = b.matmul(b.input("x", (n, n)), b.parameter("W", (n, n)), name="mm")
+    b.slice(h, name="half", axis=0, start=0, stop=n // 2)
+    assert not every_kernel_waits(b.build())  # half of mm's rows are read by nobody
+    b = GraphBuilder()
+    h = b.matmul(b.input("x", (n, n)), b.parameter("W", (n, n)), name="mm")
+    b.slice(h, name="even", axis=0, start=0, stop=n, step=2)
+    assert not every_kernel_waits(b.build())  # a strided read: its box is only a hull
+    b = GraphBuilder()
+    h = b.matmul(b.input("x", (n, n)), b.parameter("W", (n, n)), name="mm")
+    b.relu(h, name="act")
+    assert not every_kernel_waits(b.build())  # relu may fuse into mm: one kernel, nothing around it
+    g = workloads.build("transformer", batch=2, seq=8, d_model=16, heads=4, d_ff=32)
+    assert all(every_kernel_waits(f) for f in substituted_forms(g))
+    t = workloads.build("gpt", mode="train", layers=1, d_model=16, heads=2, vocab=16, seq=8, batch=8)
+    assert all(every_kernel_waits(f) for f in substituted_forms(t))

