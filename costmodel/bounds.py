@@ -26,12 +26,13 @@ from costmodel.hardware import Hardware, class_family
 from costmodel.lowering import MULTI_TENSOR, kernel_class_of, multi_tensor
 from ir.graph import SOURCE_ROLES, Graph
 from ir.kernels import ELEMENTWISE, ITEMSIZE, get_kernel
+from ir.kernels.prenorm import NORMS
 
 __all__ = ["bound_over", "bound_terms", "every_kernel_waits", "lower_bound", "substituted_forms"]
 
 #: kernels a plan may run without a launch of their own: an accumulate may lower to a collective
 #: (``costmodel.collectives``), a contiguous slice to a view (the lowering's runtime mode)
-FREE_KERNELS = frozenset({"accumulate", "slice"})
+FREE_KERNELS = ("accumulate", "slice")
 
 
 def lower_bound(program: Graph, hw: Hardware, curves: Curves | None = None) -> float:
@@ -103,10 +104,10 @@ def bound_terms(program: Graph, hw: Hardware, curves: Curves | None = None) -> t
         work += flops / (hw.peak_flops(program.tensors[o.output].dtype) * eff)
         preds = [program.producers[t] for _, t in o.inputs if t in program.producers]
         fusable = o.kernel != "fused" and ELEMENTWISE in get_kernel(o.kernel).properties and bool(preds)
-        step = 0.0 if fusable else launch / MULTI_TENSOR if multi_tensor(program, o) else launch
+        free = fusable or o.kernel in FREE_KERNELS  # fused into its producer, or no kernel of its own
+        step = 0.0 if free else launch / MULTI_TENSOR if multi_tensor(program, o) else launch
         chain[name] = max((chain[p] for p in preds), default=0.0) + step
-    io = sum(float(np.prod(t.shape)) * ITEMSIZE[t.dtype] for t in program.tensors.values()
-             if t.role in SOURCE_ROLES or t.role == "output")
+    io = _io_bytes(program)
     # the device with the most work runs at least one kernel: the shortest launch (a multi-tensor one's)
     first = _launch(program, hw) if work > 0 or io > 0 else 0.0
     work_term = max(work, io / (hw.device.mem_bandwidth * me)) / n + first
@@ -118,6 +119,27 @@ def _launch(program: Graph, hw: Hardware) -> float:
     classes, a ``MULTI_TENSOR``-th of it where the program has multi-tensor ops."""
     launch = min([hw.device.launch_overhead] + list(hw.launch_overhead_by_class.values()))
     return launch / MULTI_TENSOR if any(multi_tensor(program, o) for o in program.ops.values()) else launch
+
+
+def _io_bytes(program: Graph) -> float:
+    """Bytes every plan of ``program`` moves through some device's memory: each source that its
+    launched readers read whole (a slice may be a view, whose readers read only the cells they
+    need, so a source read through a slice, or only in part, counts nothing), and each graph
+    output a launched kernel writes."""
+    total = 0.0
+    for name, t in program.tensors.items():
+        if t.role == "output":
+            p = program.producers.get(name)
+            counted = p is not None and program.ops[p].kernel not in FREE_KERNELS
+        elif t.role in SOURCE_ROLES:
+            boxes = [_image(program, program.ops[r], port) for r, port in program.consumers.get(name, [])
+                     if program.ops[r].kernel not in FREE_KERNELS]
+            counted = bool(boxes) and None not in boxes and _covered(t.shape, boxes)
+        else:
+            counted = False
+        if counted:
+            total += float(np.prod(t.shape)) * ITEMSIZE[t.dtype]
+    return total
 
 
 def _image(program: Graph, o, port: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -171,7 +193,9 @@ def every_kernel_waits(program: Graph) -> bool:
       shard reads some of it) from a kernel that launches, or every reader of its output is such a
       kernel and the output is not a graph output. An elementwise reader may be fused into the op;
       it then counts only through its other inputs or its own readers. Accumulates and slices may
-      run without a launch (``FREE_KERNELS``): the wait passes through them."""
+      run without a launch (``FREE_KERNELS``), and a norm may be fused into a contraction that
+      reads it (``ir.rewrites.substitute_norm``, also into one reader of several): the wait passes
+      through them to their own inputs."""
     from ir.folding import fold_constants
 
     g = fold_constants(program)
@@ -203,7 +227,8 @@ def every_kernel_waits(program: Graph) -> bool:
             p = producers.get(t)
             if t == skip or p is None or not inside(o, port, t):
                 continue
-            if g.ops[p].kernel not in FREE_KERNELS or waits_for(p):
+            # a norm may be fused into this reader, which then reads the norm's inputs
+            if g.ops[p].kernel not in FREE_KERNELS + NORMS or waits_for(p):
                 ok = True
                 break
         if skip is None:
