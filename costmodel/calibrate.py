@@ -94,7 +94,7 @@ class ClassFit:
 def measurements_for(g: Graph, hw: Hardware | str | None = None) -> list[dict[str, Any]]:
     """One record per shard of ``g``: ``op``, ``shard``, ``device``, ``kernel_class``,
     ``flops``, ``bytes`` (read + written), ``dtype``; with ``hw``, also ``model_seconds``."""
-    from costmodel.lowering import kernel_class_of
+    from costmodel.lowering import compute_dtype, kernel_class_of
 
     hw = load_hardware(hw) if hw is not None else None
     out = []
@@ -106,7 +106,7 @@ def measurements_for(g: Graph, hw: Hardware | str | None = None) -> list[dict[st
         read, written = sig.io_bytes(sh.lo, sh.hi)
         nbytes = read + written
         kclass = kernel_class_of(o)
-        dtype = g.tensors[o.output].dtype
+        dtype = compute_dtype(g, o)
         model = hw.shard_time(flops, nbytes, dtype, kclass) if hw is not None else None
         for i in range(len(sh)):
             rec = {"op": name, "shard": i, "device": int(sh.device[i]), "kernel_class": kclass,

@@ -384,6 +384,17 @@ def multi_tensor(g: Graph, o: Op) -> bool:
     return isinstance(get_kernel(o.kernel), StateUpdate)
 
 
+def compute_dtype(g: Graph, o: Op) -> str:
+    """The dtype whose peak times ``o``: its output's, except that a fused op whose epilogue casts
+    runs its first stage (the contraction) in that stage's own dtype (an fp32 GEMM cast to bf16 on
+    the way out is an fp32 GEMM)."""
+    dtype = g.tensors[o.output].dtype
+    if o.kernel == "fused" and any(st["kernel"] == "cast" for st in o.params["stages"][1:]):
+        sig = g.signature(o)
+        dtype = get_kernel("fused").stage_signatures(sig.in_specs, o.params)[0][1].out_spec.dtype
+    return dtype
+
+
 def kernel_class_of(o: Op) -> str:
     """Efficiency class of an op (a fused op runs as its first stage's class)."""
     if o.kernel == "fused":
@@ -811,7 +822,7 @@ class Lowerer:
         else:
             pk = self._pack(g.signature(o))
             kclass = kernel_class_of(o)
-            dtype = g.tensors[o.output].dtype
+            dtype = compute_dtype(g, o)
             ins = o.input_map
             src_port = np.array([g.tensors[ins[p]].role in SOURCE_ROLES and not g.is_carried(ins[p])
                                  for p in pk.ports], np.bool_)
