@@ -41,52 +41,118 @@ def lower_bound(program: Graph, hw: Hardware, curves: Curves | None = None) -> f
     ``curves`` (the shards are timed with them), no GEMM shard of an op with reduction depth ``K``
     runs above ``gemm_peak · K / (K + k_half)`` of the peak (its occupancy is at most 1 and its own
     depth at most ``K``), and no shard moves bytes above ``mem_peak`` of the bandwidth."""
-    return bound_over(substituted_forms(program), hw, curves)
+    return bound_over(*program_forms(program), hw=hw, curves=curves)
 
 
-def bound_over(forms: list[Graph], hw: Hardware, curves: Curves | None = None) -> float:
-    """The bound over ``forms`` of one program: its smallest work term against its shortest chain."""
-    terms = [bound_terms(f, hw, curves) for f in forms]
+def bound_over(forms: list[Graph], loose: frozenset[str] = frozenset(), hw: Hardware | None = None,
+               curves: Curves | None = None) -> float:
+    """The bound over ``forms`` of one program: its smallest work term against its shortest chain.
+    ``loose``: ops whose work and launches count nothing (``program_forms``)."""
+    terms = [bound_terms(f, hw, curves, loose) for f in forms]
     work = min(w for w, _ in terms)
-    if work > 0 and all(map(every_kernel_waits, forms)):
+    if work > 0 and not loose and all(map(every_kernel_waits, forms)):
         work += min(_launch(f, hw) for f in forms)
     return max(work, min(c for _, c in terms))
 
 
 def substituted_forms(program: Graph) -> list[Graph]:
-    """``program``; with its cheaper reassociations applied and weights-only ops folded; and
-    that with every attention pattern and norm fused too (module doc). A substitution that does
-    not apply is skipped."""
+    """The forms of ``program`` its bound is the smallest over (``program_forms``)."""
+    return program_forms(program)[0]
+
+
+def program_forms(program: Graph) -> tuple[list[Graph], frozenset[str]]:
+    """``program``; each form its reassociations reach (``_reassociations``), with weights-only
+    ops folded; and each of those with every attention pattern and norm fused too (module doc).
+    A substitution that does not apply is skipped. Past ``FORMS_CAP`` reassociated forms, the
+    forms are the program's alone and the ops that take part in a reassociation are returned as
+    *loose*: the bound counts no work and no launch for them."""
     from ir.folding import fold_constants
-    from ir.rewrites import fuse_attention, fuse_norm, reassociate
+
+    reached = _reassociations(program)
+    loose: frozenset[str] = frozenset()
+    if reached is None:
+        reached, loose = [program], _reassociable(program)
+    forms = [program]
+    for r in reached:
+        forms += [fold_constants(r), fold_constants(_fused(r))]
+    return forms, loose
+
+
+#: reassociated forms ``program_forms`` explores (a program with a few low-rank chains has a few)
+FORMS_CAP = 64
+
+
+def _reassociable(g: Graph) -> frozenset[str]:
+    """The ops that take part in a reassociation site of ``g`` (as the inner or the outer op)."""
+    from ir.rewrites.substitute_reassoc import KERNELS, _plan
+
+    out: set[str] = set()
+    for n, o in g.ops.items():
+        if o.kernel in KERNELS:
+            for keep in ("a", "b"):
+                plan = _plan(g, n, keep)
+                if not isinstance(plan, str):
+                    out |= {plan[0].name, n}
+    return frozenset(out)
+
+
+def _reassociations(program: Graph) -> list[Graph] | None:
+    """Every form reassociations reach from ``program``, breadth first: at any site, cheaper or
+    not (a plan may take them in any order, and an order can decide what a later fold saves), or
+    None past ``FORMS_CAP`` forms."""
+    from ir.rewrites import reassociate
+    from ir.rewrites.errors import RewriteError
+    from ir.rewrites.substitute_reassoc import KERNELS, _plan
+
+    if not _reassociable(program):
+        return [program]
+    seen = {program.digest: program}
+    queue = [program]
+    while queue:
+        g = queue.pop(0)
+        for n, o in g.ops.items():
+            if o.kernel not in KERNELS or o.params.get("origin"):
+                continue
+            for keep in ("a", "b"):
+                if isinstance(_plan(g, n, keep), str):
+                    continue
+                try:
+                    h = reassociate(g, n, keep)
+                except RewriteError:
+                    continue
+                if h.digest not in seen:
+                    if len(seen) >= FORMS_CAP:
+                        return None
+                    seen[h.digest] = h
+                    queue.append(h)
+    return list(seen.values())
+
+
+def _fused(g: Graph) -> Graph:
+    """``g`` with every attention pattern and norm fused."""
+    from ir.rewrites import fuse_attention, fuse_norm
     from ir.rewrites.errors import RewriteError
     from ir.rewrites.substitute_attention import attention_sites
     from ir.rewrites.substitute_norm import norm_sites
-    from ir.rewrites.substitute_reassoc import reassociation_sites
 
-    cheap = program
-    for _ in range(len(program.ops)):  # a chain of three or more offers new sites once one is taken
-        sites = reassociation_sites(cheap)
-        if not sites:
-            break
-        cheap = reassociate(cheap, *sites[0])
-    fused = cheap
-    for site in attention_sites(fused):
+    for site in attention_sites(g):
         try:
-            fused = fuse_attention(fused, site)
+            g = fuse_attention(g, site)
         except RewriteError:
             pass
-    for norm in norm_sites(fused):
+    for norm in norm_sites(g):
         try:
-            fused = fuse_norm(fused, norm)
+            g = fuse_norm(g, norm)
         except RewriteError:
             pass
-    return [program, fold_constants(cheap), fold_constants(fused)]
+    return g
 
 
-def bound_terms(program: Graph, hw: Hardware, curves: Curves | None = None) -> tuple[float, float]:
+def bound_terms(program: Graph, hw: Hardware, curves: Curves | None = None,
+                loose: frozenset[str] = frozenset()) -> tuple[float, float]:
     """(total work over the fleet plus one launch, the launch chain at full parallelism) of
-    ``program`` as written (``costmodel.evaluate``'s module doc)."""
+    ``program`` as written (``costmodel.evaluate``'s module doc); ``loose`` ops count no work,
+    no launch and no reads."""
     n = hw.n_devices
     ce = max(c for c, _ in hw.efficiency.values())
     me = max(m for _, m in hw.efficiency.values()) if curves is None else curves.mem_peak
@@ -96,7 +162,7 @@ def bound_terms(program: Graph, hw: Hardware, curves: Curves | None = None) -> t
     for name in program.topo_order:
         o = program.ops[name]
         sig = program.signature(o)
-        flops = float(np.prod(sig.extents, dtype=np.float64)) * sig.flops_per_point
+        flops = 0.0 if name in loose else float(np.prod(sig.extents, dtype=np.float64)) * sig.flops_per_point
         eff = ce
         if curves is not None and class_family(kernel_class_of(o)) == "matmul" and flops > 0:
             k = max(sig.flops_per_point / 2.0, 1.0)
@@ -104,10 +170,10 @@ def bound_terms(program: Graph, hw: Hardware, curves: Curves | None = None) -> t
         work += flops / (hw.peak_flops(program.tensors[o.output].dtype) * eff)
         preds = [program.producers[t] for _, t in o.inputs if t in program.producers]
         fusable = o.kernel != "fused" and ELEMENTWISE in get_kernel(o.kernel).properties and bool(preds)
-        free = fusable or o.kernel in FREE_KERNELS  # fused into its producer, or no kernel of its own
+        free = fusable or o.kernel in FREE_KERNELS or name in loose  # fused, or no kernel of its own
         step = 0.0 if free else launch / MULTI_TENSOR if multi_tensor(program, o) else launch
         chain[name] = max((chain[p] for p in preds), default=0.0) + step
-    io = _io_bytes(program)
+    io = _io_bytes(program, loose)
     # the device with the most work runs at least one kernel: the shortest launch (a multi-tensor one's)
     first = _launch(program, hw) if work > 0 or io > 0 else 0.0
     work_term = max(work, io / (hw.device.mem_bandwidth * me)) / n + first
@@ -121,11 +187,11 @@ def _launch(program: Graph, hw: Hardware) -> float:
     return launch / MULTI_TENSOR if any(multi_tensor(program, o) for o in program.ops.values()) else launch
 
 
-def _io_bytes(program: Graph) -> float:
+def _io_bytes(program: Graph, loose: frozenset[str] = frozenset()) -> float:
     """Bytes every plan of ``program`` moves through some device's memory: each source that its
     launched readers read whole (a slice may be a view, whose readers read only the cells they
     need, so a source read through a slice, or only in part, counts nothing), and each graph
-    output a launched kernel writes."""
+    output a launched kernel writes. ``loose`` readers count as no reader."""
     total = 0.0
     for name, t in program.tensors.items():
         if t.role == "output":
@@ -133,7 +199,7 @@ def _io_bytes(program: Graph) -> float:
             counted = p is not None and program.ops[p].kernel not in FREE_KERNELS
         elif t.role in SOURCE_ROLES:
             boxes = [_image(program, program.ops[r], port) for r, port in program.consumers.get(name, [])
-                     if program.ops[r].kernel not in FREE_KERNELS]
+                     if program.ops[r].kernel not in FREE_KERNELS and r not in loose]
             counted = bool(boxes) and None not in boxes and _covered(t.shape, boxes)
         else:
             counted = False

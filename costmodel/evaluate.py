@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.bounds import bound_over, lower_bound, substituted_forms
+from costmodel.bounds import bound_over, lower_bound, program_forms
 from costmodel.efficiency import Curves, curves_for
 from costmodel.energy import energy_breakdown
 from costmodel.gc_pacing import GcPacer
@@ -404,9 +404,11 @@ def program_facts(program: Graph, hw: Hardware, curves: Curves | None = None) ->
     model FLOPs are those of its cheapest substituted form (``costmodel.bounds``: a reassociated
     low-rank chain needs fewer; the scores a fused attention's backward recomputes are hardware
     FLOPs, not model FLOPs), so MFU stays at most 1."""
-    forms = substituted_forms(program)
+    # (past bounds.FORMS_CAP reassociated forms the model FLOPs are the program's forms' alone: a
+    # plan in a cheaper unexplored order may show an MFU above 1; its bound stays valid)
+    forms, loose = program_forms(program)
     flops, ideal = min(_flops(f, hw) for f in forms)
-    bound = bound_over(forms, hw, curves)
+    bound = bound_over(forms, loose, hw, curves)
     state = sum(float(np.prod(program.tensors[p].shape, dtype=np.float64)) * ITEMSIZE[program.tensors[p].dtype]
                 for p in program.carried)
     return ProgramFacts(bound, flops, ideal, state, state / hw.n_devices)
