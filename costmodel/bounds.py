@@ -6,13 +6,14 @@ overcount: ``fuse_attention`` runs scores, mask, softmax and values as one kerne
 the chain where the program has three), ``fuse_norm`` runs a norm inside the contractions that
 read it, and ``reassociate`` evaluates ``(A·B)·R`` as ``A·(B·R)``, which costs fewer FLOPs and,
 where ``B·R`` is weights-only, is folded at load time (``ir.folding``) so the step reads one
-smaller weight. So each term is the smallest of its values over three forms of the program: as
-written; every cheaper reassociation applied and the weights-only ops folded; and that with every
-attention pattern and norm fused as well. Work is a sum over ops and the chain a longest path, so
-a plan that applies some of the substitutions lies between those forms term by term. The work
-term's second launch (``every_kernel_waits``) is added only where all three forms allow it; the
-condition is checked op by op, so it carries over to the ops a plan builds from them (fused,
-merged, split into partial sums, copied).
+smaller weight. So each term is the smallest of its values over the forms of the program
+(``program_forms``): as written; each form that reassociations reach, in any order and at any
+site (the order decides what a later fold saves), with the weights-only ops folded; and each of
+those with every attention pattern and norm fused as well. Work is a sum over ops and the chain a
+longest path, so a plan that applies some of the substitutions lies between those forms term by
+term. The work term's second launch (``every_kernel_waits``) is added only where all the forms
+allow it; the condition is checked op by op, so it carries over to the ops a plan builds from
+them (fused, merged, split into partial sums, copied).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from ir.graph import SOURCE_ROLES, Graph
 from ir.kernels import ELEMENTWISE, ITEMSIZE, get_kernel
 from ir.kernels.prenorm import NORMS
 
-__all__ = ["bound_over", "bound_terms", "every_kernel_waits", "lower_bound", "substituted_forms"]
+__all__ = ["FORMS_CAP", "FREE_KERNELS", "bound_over", "bound_terms", "every_kernel_waits", "lower_bound",
+           "program_forms", "substituted_forms"]
 
 #: kernels a plan may run without a launch of their own: an accumulate may lower to a collective
 #: (``costmodel.collectives``), a contiguous slice to a view (the lowering's runtime mode)
