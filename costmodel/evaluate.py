@@ -16,9 +16,10 @@ under this cost model. It is the larger of
   shortest: a multi-tensor kernel's where the program has one). Where ``every_kernel_waits``
   holds (``costmodel.bounds``: every produced tensor is read whole, and every op reads a tensor a
   launched kernel produces or is read only by launched kernels), a second launch is added:
-  among the devices, count only the shards some kernel waits on (they still cover every op, as
-  the tensors are read whole); the one with the most of that work either runs a second kernel or
-  runs one that waits for, or is waited on by, a launched kernel elsewhere. A chain split over
+  among the devices, count only the shards whose results are used (some kernel waits on them, or
+  they write a graph output; they still cover every op, as the tensors are read whole); the one
+  with the most of that work either runs a second kernel or runs one that waits for, or is
+  waited on by, a launched kernel elsewhere. A chain split over
   the batch on every device meets this exactly (``tests/costmodel/test_bounds.py``); and
 - **the critical path at full parallelism**: with every op spread over the whole fleet and
   pipelined, the compute along a path is already in the work term; what remains is that a chain
