@@ -9,23 +9,25 @@ Lower bound (``lower_bound``): no plan of the same program on the same fleet can
 under this cost model. It is the larger of
 
 - **total work over the fleet, plus one or two launches**: ``max(Σ_ops FLOPs / (peak·ce),
-  program I/O bytes / (bw·me)) / n + launch`` (every FLOP runs somewhere; every input, weight and
-  output byte is read or written at least once; intermediates could be fused away, so they are
-  not counted; the best efficiency factors of the hardware). The device with the most compute
-  has at least the average and runs at least one shard, so it also pays at least one launch (the
-  shortest: a multi-tensor kernel's where the program has one). Where ``every_kernel_waits``
+  program I/O bytes / (bw·me)) / n + launch`` (every FLOP runs somewhere; every byte of a source
+  that launched kernels read whole, and of an output a launched kernel writes, is read or written
+  at least once, while a source read only in part or through a slice, which may be a view, counts
+  nothing; intermediates could be fused away, so they are not counted; the best efficiency
+  factors of the hardware). The device with the most compute has at least the average and runs
+  at least one shard, so it also pays at least one launch (the shortest: a multi-tensor kernel's
+  where the program has one). Where ``every_kernel_waits``
   holds (``costmodel.bounds``: every produced tensor is read whole, and every op reads a tensor a
   launched kernel produces or is read only by launched kernels), a second launch is added:
   among the devices, count only the shards whose results are used (some kernel waits on them, or
   they write a graph output; they still cover every op, as the tensors are read whole); the one
   with the most of that work either runs a second kernel or runs one that waits for, or is
-  waited on by, a launched kernel elsewhere. A chain split over
-  the batch on every device meets this exactly (``tests/costmodel/test_bounds.py``); and
+  waited on by, a launched kernel elsewhere. A chain split over the batch on every device meets
+  this exactly (``tests/costmodel/test_bounds.py``); and
 - **the critical path at full parallelism**: with every op spread over the whole fleet and
   pipelined, the compute along a path is already in the work term; what remains is that a chain
   of dependent ops still runs one shard of each after the other, each paying at least one
-  launch. Elementwise ops that read a produced tensor might be fused into their producer, so
-  they add no launch.
+  launch. Elementwise ops that read a produced tensor might be fused into their producer, and a
+  slice may be a view, so they add no launch.
 
 Both terms are valid bounds. (Summing per-op roofline times along the longest path is not: a
 fused op overlaps one stage's memory traffic with another's compute, a pipelined plan overlaps
