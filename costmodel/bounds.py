@@ -24,7 +24,7 @@ import numpy as np
 
 from costmodel.efficiency import Curves
 from costmodel.hardware import Hardware, class_family
-from costmodel.lowering import MULTI_TENSOR, kernel_class_of, multi_tensor
+from costmodel.lowering import MULTI_TENSOR, kernel_class_of, multi_tensor, union_volume
 from ir.graph import SOURCE_ROLES, Graph
 from ir.kernels import ELEMENTWISE, ITEMSIZE, get_kernel
 from ir.kernels.prenorm import NORMS
@@ -158,7 +158,7 @@ def bound_terms(program: Graph, hw: Hardware, curves: Curves | None = None,
     n = hw.n_devices
     ce = max(c for c, _ in hw.efficiency.values())
     me = max(m for _, m in hw.efficiency.values()) if curves is None else curves.mem_peak
-    launch = min([hw.device.launch_overhead] + list(hw.launch_overhead_by_class.values()))
+    launch = _class_launch(hw)
     work = 0.0
     chain: dict[str, float] = {}
     for name in program.topo_order:
@@ -182,10 +182,15 @@ def bound_terms(program: Graph, hw: Hardware, curves: Curves | None = None,
     return work_term, max(chain.values(), default=0.0)
 
 
+def _class_launch(hw: Hardware) -> float:
+    """The smallest launch overhead over the kernel classes of ``hw``."""
+    return min([hw.device.launch_overhead] + list(hw.launch_overhead_by_class.values()))
+
+
 def _launch(program: Graph, hw: Hardware) -> float:
     """The shortest launch any kernel of a plan of ``program`` pays: the smallest over the kernel
     classes, a ``MULTI_TENSOR``-th of it where the program has multi-tensor ops."""
-    launch = min([hw.device.launch_overhead] + list(hw.launch_overhead_by_class.values()))
+    launch = _class_launch(hw)
     return launch / MULTI_TENSOR if any(multi_tensor(program, o) for o in program.ops.values()) else launch
 
 
@@ -232,19 +237,15 @@ def _hull(A, b, s, extents) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
 
 
 def _covered(shape: tuple[int, ...], boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> bool:
-    """Whether the union of ``boxes`` covers every cell of a tensor of ``shape`` (on the grid the
-    boxes' corners cut the tensor into, each cell lies inside a box or outside all of them)."""
+    """Whether the union of ``boxes`` covers every cell of a tensor of ``shape``."""
     if any(all(x <= 0 for x in lo) and all(y >= n for y, n in zip(hi, shape)) for lo, hi in boxes):
         return True
     if not boxes or not shape:
         return bool(boxes)
-    cuts = [np.unique(np.clip([0, n] + [x for lo, hi in boxes for x in (lo[d], hi[d])], 0, n))
-            for d, n in enumerate(shape)]
-    points = np.stack(np.meshgrid(*[c[:-1] for c in cuts], indexing="ij"), -1).reshape(-1, len(shape))
-    inside = np.zeros(len(points), bool)
-    for lo, hi in boxes:
-        inside |= np.all((points >= np.array(lo)) & (points < np.array(hi)), axis=1)
-    return bool(inside.all())
+    full = np.array(shape, np.int64)
+    lo = np.clip(np.array([b[0] for b in boxes], np.int64), 0, full)
+    hi = np.clip(np.array([b[1] for b in boxes], np.int64), 0, full)
+    return union_volume(lo, np.maximum(hi, lo)) == float(np.prod(full, dtype=np.float64))
 
 
 def every_kernel_waits(program: Graph) -> bool:
