@@ -43,11 +43,12 @@ def lower_bound(program: Graph, hw: Hardware, curves: Curves | None = None) -> f
     ``curves`` (the shards are timed with them), no GEMM shard of an op with reduction depth ``K``
     runs above ``gemm_peak · K / (K + k_half)`` of the peak (its occupancy is at most 1 and its own
     depth at most ``K``), and no shard moves bytes above ``mem_peak`` of the bandwidth."""
-    return bound_over(*program_forms(program), hw=hw, curves=curves)
+    forms, loose = program_forms(program)
+    return bound_over(forms, hw, curves, loose)
 
 
-def bound_over(forms: list[Graph], loose: frozenset[str] = frozenset(), hw: Hardware | None = None,
-               curves: Curves | None = None) -> float:
+def bound_over(forms: list[Graph], hw: Hardware, curves: Curves | None = None,
+               loose: frozenset[str] = frozenset()) -> float:
     """The bound over ``forms`` of one program: its smallest work term against its shortest chain.
     ``loose``: ops whose work and launches count nothing (``program_forms``)."""
     terms = [bound_terms(f, hw, curves, loose) for f in forms]
@@ -86,16 +87,10 @@ FORMS_CAP = 64
 
 def _reassociable(g: Graph) -> frozenset[str]:
     """The ops that take part in a reassociation site of ``g`` (as the inner or the outer op)."""
-    from ir.rewrites.substitute_reassoc import KERNELS, _plan
+    from ir.rewrites.substitute_reassoc import KERNELS, chain_of
 
-    out: set[str] = set()
-    for n, o in g.ops.items():
-        if o.kernel in KERNELS:
-            for keep in ("a", "b"):
-                plan = _plan(g, n, keep)
-                if not isinstance(plan, str):
-                    out |= {plan[0].name, n}
-    return frozenset(out)
+    return frozenset(n for o in g.ops.values() if o.kernel in KERNELS for keep in ("a", "b")
+                     for n in chain_of(g, o.name, keep) or ())
 
 
 def _reassociations(program: Graph) -> list[Graph] | None:
@@ -104,7 +99,7 @@ def _reassociations(program: Graph) -> list[Graph] | None:
     None past ``FORMS_CAP`` forms."""
     from ir.rewrites import reassociate
     from ir.rewrites.errors import RewriteError
-    from ir.rewrites.substitute_reassoc import KERNELS, _plan
+    from ir.rewrites.substitute_reassoc import KERNELS, chain_of
 
     if not _reassociable(program):
         return [program]
@@ -116,7 +111,7 @@ def _reassociations(program: Graph) -> list[Graph] | None:
             if o.kernel not in KERNELS or o.params.get("origin"):
                 continue
             for keep in ("a", "b"):
-                if isinstance(_plan(g, n, keep), str):
+                if chain_of(g, n, keep) is None:
                     continue
                 try:
                     h = reassociate(g, n, keep)

@@ -411,7 +411,7 @@ def program_facts(program: Graph, hw: Hardware, curves: Curves | None = None) ->
     # plan in a cheaper unexplored order may show an MFU above 1; its bound stays valid)
     forms, loose = program_forms(program)
     flops, ideal = min(_flops(f, hw) for f in forms)
-    bound = bound_over(forms, loose, hw, curves)
+    bound = bound_over(forms, hw, curves, loose)
     state = sum(float(np.prod(program.tensors[p].shape, dtype=np.float64)) * ITEMSIZE[program.tensors[p].dtype]
                 for p in program.carried)
     return ProgramFacts(bound, flops, ideal, state, state / hw.n_devices)

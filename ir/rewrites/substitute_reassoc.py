@@ -78,6 +78,13 @@ def _plan(g: Graph, op: str, keep: str) -> tuple | str:
     return i, o, eq_t, eq_o, (p_tensor, r_tensor), k_tensor, alpha1 * alpha2, ts
 
 
+def chain_of(g: Graph, op: str, keep: str = "a") -> tuple[str, str] | None:
+    """``(inner, outer)``: the ops of the chain ``reassociate(g, op, keep)`` rewrites, or None
+    where it does not apply."""
+    plan = _plan(g, op, keep)
+    return None if isinstance(plan, str) else (plan[0].name, plan[1].name)
+
+
 def reassociation_flops(g: Graph, op: str, keep: str = "a") -> tuple[float, float] | None:
     """FLOPs of the chain ending at ``op`` as written and reassociated (None where it does not apply)."""
     plan = _plan(g, op, keep)
