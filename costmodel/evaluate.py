@@ -233,6 +233,7 @@ class Evaluator:
         self.lowerer = Lowerer(self.hw, collectives=collectives, curves=curves, runtime=True)
         self._bounds: dict[int, ProgramFacts] = {}
         self._logical_facts: dict[tuple, ProgramFacts] = {}
+        self._digest_facts: dict[str, ProgramFacts] = {}  # by the unsharded program's digest (exact)
         self._programs = GraphMemo()  # recent whole models' program numbers (layers="repeat")
         self._capacity = self.hw.device.mem_capacity
         # seconds spent per phase (truncate, lower, lookahead, simulate) when set to a dict: where
@@ -362,7 +363,9 @@ class Evaluator:
         behind it, by the logical program itself (``Lowerer.unsubstituted_key``, found without
         unsharding): plans that differ by substitutions (fused attention in some layers and not
         others) have different numbers but one logical program, and ``unshard`` plus
-        ``program_facts`` of a whole training step cost tens of milliseconds."""
+        ``program_facts`` of a whole training step cost tens of milliseconds. Those keys hold the
+        program's source and output Tensor objects (``costmodel.lowering.Ends``), so a plan
+        parsed afresh misses them; then the unsharded program's digest finds its facts."""
         facts = self._bounds.get(program)
         if facts is None:
             from ir.rewrites import unshard
@@ -370,9 +373,15 @@ class Evaluator:
             key = self.lowerer.unsubstituted_key(g)
             facts = self._logical_facts.get(key)
             if facts is None:
-                facts = self._logical_facts[key] = program_facts(unshard(g), self.hw, self.lowerer.curves)
-                if len(self._logical_facts) > 64:
-                    self._logical_facts.pop(next(iter(self._logical_facts)))
+                program_g = unshard(g)
+                facts = self._digest_facts.get(program_g.digest)
+                if facts is None:
+                    facts = self._digest_facts[program_g.digest] = program_facts(program_g, self.hw,
+                                                                                 self.lowerer.curves)
+                self._logical_facts[key] = facts
+                for memo in (self._logical_facts, self._digest_facts):
+                    if len(memo) > 64:
+                        memo.pop(next(iter(memo)))
             self._bounds[program] = facts
             if len(self._bounds) > self.lowerer.PROGRAMS_CAP:  # numbers are never reused: drop the oldest
                 self._bounds.pop(next(iter(self._bounds)))

@@ -268,11 +268,39 @@ _PROGRAM_SEQ = itertools.count(1)
 
 
 def program_key(g: Graph) -> tuple:
-    """Identity of the logical program behind a plan, cheap to compute (no unsharding)."""
+    """Identity of the logical program behind a plan, cheap to compute (no unsharding): its logical
+    ops (name, kernel, params), its sources and outputs (name, shape, dtype, role), and which
+    Tensor objects those are (``Ends``)."""
     logical = []
     for o in g.ops.values():
         logical.extend(_logical_entries(o, g))
-    return tuple(sorted(logical)), _io_key(g)
+    return tuple(sorted(logical)), _io_key(g), Ends(_ends(g))
+
+
+class Ends:
+    """The source and output Tensor objects of a plan, as part of its program's key: equal when
+    they are the same objects. A plan and every plan rewritten from it share them (rewrites copy
+    the tensors mapping, not its sources and outputs), while two programs built apart do not, so
+    programs that name the same ops but wire them differently (a pre-norm and a post-norm block)
+    never share a key, whose entries say nothing of the wiring. Holding the objects keeps their
+    ids unique for as long as a key holds them."""
+
+    __slots__ = ("objs", "ids", "_hash")
+
+    def __init__(self, objs: tuple) -> None:
+        self.objs, self.ids = objs, tuple(map(id, objs))
+        self._hash = hash(self.ids)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Ends) and self.ids == other.ids
+
+
+def _ends(g: Graph) -> tuple:
+    values = list(g.tensors.values())
+    return tuple(compress(values, map(ne, map(_role, values), repeat("intermediate"))))
 
 
 def _logical_entries(o: Op, g: Graph) -> list[tuple]:
@@ -1112,7 +1140,9 @@ class Lowerer:
         ops ``g`` changed stand for the same logical entries as those they replaced (a fusion, a
         reduction split: they rewrite the plan, not the program), else the parent's key less the
         replaced ops' entries plus the new ones' (a substitution). None when that cannot be told.
-        Keying a whole model's program took ~1 ms of every structural move of a gpt-2 step."""
+        Keying a whole model's program took ~1 ms of every structural move of a gpt-2 step. Like
+        the key, this takes ``g`` for a rewrite of that plan: an edit that rewires ops it keeps
+        the names, kernels and params of would keep the program's number."""
         gops, memo, P = g.ops, self._logical, ops_map
         if g.tensors is not tensors and not _same_ends(g, tensors):
             return None
@@ -1145,7 +1175,7 @@ class Lowerer:
         if key is not None and isinstance(key[0], frozenset):  # the parent's entries, all distinct
             entries = key[0].difference(before).union(after)
             if len(entries) == len(key[0]) - len(before) + len(after):  # still all distinct
-                return self._program_number((entries, key[1]))
+                return self._program_number((entries, *key[1:]))
         return None
 
     def _program_number(self, key: tuple) -> int:
@@ -1210,19 +1240,17 @@ class Lowerer:
                 if not _attention_grad_of_fused(o, g):
                     logical.extend(entries(o, g))
         # sources and outputs: rewrites copy the tensors mapping but share these Tensor objects
-        values = list(g.tensors.values())
-        ends = tuple(compress(values, map(ne, map(_role, values), repeat("intermediate"))))
-        key = tuple(map(id, ends))
-        io = self._io.get(key)
+        ends = Ends(_ends(g))
+        io = self._io.get(ends)
         if io is None:
-            io = self._io[key] = (ends, _io_key(g))  # ends keeps the ids valid
+            io = self._io[ends] = (ends, _io_key(g))
             if len(self._io) > 256:
                 self._io.pop(next(iter(self._io)))
         # a set, not a sorted tuple: entries name their ops, so they are unique (sorting ten
         # thousand of them took ~20 ms of every structural move on a whole 70B model); sorted
         # where some entry repeats, so equal multisets still give equal keys
         entries_set = frozenset(logical)
-        return (entries_set if len(entries_set) == len(logical) else tuple(sorted(logical))), io[1]
+        return (entries_set if len(entries_set) == len(logical) else tuple(sorted(logical))), io[1], io[0]
 
     def _find_base(self, g: Graph) -> tuple[_State | None, list[int] | None]:
         """The recent state ``g`` differs least from (same ops and tensors), and the changed ops.

@@ -15,6 +15,7 @@ from costmodel import Evaluator
 from costmodel.evaluate import program_facts
 from costmodel.lowering import Lowerer
 from costmodel.presets import PRESETS
+from ir.builder import GraphBuilder
 from ir import workloads
 from ir.rewrites import RewriteError, fuse, fuse_attention, random_rewrite, split_reduction, unshard
 from ir.rewrites.substitute_merge import merged_matmuls
@@ -112,3 +113,48 @@ def test_a_childs_program_from_its_parents_equals_the_program_keyed_whole(name, 
         else:
             low.lower(g)  # the parent is the latest state again
     assert same >= 20 and other >= 3
+
+
+def _wired(post: bool):
+    """Two programs with the same ops (names, kernels, params) and ends, wired apart: the relu
+    and the second reduction read the wide product or the narrow one."""
+    b = GraphBuilder()
+    x = b.input("x", (8192, 1024))
+    wide = b.einsum(x, b.parameter("W", (1024, 8192)), equation="ij,jk->ik", name="a")
+    narrow = b.einsum(x, b.parameter("V", (1024, 16)), equation="ij,jk->ik", name="b")
+    u1 = b.reduce_sum(b.relu(narrow if post else wide, name="e"), name="r1")
+    u2 = b.reduce_sum(wide if post else narrow, name="r2")
+    return b.build(outputs=[b.add(u1, u2, name="s")])
+
+
+def test_programs_wired_apart_never_share_their_facts():
+    """The entries of a program's key name its ops, not their wiring; the key's ``Ends`` (the
+    source and output Tensor objects) keeps two programs built apart apart. One evaluator (a
+    worker's, shared by campaigns) used to hand the second the first's bound and FLOPs."""
+    p, q = _wired(False), _wired(True)
+    ref = [program_facts(x, HW, None) for x in (p, q)]
+    assert ref[0].model_flops != ref[1].model_flops and ref[0].lower_bound != ref[1].lower_bound
+    ev = Evaluator(HW, curves=None)
+    for x, f in zip((p, q, p), ref + ref[:1]):
+        e = ev(x)
+        assert (e.lower_bound, e.model_flops, e.memory_floor) == (f.lower_bound, f.model_flops, f.memory_floor)
+    low = Lowerer(HW)
+    assert low.program_of(p) != low.program_of(q)
+    assert low.unsubstituted_key(p) != low.unsubstituted_key(q)
+
+
+def test_a_program_built_again_finds_its_facts_by_digest(monkeypatch):
+    """A program rebuilt (or a plan parsed afresh) has new Tensor objects, so a new key; its
+    facts are found by the unsharded program's digest, not computed again."""
+    import importlib
+
+    evaluate = importlib.import_module("costmodel.evaluate")  # (the package exports a function of that name)
+    calls = []
+    real = evaluate.program_facts
+    monkeypatch.setattr(evaluate, "program_facts", lambda *a: calls.append(1) or real(*a))
+    ev = Evaluator(HW, curves=None)
+    a, b = _wired(False), _wired(False)
+    assert ev.lowerer.program_of(a) != ev.lowerer.program_of(b)
+    assert ev(a).lower_bound == ev(b).lower_bound
+    assert len(calls) == 1
+    assert ev(_wired(True)).lower_bound != ev(a).lower_bound and len(calls) == 2
