@@ -38,6 +38,7 @@ of computed tensors are the mask kernels (``ir.kernels.masks``); on constants th
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -189,13 +190,42 @@ def _broadcast_rank(ctx: Context, node: Any, label: str) -> None:
                  name=f"{label}.broadcast")
 
 
+def _rename(prog: Program, ctx: Context, old: str, new: str) -> None:
+    prog.rename(old, new)
+    ctx.aliases = {k: (new if v == old else v) for k, v in ctx.aliases.items() if k != new}
+
+
+def _check_declared_shape(vi: Any, shape: tuple[int, ...], params: Mapping[str, Any]) -> None:
+    """An output whose computed rank differs from the rank the model declares is an import error,
+    never a silently different program. Differing sizes only warn: exporters' shape inference
+    and the framework can disagree (PyTorch's ceil-mode pools drop a last window that starts in
+    the padding; the importer follows PyTorch)."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else
+            params.get(d.dim_param) if d.HasField("dim_param") else None for d in tt.shape.dim]
+    declared = [d if d is not None else "?" for d in dims]
+    if len(dims) != len(shape):
+        raise ImportFailure(f"graph output {vi.name!r} would have shape {list(shape)} in the block graph, but the "
+                            f"model declares {declared}; the importer maps some op of this model wrongly "
+                            f"(please report it with the model), so it refuses rather than import a different program")
+    if any(d is not None and d != s for d, s in zip(dims, shape)):
+        warnings.warn(f"graph output {vi.name!r} has shape {list(shape)} in the block graph; the model declares "
+                      f"{declared} (its exporter's shape inference)", stacklevel=3)
+
+
 def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
-                what: str = "imported ONNX model") -> tuple[Graph, dict[str, np.ndarray]]:
+                what: str = "imported ONNX model", trainable: frozenset[str] = frozenset()
+                ) -> tuple[Graph, dict[str, np.ndarray]]:
     """Import an ONNX model; ``params`` binds its symbolic dims (``{"batch": 8, "seq": 128}``).
 
     Returns the validated graph (every op on one shard of device 0) and the values of its
     parameter tensors (initializers under their ONNX names, folded constants under theirs).
-    Raises :class:`ImportFailure` for a bad file, unbindable dims or unsupported ops.
+    Nodes on constants alone are folded, except those reading a ``trainable`` initializer: they
+    become ops on that parameter, so a training step's gradient reaches it (a folded copy would
+    be a parameter of its own). Raises :class:`ImportFailure` for a bad file, unbindable dims,
+    unsupported ops, or outputs whose ranks differ from those the model declares.
     """
     from onnx import numpy_helper  # noqa: PLC0415
 
@@ -221,7 +251,7 @@ def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
             unknown.update(node.output)
             continue
         try:
-            if node.op_type == "Constant" or (ins and all(ctx.is_const(x) for x in ins)
+            if node.op_type == "Constant" or (ins and all(ctx.is_const(x) for x in ins) and not trainable.intersection(ins)
                                               and node.op_type not in ("RandomNormalLike", "RandomUniformLike")):
                 ctx.fold(node)
             elif node.op_type in ("Shape", "Size"):
@@ -260,10 +290,13 @@ def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
             # take it from that output, so the second name gets a copy
             t = ctx.emit("scale", {"x": t}, {"alpha": 1.0}, name=f"{vi.name}.copy")
         if t != vi.name:
-            if vi.name in prog.tensors:
+            held = prog.tensors.get(vi.name)
+            if held is not None and (held.role != "intermediate" or vi.name in outputs):
                 raise ImportFailure(f"graph output {vi.name!r} aliases {t!r} under a name already in use")
-            prog.rename(t, vi.name)
-            ctx.aliases = {k: (vi.name if v == t else v) for k, v in ctx.aliases.items() if k != vi.name}
+            if held is not None:  # an earlier value under the output's name (a reshape appended to it): renamed
+                _rename(prog, ctx, vi.name, prog.tensor_name(f"{vi.name}.pre"))
+            _rename(prog, ctx, t, vi.name)
+        _check_declared_shape(vi, prog.tensors[vi.name].shape, params)
         outputs.append(vi.name)
     apply_patterns(prog, set(outputs))
     return prog.build(outputs, what), dict(prog.values)

@@ -88,7 +88,10 @@ class Context:
             v = v.astype(np.int32)
             dt = "int32"
         else:
-            dt = self.dtype
+            # a weight stored in half precision is one in the program too, whatever the inputs'
+            # dtype (a bf16 layer fed by a Cast of an fp32 input); scalars follow the program
+            own = str(v.dtype)
+            dt = own if own in ("float16", "bfloat16") and v.size > 1 else self.dtype
             v = v.astype(np.float32 if dt == "bfloat16" else dt)
         if v.ndim == 0:
             v = v.reshape(1)
@@ -165,8 +168,13 @@ def attr(node: Any, name: str, default: Any = None) -> Any:
     return default
 
 
+def _is_float(v: np.ndarray) -> bool:
+    """A float array, bfloat16 included (ONNX's bfloat16 arrays are ``ml_dtypes``', numpy kind V)."""
+    return v.dtype.kind == "f" or str(v.dtype) == "bfloat16"
+
+
 def _scalar(ctx: Context, name: str) -> float | None:
-    if ctx.is_const(name) and ctx.const[name].size == 1 and ctx.const[name].dtype.kind == "f":
+    if ctx.is_const(name) and ctx.const[name].size == 1 and _is_float(ctx.const[name]):
         return float(ctx.const[name].reshape(-1)[0])
     return None
 
@@ -603,13 +611,13 @@ def _where(ctx, node, label):
     if ctx.is_const(c) and not ctx.is_const(a):
         k = _causal_offset(ctx.const[c])
         ok, fill = _causal_fill(ctx, b)
-        if k is not None and ok and ctx.const[c].shape[-2:] == ctx.shape(a)[-2:]:
+        if k is not None and ok and _mask_fits(ctx.const[c].shape, ctx.shape(a)):
             _causal_emit(ctx, ctx.use(a), k, fill, node.output[0], label)
             return
     if ctx.is_const(c) and ctx.is_const(a) and not ctx.is_const(b):  # masked_fill(future, -inf): Where(~tril, fill, x)
         k = _causal_offset(~ctx.const[c].astype(bool))
         ok, fill = _causal_fill(ctx, a)
-        if k is not None and ok and ctx.const[c].shape[-2:] == ctx.shape(b)[-2:]:
+        if k is not None and ok and _mask_fits(ctx.const[c].shape, ctx.shape(b)):
             _causal_emit(ctx, ctx.use(b), k, fill, node.output[0], label)
             return
     cond = c
@@ -627,15 +635,20 @@ def _where(ctx, node, label):
     ctx.emit("where", {"c": ctx.use(cond), "a": ctx.use(a), "b": ctx.use(b)}, out=node.output[0], name=label)
 
 
+def _mask_fits(mask: tuple[int, ...], x: tuple[int, ...]) -> bool:
+    """Whether a mask of shape ``mask`` broadcasts onto ``x`` without enlarging it (the causal
+    kernel keeps ``x``'s shape): the same last two dims, and leading dims of 1 or ``x``'s."""
+    return (len(mask) >= 2 and len(mask) <= len(x) and tuple(mask[-2:]) == tuple(x[-2:])
+            and all(d in (1, e) for d, e in zip(mask[::-1], x[::-1])))
+
+
 def _causal_add(ctx, node, label) -> bool:
     """``Add(x, M)`` with ``M`` 0 on the causal triangle and <= -1e30 (or -inf) above it."""
     for x, m in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
         if not ctx.is_const(m) or ctx.is_const(x):
             continue
         mv = ctx.const[m]
-        if mv.ndim < 2 or mv.dtype.kind != "f" or mv.shape[-2:] != ctx.shape(x)[-2:]:
-            continue
-        if len(mv.shape) > len(ctx.shape(x)) or np.prod(mv.shape[:-2]) != 1 and mv.shape[:-2] != ctx.shape(x)[:-2]:
+        if mv.ndim < 2 or mv.dtype.kind != "f" or not _mask_fits(mv.shape, ctx.shape(x)):
             continue
         zero = mv == 0
         k = _causal_offset(zero)

@@ -11,7 +11,10 @@ tensor (so readers and outputs are untouched). Patterns (before -> after):
 - ``p = pow(x, 2); r = reduce_mean(p, -1); k = reshape(r, [..., 1]); v = add(k, eps);
   q = sqrt(v); i = reciprocal(q); n = mul(x, i); z = mul(n, gamma)`` (or ``n = div(x, q)``)
   -> ``z = rmsnorm(x, gamma, eps)``;
-- ``s = sigmoid(x); z = mul(x, s)`` -> ``z = silu(x)``.
+- ``s = sigmoid(x); z = mul(x, s)`` -> ``z = silu(x)``;
+- ``t = permute(W, [1, 0]); z = matmul|einsum(x, t)`` with ``W`` a 2-D parameter ->
+  ``z = einsum(x, W)`` reading ``W`` transposed (a weight tied to another use of it, such as an
+  embedding table reused as the output projection: no copy of the table each step).
 """
 
 from __future__ import annotations
@@ -174,7 +177,28 @@ def _silu(prog: Program, outputs: set[str]) -> bool:
     return False
 
 
-PATTERNS = (_linear, _gelu, _rmsnorm, _silu)
+def _transposed_operand(prog: Program, outputs: set[str]) -> bool:
+    for t in list(prog.ops.values()):
+        if t.kernel != "permute" or t.params.get("perm") != [1, 0] or t.inputs["x"] not in prog.values:
+            continue
+        c = _only_reader(prog, t.output, outputs)
+        if c is None or c.kernel not in ("matmul", "einsum") or len(c.inputs) != 2:
+            continue
+        eq = c.params.get("equation", "mk,kn->mn").replace(" ", "")
+        lhs, _, out = eq.partition("->")
+        terms = lhs.split(",")
+        port = next(p for p in ("a", "b") if c.inputs[p] == t.output)
+        i = "ab".index(port)
+        if c.inputs["a"] == c.inputs["b"] or len(terms[i]) != 2:
+            continue
+        terms[i] = terms[i][::-1]
+        params = {**c.params, "equation": f"{','.join(terms)}->{out}"}
+        _replace(prog, [t, c], PendingOp(c.name, "einsum", {**c.inputs, port: t.inputs["x"]}, params, c.output))
+        return True
+    return False
+
+
+PATTERNS = (_transposed_operand, _linear, _gelu, _rmsnorm, _silu)
 
 
 def apply_patterns(prog: Program, outputs: set[str]) -> dict[str, int]:

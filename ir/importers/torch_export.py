@@ -47,60 +47,156 @@ def import_torch(module: Any, example_inputs: Mapping[str, Any], params: Mapping
     torch = _torch()
     if not isinstance(module, torch.nn.Module):
         raise ImportFailure(f"expected a torch.nn.Module, got {type(module).__name__}")
-    module = module.eval()
+    training = module.training
+    module.eval()  # (dropout off, norms on running statistics) for the export; the caller's mode is restored
+    try:
+        buf = _export(torch, module, example_inputs, opset, dynamic_axes)
+    finally:
+        module.train(training)
+    trainable = {n for n, p in module.named_parameters() if p.dtype.is_floating_point}
+    model, trainable = _name_folded_weights(buf.getvalue(), module.state_dict(), trainable)
+    return import_onnx(model, params, what="imported PyTorch model", trainable=frozenset(trainable))
+
+
+def _export(torch: Any, module: Any, example_inputs: Mapping[str, Any], opset: int,
+            dynamic_axes: Mapping[str, Mapping[int, str]] | None) -> io.BytesIO:
     names = list(example_inputs)
     args = tuple(example_inputs[n] for n in names)
-    with torch.no_grad():
-        out = module(*args)
-    n_out = len(out) if isinstance(out, (tuple, list)) else 1
-    out_names = ["output"] if n_out == 1 else [f"output_{i}" for i in range(n_out)]
+    try:
+        with torch.no_grad():
+            out = module(*args)
+    except Exception as e:  # noqa: BLE001  (user code)
+        shapes = ", ".join(f"{n}: {getattr(a, 'dtype', type(a).__name__)}{list(getattr(a, 'shape', []))}"
+                           for n, a in zip(names, args))
+        raise ImportFailure(f"the module's forward failed on the example inputs ({shapes}): {type(e).__name__}: "
+                            f"{str(e)[:300]}; give inputs of the names, dtypes and shapes its forward "
+                            f"takes, in its argument order") from None
+    leaves = _leaf_paths(out)
+    out_names = ["output"] if len(leaves) == 1 else [f"output_{'_'.join(p)}" for p in leaves]
     buf = io.BytesIO()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            if dynamic_axes:  # a size traced into a constant is wrong at other sizes: say so
+                warnings.simplefilter("default", torch.jit.TracerWarning)
             torch.onnx.export(module, args, buf, dynamo=False, input_names=names, output_names=out_names,
                               opset_version=opset, do_constant_folding=True,
                               dynamic_axes={k: dict(v) for k, v in (dynamic_axes or {}).items()} or None)
     except Exception as e:  # noqa: BLE001  (the exporter raises many types)
         raise ImportFailure(f"torch.onnx.export could not export the module: {type(e).__name__}: "
                             f"{str(e)[:300]}") from None
-    model = _name_folded_weights(buf.getvalue(), module.state_dict())
-    return import_onnx(model, params, what="imported PyTorch model")
+    return buf
 
 
-def _name_folded_weights(onnx_bytes: bytes, state: Mapping[str, Any]) -> Any:
-    """The exporter folds ``weight.T`` of 3-D ``nn.Linear`` calls into new initializers named like
-    ``onnx::MatMul_109``; name each after the ``state_dict`` entry it holds (``q.weight.T``), so
-    parameters say what they are and names stay legal in op names (a training step names its
-    update ops after them). Initializers matching no entry get the exporter's name made legal."""
+def _leaf_paths(out: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The paths of the tensors in a forward's result, in the order the exporter flattens them
+    (tuples and lists by position, dicts by key): ``output_1_0``, ``output_logits``."""
+    from ir.importers.program import _BAD
+
+    if isinstance(out, dict):
+        return [p for k, v in out.items() for p in _leaf_paths(v, (*path, _BAD.sub("_", str(k)) or "_"))]
+    if isinstance(out, (tuple, list)):
+        return [p for i, v in enumerate(out) for p in _leaf_paths(v, (*path, str(i)))]
+    return [path] if out is not None else []
+
+
+def _name_folded_weights(onnx_bytes: bytes, state: Mapping[str, Any], trainable: set[str]
+                         ) -> tuple[Any, set[str]]:
+    """The exporter folds ``weight.T`` of 3-D ``nn.Linear`` calls (and of a weight used
+    transposed, as a tied output embedding) into new initializers named like ``onnx::MatMul_109``,
+    one per use. Name each after the ``state_dict`` entry it holds (``q.weight.T``), so parameters
+    say what they are and names stay legal in op names (a training step names its update ops
+    after them); and keep one parameter per entry, so a weight used twice gets both uses'
+    gradients: a second copy reads the first, and a transposed copy of an entry the graph also
+    reads whole becomes a ``Transpose`` of it. Only arrays of more than one value are matched (a
+    zero bias and a zero constant are not the same parameter). Initializers matching no entry get
+    the exporter's name made legal. Returns the model and the names of the initializers that hold
+    ``trainable`` parameters (the module's, by ``state_dict`` name)."""
     import onnx  # noqa: PLC0415
-    from onnx import numpy_helper  # noqa: PLC0415
+    from onnx import helper, numpy_helper  # noqa: PLC0415
 
     from ir.importers.program import _BAD
 
     m = onnx.load_from_string(onnx_bytes)
-    arrays = {k: v.detach().cpu().numpy() for k, v in state.items() if v.dtype.is_floating_point}
-    taken = {t.name for t in m.graph.initializer}
-    rename = {}
+    _untie_equal_values(m, state)
+    # (float(): numpy has no bfloat16; equality of the values is all that is asked)
+    arrays = {k: v.detach().float().cpu().numpy() for k, v in state.items() if v.dtype.is_floating_point}
+    present = {t.name for t in m.graph.initializer}
+    taken = set(present)
+    out = trainable & present
+    rename, drop, transposes = {}, set(), []
     for t in m.graph.initializer:
         if not _BAD.search(t.name):
             continue
-        a = numpy_helper.to_array(t)
-        new = next((k for k, v in arrays.items() if v.shape == a.shape and np.array_equal(v, a)), None)
-        if new is None:
-            new = next((f"{k}.T" for k, v in arrays.items() if v.ndim == 2 and v.T.shape == a.shape
-                        and np.array_equal(v.T, a)), None)
-        new = new if new is not None and new not in taken else _BAD.sub("_", t.name).strip("_.+-")
+        k, transposed = _state_entry(arrays, numpy_helper.to_array(t))
+        target = None if k is None else f"{k}.T" if transposed else k
+        if target is not None and target in present:  # the entry, or its transpose, is in the graph already
+            rename[t.name] = target
+            drop.add(t.name)
+            continue
+        if target is not None and transposed and k in present:  # the entry is read whole too: one parameter
+            transposes.append(helper.make_node("Transpose", [k], [target], name=f"{k}.transpose", perm=[1, 0]))
+            present.add(target)
+            taken.add(target)
+            rename[t.name] = target
+            drop.add(t.name)
+            continue
+        new = target if target is not None and target not in taken else _BAD.sub("_", t.name).strip("_.+-")
         while new in taken:
             new += "_"
         taken.add(new)
+        present.add(new)
+        if new == target and k in trainable:
+            out.add(new)
         rename[t.name] = new
         t.name = new
+    kept = [t for t in m.graph.initializer if t.name not in drop]
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(kept)
     for node in m.graph.node:
         for i, x in enumerate(node.input):
             if x in rename:
                 node.input[i] = rename[x]
-    return m
+    nodes = transposes + list(m.graph.node)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m, out
+
+
+def _untie_equal_values(m: Any, state: Mapping[str, Any]) -> None:
+    """The exporter keeps one initializer of entries with equal values and makes the others
+    ``Identity`` nodes of it: two zero-initialised biases would train as one parameter. Each
+    entry that is a tensor of its own (not the same storage: a tie the module made) gets its
+    initializer back."""
+    inits = {t.name: t for t in m.graph.initializer}
+    keep = []
+    for node in m.graph.node:
+        src, out = (node.input[0], node.output[0]) if node.op_type == "Identity" else (None, None)
+        if src in inits and out in state and src in state and out not in inits and \
+                state[out].data_ptr() != state[src].data_ptr():
+            t = type(inits[src])()
+            t.CopyFrom(inits[src])
+            t.name = out
+            m.graph.initializer.append(t)
+            inits[out] = t
+            continue
+        keep.append(node)
+    if len(keep) < len(m.graph.node):
+        del m.graph.node[:]
+        m.graph.node.extend(keep)
+
+
+def _state_entry(arrays: Mapping[str, np.ndarray], a: np.ndarray) -> tuple[str | None, bool]:
+    """The ``state_dict`` entry ``a`` holds (and whether transposed), or (None, False)."""
+    if a.size < 2 or np.all(a == a.reshape(-1)[0]):
+        return None, False
+    for k, v in arrays.items():
+        if v.shape == a.shape and np.array_equal(v, a):
+            return k, False
+    for k, v in arrays.items():
+        if v.ndim == 2 and v.T.shape == a.shape and np.array_equal(v.T, a):
+            return k, True
+    return None, False
 
 
 def import_torch_factory(spec: str, example_inputs: Sequence[tuple[str, str, Sequence[int]]],
@@ -131,4 +227,8 @@ def import_torch_factory(spec: str, example_inputs: Sequence[tuple[str, str, Seq
             ex[name] = torch.randint(0, 2, tuple(shape), generator=g, dtype=getattr(torch, dtype))
         else:
             ex[name] = torch.randn(tuple(shape), generator=g, dtype=getattr(torch, dtype))
-    return import_torch(make(), ex, params)
+    try:
+        module = make()
+    except Exception as e:  # noqa: BLE001  (user code)
+        raise ImportFailure(f"{path}:{factory}() failed: {type(e).__name__}: {str(e)[:300]}") from None
+    return import_torch(module, ex, params)
