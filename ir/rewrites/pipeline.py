@@ -16,6 +16,14 @@ Two meaning-preserving moves (placement and sharding only; every shard still com
   reduction was already split over data-parallel devices (``k`` blocks), it is re-split into
   ``k·m`` blocks and the accumulate reduced in two levels (``ir.rewrites.hierarchical``): each
   device sums its own ``m`` microbatch partials first, then the ``k`` devices reduce as before.
+  A reduction whose batch extent ``m`` does not divide (reduction blocks are equal) stays whole:
+  it runs once after the last microbatch, over every microbatch's activations (a valid plan
+  that holds them all; the ops whose batch dims can be cut are still cut).
+  Known limit: under tensor parallelism, the two-level placement of a re-split reduction
+  (``hierarchical.stage_one_shards``: its first level cut over the final sum's first split dim)
+  can send a device's microbatch partials to its tensor-parallel peer; placing the first level on
+  the partials' own boxes is right, but the list scheduler, which does not back-fill a port,
+  then prices such plans worse (docs/benchmarks.md, twenty-ninth session), so it waits for that.
 
 Which ops belong to a layer: ops named ``l<k>.…`` (the ``ir.workloads`` gpt/llama programs), ops
 derived from them by the training step (``l3.ff1.dW``, ``l3.resid1.out.gsum1``) and the optimizer
@@ -23,10 +31,8 @@ and cast ops of their parameters (``l3_W1.update``, ``l3_W1.m.update``, ``l3_W1.
 outside the layers go with the first stage (the embedding, its gradient and update) or the last
 (final norm, head, loss), by where their forward op sits in the program.
 
-Caveat (memory): an ``accumulate`` reads all ``m`` partials at once, so the simulated peak holds
-``m`` partial weight gradients per stage until the last microbatch's backward, where real
-runtimes accumulate into one buffer; peak memory of microbatched training plans is over-stated
-by up to ``(m - 1)`` × the stage's weight-gradient bytes.
+Memory: the lowering accumulates microbatch partials in place (``Lowered.acc``), one buffer per
+accumulate, as runtimes do.
 """
 
 from __future__ import annotations
