@@ -40,7 +40,14 @@ def import_program(model: str, params: dict[str, Any], example_inputs: list[str]
         if not example_inputs:
             raise UserError("a PyTorch model needs --example-input NAME:DTYPE[dims] for each forward argument, "
                             "e.g. --example-input x:float32[8,64]")
+        if params:
+            raise UserError(f"--set {', '.join(sorted(params))} binds symbolic dims of an ONNX file; a PyTorch "
+                            f"model's dims are the --example-input shapes (give x:float32[8,128] for batch 8, "
+                            f"seq 128) and --set has nothing to bind")
         return import_torch_factory(model, _example_inputs(example_inputs), params)
+    if model.endswith(".py"):
+        raise UserError(f"{model!r} is a Python file; name the function that returns the torch.nn.Module: "
+                        f"{model}:make_model")
     if example_inputs:
         raise UserError("--example-input is for PyTorch models (module.py:factory); an ONNX file declares its "
                         "inputs; bind symbolic dims with --set NAME=N")

@@ -224,3 +224,16 @@ def test_a_forward_or_factory_that_fails_is_one_clear_error(tmp_path, capsys, sp
     err = capsys.readouterr().err
     assert e.value.code == 2 and says in " ".join(err.split()) and "Traceback" not in err
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("args,says", [
+    (["{py}:make", "--example-input", "x:float32[4,8]", "--set", "batch=4"], "--set batch binds symbolic dims"),
+    (["{py}"], "is a Python file; name the function"),
+])
+def test_cli_says_how_a_pytorch_model_is_named_and_sized(tmp_path, capsys, args, says):
+    py = tmp_path / "model.py"
+    py.write_text(MODEL)
+    with pytest.raises(SystemExit) as e:
+        main(["import", *(a.format(py=py) for a in args), "-o", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in " ".join(err.split()) and "Traceback" not in err
