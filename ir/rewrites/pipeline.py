@@ -21,9 +21,10 @@ Two meaning-preserving moves (placement and sharding only; every shard still com
   that holds them all; the ops whose batch dims can be cut are still cut).
   Known limit: under tensor parallelism, the two-level placement of a re-split reduction
   (``hierarchical.stage_one_shards``: its first level cut over the final sum's first split dim)
-  can send a device's microbatch partials to its tensor-parallel peer; placing the first level on
-  the partials' own boxes is right, but the list scheduler, which does not back-fill a port,
-  then prices such plans worse (docs/benchmarks.md, twenty-ninth session), so it waits for that.
+  can send a device's microbatch partials to its tensor-parallel peer. Placing the first level on
+  the partials' own boxes moves the right bytes, but the simulator then prices such plans worse:
+  its upward ranks ignore control edges, so a gating node of low rank (the loss) is listed late
+  and a peer's later transfers take the port first (docs/benchmarks.md, twenty-ninth session).
 
 Which ops belong to a layer: ops named ``l<k>.…`` (the ``ir.workloads`` gpt/llama programs), ops
 derived from them by the training step (``l3.ff1.dW``, ``l3.resid1.out.gsum1``) and the optimizer
