@@ -83,8 +83,12 @@ def _export(torch: Any, module: Any, example_inputs: Mapping[str, Any], opset: i
                               opset_version=opset, do_constant_folding=True,
                               dynamic_axes={k: dict(v) for k, v in (dynamic_axes or {}).items()} or None)
     except Exception as e:  # noqa: BLE001  (the exporter raises many types)
+        hint = ""
+        if "is_causal" in str(e):  # torch traces a bare nn.TransformerEncoderLayer's fast path with a tensor flag
+            hint = ("; torch's exporter fails on a bare nn.TransformerEncoderLayer: return a module whose "
+                    "forward calls the layer")
         raise ImportFailure(f"torch.onnx.export could not export the module: {type(e).__name__}: "
-                            f"{str(e)[:300]}") from None
+                            f"{str(e)[:300]}{hint}") from None
     return buf
 
 

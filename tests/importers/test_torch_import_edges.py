@@ -237,3 +237,14 @@ def test_cli_says_how_a_pytorch_model_is_named_and_sized(tmp_path, capsys, args,
         main(["import", *(a.format(py=py) for a in args), "-o", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and says in " ".join(err.split()) and "Traceback" not in err
+
+
+def test_a_bare_transformer_layer_gets_the_workaround(tmp_path, capsys):
+    """torch's exporter fails on a bare ``nn.TransformerEncoderLayer``; the error says to wrap it."""
+    (tmp_path / "enc.py").write_text("import torch\n\ndef make():\n"
+                                     "    return torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)\n")
+    with pytest.raises(SystemExit) as e:
+        main(["import", f"{tmp_path / 'enc.py'}:make", "--example-input", "x:float32[2,5,16]",
+              "-o", str(tmp_path / "p.json")])
+    err = " ".join(capsys.readouterr().err.split())
+    assert e.value.code == 2 and "return a module whose forward calls the layer" in err
