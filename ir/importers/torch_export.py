@@ -125,8 +125,7 @@ def _name_folded_weights(onnx_bytes: bytes, state: Mapping[str, Any], trainable:
     _untie_equal_values(m, state)
     # (float(): numpy has no bfloat16; equality of the values is all that is asked)
     arrays = {k: v.detach().float().cpu().numpy() for k, v in state.items() if v.dtype.is_floating_point}
-    present = {t.name for t in m.graph.initializer}
-    taken = set(present)
+    present = {t.name for t in m.graph.initializer}  # names of initializers and of the transposes added
     out = trainable & present
     rename, drop, transposes = {}, set(), []
     for t in m.graph.initializer:
@@ -141,14 +140,12 @@ def _name_folded_weights(onnx_bytes: bytes, state: Mapping[str, Any], trainable:
         if target is not None and transposed and k in present:  # the entry is read whole too: one parameter
             transposes.append(helper.make_node("Transpose", [k], [target], name=f"{k}.transpose", perm=[1, 0]))
             present.add(target)
-            taken.add(target)
             rename[t.name] = target
             drop.add(t.name)
             continue
-        new = target if target is not None and target not in taken else _BAD.sub("_", t.name).strip("_.+-")
-        while new in taken:
+        new = target if target is not None else _BAD.sub("_", t.name).strip("_.+-")  # (target: not present)
+        while new in present:
             new += "_"
-        taken.add(new)
         present.add(new)
         if new == target and k in trainable:
             out.add(new)
