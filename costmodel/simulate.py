@@ -109,8 +109,14 @@ The same rule applies to every node, so a compute node with ``lat > 0`` frees it
 ``dur`` (the lowering always gives compute nodes ``lat = 0``).
 
 Scheduling: non-preemptive static list scheduling. Priority = upward rank
-``rank[i] = dur[i] + lat[i] + max(rank[j] for j in succ(i))`` (0 for no successor), computed over
-a Kahn topological order. Starting from the sources, the scheduler repeatedly takes the *ready*
+``rank[i] = max(dur[i] + lat[i] + max(rank[j] for j in succ(i)), max(rank[c] for c in ctl(i)))``
+(0 for no successor), computed over a topological order of both kinds of edges. A control edge
+``i -> c`` lets ``c`` start only once ``i`` has started, so a gate ranks at least as high as what
+it gates (HEFT's upward rank over every precedence, the control edge costing no time): without
+it a node whose result nothing reads soon (the loss value, a weight gradient's partial) ranks
+low, is listed late, and holds back the high-rank work its device's lookahead window gates
+behind it (the llama2-7b Megatron 3D expert on 64 GPUs: 329 ms with such ranks, 204 without;
+docs/benchmarks.md, thirtieth session). Starting from the sources, the scheduler repeatedly takes the *ready*
 node (all predecessors already scheduled) with the highest rank, ties to the lower index, and
 starts it at ``start = max(finish of all predecessors, free time of each resource it needs)``;
 the resources are then busy until ``start + dur`` and the node finishes at
@@ -468,14 +474,17 @@ def _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, topo, rank, dur, lat):
             r = rank[succ_idx[e]]
             if r > best:
                 best = r
-        rank[u] = dur[u] + lat[u] + best
+        r = dur[u] + lat[u] + best
+        for e in range(ctl_ptr[u], ctl_ptr[u + 1]):  # a gate ranks at least as high as what it gates
+            r = max(r, rank[ctl_idx[e]])
+        rank[u] = r
     return 0, n
 
 
 @njit(cache=True, nogil=True)
-def _hint_rank(topo_hint, succ_ptr, succ_idx, ctl_ptr, ctl_idx, rank, dur, lat, with_ctl):
+def _hint_rank(topo_hint, succ_ptr, succ_idx, ctl_ptr, ctl_idx, rank, dur, lat):
     """The upward ranks along ``topo_hint``; False (``rank`` then partly written, -1 where not)
-    as soon as a data edge, or with ``with_ctl`` a control edge, points backwards in it. The
+    as soon as a data or control edge points backwards in it. The
     first two successors and the first control successor are read without branches (most nodes
     have one or two: a loop's exit would often be mispredicted); a missing one reads some node's
     rank and ignores it."""
@@ -500,16 +509,19 @@ def _hint_rank(topo_hint, succ_ptr, succ_idx, ctl_ptr, ctl_idx, rank, dur, lat, 
             r = rank[sidx[e]]
             best = max(best, r)
             low = min(low, r)
-        if with_ctl:  # control successors too (no rank from them)
-            a = ctl_ptr[u]
-            b = ctl_ptr[u + 1]
-            r0 = rank[cidx[min(a, last_c)]]
-            low = min(low, r0 if b > a else 0.0)
-            for e in range(a + 1, b):
-                low = min(low, rank[cidx[e]])
+        a = ctl_ptr[u]  # control successors: a gate ranks at least as high as what it gates
+        b = ctl_ptr[u + 1]
+        r0 = rank[cidx[min(a, last_c)]]
+        r0 = r0 if b > a else 0.0
+        low = min(low, r0)
+        gate = r0
+        for e in range(a + 1, b):
+            r = rank[cidx[e]]
+            low = min(low, r)
+            gate = max(gate, r)
         if low < 0.0:
             return False
-        rank[u] = dur[u] + lat[u] + best
+        rank[u] = max(dur[u] + lat[u] + best, gate)
     return True
 
 
@@ -843,7 +855,7 @@ def _cycle(succ_ptr, succ_idx, ctl_ptr, ctl_idx, dur, lat, resident_bytes, topo_
     n = rank.shape[0]
     n_devices = resident_bytes.shape[0]
     if topo_hint.shape[0] == n:
-        _hint_rank(topo_hint, succ_ptr, succ_idx, ctl_ptr, ctl_idx, rank, dur, lat, True)
+        _hint_rank(topo_hint, succ_ptr, succ_idx, ctl_ptr, ctl_idx, rank, dur, lat)
     else:
         rank[:] = 0.0
     tail = _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, order, rank, dur, lat)[1]
@@ -862,11 +874,10 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     holds the nodes that could be ordered; the others lie on or behind a cycle).
 
     ``topo_hint`` (int32[n], or empty): a permutation of the nodes, probably a topological order
-    (a lowering's program order, ``Lowered.topo_hint``). When every data edge points forward in
-    it, the ranks are computed along it without Kahn's pass (control edges bring no rank; a
-    pipeline's often point backwards in program order, and a cycle through them stalls the list
-    scheduling); otherwise Kahn's pass runs, as without a hint, and finds any cycle before the
-    list scheduling starts. Either way the outputs on a cycle are those of :func:`_cycle`."""
+    (a lowering's program order, ``Lowered.topo_hint``). When every data and control edge points
+    forward in it, the ranks are computed along it without Kahn's pass; otherwise (a pipeline's
+    control edges often point backwards in program order) Kahn's pass runs, as without a hint,
+    and finds any cycle before the list scheduling starts. Either way the outputs on a cycle are those of :func:`_cycle`."""
     n = kind.shape[0]
     m = succ_idx.shape[0]
     mc = ctl_idx.shape[0]
@@ -880,10 +891,9 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     busy_ingress = np.zeros(n_devices, np.float64)
     used = resident_bytes > 0.0
 
-    # --- upward rank along the hint, when every data edge points forward in it -------------
-    # (control edges bring no rank: a cycle through them stalls the list scheduling below)
+    # --- upward rank along the hint, when every edge points forward in it ------------------
     with_hint = topo_hint.shape[0] == n
-    if not (with_hint and _hint_rank(topo_hint, succ_ptr, succ_idx, ctl_ptr, ctl_idx, rank, dur, lat, False)):
+    if not (with_hint and _hint_rank(topo_hint, succ_ptr, succ_idx, ctl_ptr, ctl_idx, rank, dur, lat)):
         if _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, order, rank, dur, lat)[0] != 0:
             return _cycle(succ_ptr, succ_idx, ctl_ptr, ctl_idx, dur, lat, resident_bytes, topo_hint, start, finish,
                           rank, order)
@@ -962,7 +972,8 @@ class Schedule:
 
     @property
     def critical_path(self) -> float:
-        """Longest path (sum of ``dur + lat``), a lower bound on the makespan."""
+        """Longest path (sum of ``dur + lat`` along data edges; a control edge adds no time), a
+        lower bound on the makespan."""
         return float(self.rank.max()) if self.rank.size else 0.0
 
     @property

@@ -458,6 +458,25 @@ def test_a_topological_hint_changes_no_schedule(case, rnd):
             np.testing.assert_array_equal(getattr(s, name), getattr(plain, name), err_msg=name)
 
 
+def test_a_gate_ranks_as_high_as_what_it_gates():
+    """A control edge ``0 -> 1`` lets node 1 start only once node 0 has: node 0 (a loss value,
+    whose result nothing reads) is a gate of the chain ``1 -> 2``, so it takes the chain's rank
+    and runs before the fillers 3-5 that outrank it by their own work. Ranked by its data
+    successors alone (none: its own 1 s), it ran after them and the chain's tail on device 1
+    started at 8 s instead of 2 s (makespan 18 s against 12 s)."""
+    kind = np.zeros(6, np.int8)
+    dev = np.array([0, 0, 1, 0, 0, 0], np.int32)
+    dur = np.array([1.0, 1.0, 10.0, 2.0, 2.0, 2.0])
+    ptr, idx = csr_from_edges(6, [1], [2])
+    cptr, cidx = csr_from_edges(6, [0], [1])
+    args = (kind, dev, np.full(6, -1, np.int32), dur, ptr, idx, np.zeros(6), np.zeros(2), 2)
+    for hint in (None, np.arange(6, dtype=np.int32), np.array([1, 0, 2, 3, 4, 5], np.int32)):  # the last: Kahn's
+        s = simulate_arrays(*args, ctl_ptr=cptr, ctl_idx=cidx, topo_hint=hint)
+        np.testing.assert_array_equal(s.rank, [11.0, 11.0, 10.0, 2.0, 2.0, 2.0])
+        np.testing.assert_array_equal(s.start, [0.0, 1.0, 2.0, 2.0, 4.0, 6.0])
+        assert s.makespan == 12.0 and s.critical_path == 11.0
+
+
 def test_a_cycle_through_control_edges_is_found_with_a_hint():
     """The data edges in the hint's order, control edges closing a cycle: the list scheduler
     stalls, and the caller hears of the cycle as from the topological pass."""
