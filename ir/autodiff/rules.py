@@ -163,6 +163,19 @@ RULES["sqrt"] = _unary("sqrt_grad", "y")
 RULES["reciprocal"] = _unary("reciprocal_grad", "y")
 RULES["erf"] = _unary("erf_grad", "x")
 RULES["gelu_erf"] = _unary("gelu_erf_grad", "x")
+RULES["softplus"] = _unary("softplus_grad", "x")
+
+
+@rule("clip")
+def _clip(c: VJP, dy: str) -> dict[str, str]:
+    # dy where min <= x <= max: the bounds pass, as torch.clamp's backward (ir.kernels.mathfn_grads.ClipGrad)
+    bounds = {k: c.params[k] for k in ("min", "max") if c.params.get(k) is not None}
+    return {"x": c.emit("clip_grad", {"dy": dy, "x": c.name("x")}, "x", **bounds)}
+
+
+@rule("leaky_relu")
+def _leaky_relu(c: VJP, dy: str) -> dict[str, str]:
+    return {"x": c.emit("leaky_relu_grad", {"dy": dy, "x": c.name("x")}, "x", alpha=c.params.get("alpha", 0.01))}
 
 
 @rule("pow")
@@ -262,6 +275,11 @@ def _attention(c: VJP, dy: str) -> dict[str, str]:
 @rule("softmax")
 def _softmax(c: VJP, dy: str) -> dict[str, str]:
     return {"x": c.emit("softmax_grad", {"dy": dy, "y": c.name("y")}, "x")}
+
+
+@rule("log_softmax")
+def _log_softmax(c: VJP, dy: str) -> dict[str, str]:
+    return {"x": c.emit("log_softmax_grad", {"dy": dy, "y": c.name("y")}, "x")}
 
 
 def _norm(kind: str, default_eps: float):

@@ -3,7 +3,9 @@
 Each ``*_grad(dy, x)`` computes ``dy · f'(·)`` elementwise from the forward input, or from the
 forward output where that is cheaper (the port is still called ``x``; the rule in
 ``ir.autodiff.rules`` says which tensor it passes): sigmoid ``y(1-y)``, sqrt ``1/(2y)``,
-reciprocal ``-y²``, erf ``2/√π·e^{-x²}``, exact GELU ``Φ(x) + x·φ(x)``, pow ``p·x^{p-1}``.
+reciprocal ``-y²``, erf ``2/√π·e^{-x²}``, exact GELU ``Φ(x) + x·φ(x)``, pow ``p·x^{p-1}``,
+clip ``1`` where ``min <= x <= max`` (bounds included, as ``torch.clamp``'s backward), leaky ReLU
+``1`` or ``alpha``, softplus ``sigmoid(x)``.
 ``where_grad(dy, c)`` passes ``dy`` where the condition picks the branch (``take="a"``:
 ``c != 0``; ``"b"``: ``c == 0``) and 0 elsewhere, with ``c`` broadcast to ``dy``.
 """
@@ -14,7 +16,7 @@ import math
 
 from ir.kernels.base import ELEMENTWISE, Kernel, Signature, SignatureError, TensorSpec
 from ir.kernels.elementwise import GradBinary, broadcast_projection, elementwise_dims
-from ir.kernels.mathfn import erf
+from ir.kernels.mathfn import check_clip_bounds, check_slope, erf
 from ir.zspace import identity_projection
 
 
@@ -69,6 +71,57 @@ class PowGrad(GradBinary):
         return blocks["dy"] * (e * x if e == 2 else e * xp.power(x, x.dtype.type(e - 1)))
 
 
+class ClipGrad(GradBinary):
+    """``dy`` where ``min <= x <= max``, else 0 (an absent bound passes everything on its side).
+
+    The bounds themselves pass ``dy``: that is what ``torch.autograd`` does for ``torch.clamp``
+    (at ``x == min`` exactly its gradient is 1, checked on torch 2.13). ``F.relu6`` and
+    ``F.hardtanh`` export to the same ONNX ``Clip`` but their own backward gives 0 at the
+    bounds; the import cannot tell them apart, so those differ from torch at exactly ``x == min``
+    or ``x == max`` (a set of measure zero for float activations)."""
+
+    name = "clip_grad"
+    params_defaults = {"min": None, "max": None}
+
+    def base_signature(self, ins, params):
+        check_clip_bounds(self.name, params)
+        return super().base_signature(ins, params)
+
+    def compute(self, xp, blocks, params):
+        x, dy = blocks["x"], blocks["dy"]
+        keep = xp.ones(x.shape, dtype=bool)
+        if params["min"] is not None:
+            keep &= x >= x.dtype.type(params["min"])
+        if params["max"] is not None:
+            keep &= x <= x.dtype.type(params["max"])
+        return xp.where(keep, dy, xp.zeros_like(dy))
+
+
+class LeakyReluGrad(GradBinary):
+    """``dy`` where ``x > 0``, else ``alpha·dy`` (at ``x == 0`` the slope is ``alpha``, as torch's)."""
+
+    name = "leaky_relu_grad"
+    params_defaults = {"alpha": 0.01}
+
+    def base_signature(self, ins, params):
+        check_slope(self.name, params)
+        return super().base_signature(ins, params)
+
+    def compute(self, xp, blocks, params):
+        x, dy = blocks["x"], blocks["dy"]
+        return xp.where(x > 0, dy, dy * dy.dtype.type(params["alpha"]))
+
+
+class SoftplusGrad(GradBinary):
+    """``dy · sigmoid(x)``, the sigmoid as ``exp(-softplus(-x))`` (no overflow either way)."""
+
+    name = "softplus_grad"
+
+    def compute(self, xp, blocks, params):
+        x = blocks["x"]
+        return blocks["dy"] * xp.exp(-xp.logaddexp(x.dtype.type(0), -x))
+
+
 class WhereGrad(Kernel):
     name = "where_grad"
     inputs = ("dy", "c")
@@ -93,4 +146,5 @@ class WhereGrad(Kernel):
         return xp.where(keep, blocks["dy"], xp.zeros_like(blocks["dy"]))
 
 
-KERNELS = (SigmoidGrad, SqrtGrad, ReciprocalGrad, ErfGrad, GeluErfGrad, PowGrad, WhereGrad)
+KERNELS = (SigmoidGrad, SqrtGrad, ReciprocalGrad, ErfGrad, GeluErfGrad, PowGrad, ClipGrad, LeakyReluGrad, SoftplusGrad,
+           WhereGrad)

@@ -1,4 +1,4 @@
-"""Row-wise kernels over the last dimension: softmax, layernorm, rmsnorm and their backward.
+"""Row-wise kernels over the last dimension: softmax, log-softmax, layernorm, rmsnorm and their backward.
 
 The last dimension is read whole by every index point (it hides in the projection shape), so
 it cannot be split: the index space is the leading dims only.
@@ -36,6 +36,23 @@ class Softmax(Kernel):
         x = blocks["x"]
         e = xp.exp(x - xp.max(x, axis=-1, keepdims=True))
         return e / xp.sum(e, axis=-1, keepdims=True)
+
+
+class LogSoftmax(Kernel):
+    """``x - logsumexp(x)`` over the last dimension (the log-probabilities of a classifier head),
+    shifted by the row's maximum so no ``exp`` overflows."""
+
+    name = "log_softmax"
+    inputs = ("x",)
+    kernel_class = "rowwise"
+
+    def base_signature(self, ins, params):
+        return _row_signature(ins["x"], 5.0, {})
+
+    def compute(self, xp, blocks, params):
+        x = blocks["x"]
+        s = x - xp.max(x, axis=-1, keepdims=True)
+        return s - xp.log(xp.sum(xp.exp(s), axis=-1, keepdims=True))
 
 
 class LayerNorm(Kernel):
@@ -143,6 +160,17 @@ class SoftmaxGrad(RowGrad):
         return y * (dy - xp.sum(dy * y, axis=-1, keepdims=True))
 
 
+class LogSoftmaxGrad(RowGrad):
+    """``dx = dy - softmax(x) · Σ dy`` with ``softmax(x) = exp(y)``, ``y`` the log-softmax output."""
+
+    name = "log_softmax_grad"
+    inputs = ("dy", "y")
+
+    def compute(self, xp, blocks, params):
+        dy, y = blocks["dy"], blocks["y"]
+        return dy - xp.exp(y) * xp.sum(dy, axis=-1, keepdims=True)
+
+
 class NormGrad(RowGrad):
     """``dx`` of layernorm / rmsnorm from ``dy``, the forward input ``x`` and ``gamma``.
 
@@ -167,4 +195,4 @@ class NormGrad(RowGrad):
         return r * (g - xp.mean(g, axis=-1, keepdims=True) - xh * xp.mean(g * xh, axis=-1, keepdims=True))
 
 
-KERNELS = (Softmax, LayerNorm, RMSNorm, Normalize, SoftmaxGrad, NormGrad)
+KERNELS = (Softmax, LogSoftmax, LayerNorm, RMSNorm, Normalize, SoftmaxGrad, LogSoftmaxGrad, NormGrad)

@@ -201,6 +201,11 @@ IMPORTED = {
     "concat": lambda: one_op("concat", {"a": (2, 3), "b": (2, 2)}, axis=1),
     "reshape": lambda: one_op("reshape", {"x": (2, 6)}, shape=[3, 4], **{"from": [2, 6]}),
     "slice": lambda: one_op("slice", {"x": (3, 7)}, axis=1, start=1, stop=6),
+    "clip": lambda: one_op("clip", {"x": (3, 4)}, min=-0.4, max=0.5),
+    "clip_max": lambda: one_op("clip", {"x": (3, 4)}, max=0.2),
+    "leaky_relu": lambda: one_op("leaky_relu", {"x": (3, 4)}, alpha=0.1),
+    "softplus": lambda: one_op("softplus", {"x": (3, 4)}),
+    "log_softmax": lambda: one_op("log_softmax", {"x": (2, 3, 5)}),
 }
 IMPORTED_POSITIVE = {"sqrt": ("p_x",), "reciprocal": ("p_x",), "pow3": ("p_x",)}
 
