@@ -6,8 +6,9 @@ graph tensor. It raises :class:`Unsupported` (with a reason) for attribute value
 the importer collects those and reports them all at once.
 
 Mapping choices (why):
-- Scalar constants in ``Mul``/``Div`` become ``scale`` (alpha), in ``Pow`` the exponent of ``pow``:
-  no one-cell parameter tensors for the search to shard or move.
+- Scalar constants in ``Mul``/``Div`` become ``scale`` (alpha), in ``Pow`` the exponent of ``pow``,
+  ``Clip``'s bounds the ``min``/``max`` of ``clip``: no one-cell parameter tensors for the search
+  to shard or move (a bound the model computes is refused).
 - ``MatMul`` with a 2-D right operand is ``matmul`` (2-D left) or ``einsum`` ``...f,fo->...o``; two
   activations of one rank >= 3 are ``bmm``; ``Gemm`` is an ``einsum`` with its transposes in the
   equation, so weights keep their ONNX names and layouts.
@@ -213,6 +214,49 @@ def _unary(ctx, node, label):
     ctx.emit(_UNARY[node.op_type], {"x": ctx.use(node.input[0])}, out=node.output[0], name=label)
 
 
+@handles("Softplus")
+def _softplus(ctx, node, label):
+    ctx.emit("softplus", {"x": ctx.use(node.input[0])}, out=node.output[0], name=label)
+
+
+@handles("LeakyRelu")
+def _leaky_relu(ctx, node, label):
+    ctx.emit("leaky_relu", {"x": ctx.use(node.input[0])}, {"alpha": float(attr(node, "alpha", 0.01))},
+             out=node.output[0], name=label)
+
+
+@handles("Clip")
+def _clip(ctx, node, label):
+    """``clip`` with constant bounds: attributes ``min``/``max`` before opset 11, optional
+    constant scalar inputs from opset 11 on (``torch.clamp`` and ``ReLU6`` export Constant nodes).
+    An absent bound, or an infinite one, is no bound; no bound at all is the input itself. A
+    bound computed by the model has no ``clip`` parameter to become: refused."""
+    bounds = {}
+    for k, key in ((1, "min"), (2, "max")):
+        if ctx.opset < 11:
+            v = attr(node, key, None)
+        elif len(node.input) > k and node.input[k]:
+            name = node.input[k]
+            if not ctx.is_const(name):
+                raise Unsupported(f"its {key} bound {name!r} is not a constant (the model computes it, or it is "
+                                  f"a graph input); only constant bounds (clip's parameters) are supported")
+            c = ctx.const[name]
+            if c.size != 1:
+                raise Unsupported(f"its {key} bound {name!r} has shape {list(c.shape)}; ONNX Clip takes scalars")
+            v = float(np.asarray(c, dtype=np.float64).reshape(-1)[0])
+        else:
+            v = None
+        if v is not None and np.isnan(v):
+            raise Unsupported(f"its {key} bound is NaN")
+        if v is not None and np.isfinite(v):
+            bounds[key] = float(v)
+    x = ctx.use(node.input[0])
+    if not bounds:
+        ctx.set(node.output[0], x)
+        return
+    ctx.emit("clip", {"x": x}, bounds, out=node.output[0], name=label)
+
+
 @handles("Neg")
 def _neg(ctx, node, label):
     ctx.emit("scale", {"x": ctx.use(node.input[0])}, {"alpha": -1.0}, out=node.output[0], name=label)
@@ -363,26 +407,27 @@ def _gemm(ctx, node, label):
         ctx.emit("add", {"a": y, "b": c}, out=node.output[0], name=f"{label}.bias")
 
 
-@handles("Softmax")
+@handles("Softmax", "LogSoftmax")
 def _softmax(ctx, node, label):
-    """``softmax`` over the last axis. Another axis (opset >= 13) is moved last by a ``permute``
-    and back; before opset 13 ``axis`` means the dims from ``axis`` on flattened into one row,
-    a ``reshape`` to 2-D and back."""
+    """``softmax`` (``log_softmax``) over the last axis. Another axis (opset >= 13) is moved last
+    by a ``permute`` and back; before opset 13 ``axis`` means the dims from ``axis`` on flattened
+    into one row, a ``reshape`` to 2-D and back."""
+    kernel = {"Softmax": "softmax", "LogSoftmax": "log_softmax"}[node.op_type]
     x = ctx.use(node.input[0])
     shape = ctx.prog.spec(x).shape
     rank = len(shape)
     axis = attr(node, "axis", -1 if ctx.opset >= 13 else 1) % rank
     if axis == rank - 1:
-        ctx.emit("softmax", {"x": x}, out=node.output[0], name=label)
+        ctx.emit(kernel, {"x": x}, out=node.output[0], name=label)
     elif ctx.opset < 13:
         rows = [int(np.prod(shape[:axis], dtype=np.int64)), int(np.prod(shape[axis:], dtype=np.int64))]
         flat = ctx.emit("reshape", {"x": x}, {"shape": rows, "from": list(shape)}, name=f"{label}.rows")
-        y = ctx.emit("softmax", {"x": flat}, name=label)
+        y = ctx.emit(kernel, {"x": flat}, name=label)
         ctx.emit("reshape", {"x": y}, {"shape": list(shape), "from": rows}, out=node.output[0], name=f"{label}.back")
     else:
         perm = [d for d in range(rank) if d != axis] + [axis]
         moved = ctx.emit("permute", {"x": x}, {"perm": perm}, name=f"{label}.to_last")
-        y = ctx.emit("softmax", {"x": moved}, name=label)
+        y = ctx.emit(kernel, {"x": moved}, name=label)
         back = [perm.index(d) for d in range(rank)]
         ctx.emit("permute", {"x": y}, {"perm": back}, out=node.output[0], name=f"{label}.back")
 

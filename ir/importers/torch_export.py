@@ -7,6 +7,12 @@ front ends. The exporter names initializers after the module's ``state_dict`` ke
 (``fc1.weight``), so the program's parameters carry those names; ``nn.Linear`` on 2-D inputs
 exports as ``Gemm(transB=1)`` (an einsum on the stored ``[out, in]`` weight).
 
+``torch.nn.RMSNorm`` has no ONNX symbolic at opsets 17-23 (``aten::rms_norm``): for the export,
+each one in the module tree is swapped for ``_ElementaryRMSNorm``, the same arithmetic in
+elementary ops holding the same ``weight`` Parameter (so its ``state_dict`` name is unchanged),
+and put back afterwards. Over the last dim the importer's RMSNorm pattern makes it ``rmsnorm``;
+over several dims it stays elementary ops (exact, unfused).
+
 Needs the ``[torch]`` extra (``pip install 'tapestry[torch]'``, a CPU wheel is enough).
 """
 
@@ -49,13 +55,65 @@ def import_torch(module: Any, example_inputs: Mapping[str, Any], params: Mapping
         raise ImportFailure(f"expected a torch.nn.Module, got {type(module).__name__}")
     training = module.training
     module.eval()  # (dropout off, norms on running statistics) for the export; the caller's mode is restored
+    root, slots = _swap_rms_norms(torch, module)  # the caller's tree is restored below
     try:
-        buf = _export(torch, module, example_inputs, opset, dynamic_axes)
+        buf = _export(torch, root, example_inputs, opset, dynamic_axes)
     finally:
+        _restore(slots)
         module.train(training)
     trainable = {n for n, p in module.named_parameters() if p.dtype.is_floating_point}
     model, trainable = _name_folded_weights(buf.getvalue(), module.state_dict(), trainable)
     return import_onnx(model, params, what="imported PyTorch model", trainable=frozenset(trainable))
+
+
+def _elementary_rms_norm(torch: Any) -> type:
+    """``_ElementaryRMSNorm``: ``x · rsqrt(mean(x², last dims) + eps) · weight``, as
+    ``torch.nn.RMSNorm`` computes it, in ops the exporter knows."""
+
+    class _ElementaryRMSNorm(torch.nn.Module):
+        def __init__(self, norm: Any) -> None:
+            super().__init__()
+            self.normalized_shape = tuple(norm.normalized_shape)
+            self.eps = norm.eps
+            self.weight = norm.weight  # the same Parameter (or None: elementwise_affine=False)
+            self.train(norm.training)
+
+        def forward(self, x: Any) -> Any:
+            dims = tuple(range(-len(self.normalized_shape), 0))
+            eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # torch's default eps
+            y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
+            return y if self.weight is None else y * self.weight
+
+    return _ElementaryRMSNorm
+
+
+def _swap_rms_norms(torch: Any, module: Any) -> tuple[Any, list[tuple[Any, str, Any]]]:
+    """Replace every ``torch.nn.RMSNorm`` under ``module`` by its elementary twin, in place (a
+    norm reached twice gets one twin). Returns the module to export (the twin when ``module`` is
+    itself a norm) and the ``(parent, child name, original)`` slots ``_restore`` puts back."""
+    norm_cls = getattr(torch.nn, "RMSNorm", None)
+    if norm_cls is None:
+        return module, []
+    twins: dict[int, Any] = {}
+    slots = []
+
+    def twin(norm: Any) -> Any:
+        if id(norm) not in twins:
+            twins[id(norm)] = _elementary_rms_norm(torch)(norm)
+        return twins[id(norm)]
+
+    for parent in list(module.modules()):
+        for name, child in list(parent._modules.items()):
+            if isinstance(child, norm_cls):
+                parent._modules[name] = twin(child)
+                slots.append((parent, name, child))
+    return (twin(module) if isinstance(module, norm_cls) else module), slots
+
+
+def _restore(slots: list[tuple[Any, str, Any]]) -> None:
+    """Put the original norms back where ``_swap_rms_norms`` took them from."""
+    for parent, name, original in reversed(slots):
+        parent._modules[name] = original
 
 
 def _export(torch: Any, module: Any, example_inputs: Mapping[str, Any], opset: int,
