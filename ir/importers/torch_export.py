@@ -11,7 +11,8 @@ exports as ``Gemm(transB=1)`` (an einsum on the stored ``[out, in]`` weight).
 each one in the module tree is swapped for ``_ElementaryRMSNorm``, the same arithmetic in
 elementary ops holding the same ``weight`` Parameter (so its ``state_dict`` name is unchanged),
 and put back afterwards. Over the last dim the importer's RMSNorm pattern makes it ``rmsnorm``;
-over several dims it stays elementary ops (exact, unfused).
+over several dims it stays elementary ops (exact, unfused). On float16/bfloat16 inputs it is
+refused (``_elementary_rms_norm`` says why).
 
 Needs the ``[torch]`` extra (``pip install 'tapestry[torch]'``, a CPU wheel is enough).
 """
@@ -68,7 +69,15 @@ def import_torch(module: Any, example_inputs: Mapping[str, Any], params: Mapping
 
 def _elementary_rms_norm(torch: Any) -> type:
     """``_ElementaryRMSNorm``: ``x · rsqrt(mean(x², last dims) + eps) · weight``, as
-    ``torch.nn.RMSNorm`` computes it, in ops the exporter knows."""
+    ``torch.nn.RMSNorm`` computes it on float32 and float64 inputs (``eps=None``:
+    ``torch.finfo(x.dtype).eps``), in ops the exporter knows.
+
+    float16 and bfloat16 inputs it refuses: torch normalises those in float32, with float32's eps
+    (not the input dtype's, which its docs suggest; for rows of small values the two differ by
+    whole units) and the weight cast to float32 (checked on torch 2.13), and the import of that
+    mix fails: scalar constants take the program's dtype, and the exporter's float32 copy of the
+    weight is matched back to the float16 entry. Computing in the input dtype instead would import,
+    but would not be torch's numbers."""
 
     class _ElementaryRMSNorm(torch.nn.Module):
         def __init__(self, norm: Any) -> None:
@@ -79,6 +88,10 @@ def _elementary_rms_norm(torch: Any) -> type:
             self.train(norm.training)
 
         def forward(self, x: Any) -> Any:
+            if x.dtype in (torch.float16, torch.bfloat16):
+                raise ImportFailure(f"torch.nn.RMSNorm on {str(x.dtype).removeprefix('torch.')} inputs is not "
+                                    f"supported: torch computes it in float32, which this importer cannot map "
+                                    f"yet; import the model in float32 (model.float())")
             dims = tuple(range(-len(self.normalized_shape), 0))
             eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # torch's default eps
             y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
@@ -123,6 +136,8 @@ def _export(torch: Any, module: Any, example_inputs: Mapping[str, Any], opset: i
     try:
         with torch.no_grad():
             out = module(*args)
+    except ImportFailure:  # ours (an RMSNorm twin's refusal): already says what to do
+        raise
     except Exception as e:  # noqa: BLE001  (user code)
         shapes = ", ".join(f"{n}: {getattr(a, 'dtype', type(a).__name__)}{list(getattr(a, 'shape', []))}"
                            for n, a in zip(names, args))

@@ -410,3 +410,17 @@ def test_clip_gradient_passes_at_the_bounds_as_torch_clamp():
         t = torch.tensor(x, requires_grad=True)
         (torch.clamp(t, -0.5, 0.5) * torch.tensor(dy)).sum().backward()
         np.testing.assert_array_equal(got, t.grad.numpy())
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_precision_rms_norm_is_refused_clearly_and_the_model_kept(dtype):
+    """torch computes a float16/bfloat16 RMSNorm in float32 (with float32's eps): not mapped yet,
+    so the import says so instead of importing other numbers; the caller's norm is put back."""
+    from ir.importers.torch_export import import_torch
+
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.RMSNorm(4)).to(getattr(torch, dtype))
+    norm = m[1]
+    with pytest.raises(ImportFailure, match=f"torch.nn.RMSNorm on {dtype} inputs is not supported.*model.float"):
+        import_torch(m, {"x": torch.randn(2, 4).to(getattr(torch, dtype))})
+    assert m[1] is norm and type(m[1]) is torch.nn.RMSNorm
