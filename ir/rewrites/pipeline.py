@@ -19,12 +19,9 @@ Two meaning-preserving moves (placement and sharding only; every shard still com
   A reduction whose batch extent ``m`` does not divide (reduction blocks are equal) stays whole:
   it runs once after the last microbatch, over every microbatch's activations (a valid plan
   that holds them all; the ops whose batch dims can be cut are still cut).
-  Known limit: under tensor parallelism, the two-level placement of a re-split reduction
-  (``hierarchical.stage_one_shards``: its first level cut over the final sum's first split dim)
-  can send a device's microbatch partials to its tensor-parallel peer. Placing the first level on
-  the partials' own boxes moves the right bytes, but the simulator then prices such plans worse:
-  its upward ranks ignore control edges, so a gating node of low rank (the loss) is listed late
-  and a peer's later transfers take the port first (docs/benchmarks.md, twenty-ninth session).
+  Under tensor parallelism each device's microbatch partials are pieces of the sum (a column
+  slice), and the first level sums them where they are (``hierarchical.own_boxes``): no partial
+  crosses a link, so the bytes moved do not grow with ``m``.
 
 Which ops belong to a layer: ops named ``l<k>.…`` (the ``ir.workloads`` gpt/llama programs), ops
 derived from them by the training step (``l3.ff1.dW``, ``l3.resid1.out.gsum1``) and the optimizer

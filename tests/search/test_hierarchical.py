@@ -35,6 +35,31 @@ def test_two_level_reduction_verifies_equal():
     assert parse_move("two_level{op=fc2.acc,group=4}").apply(flat).digest == two.digest
 
 
+def test_partials_cut_over_columns_are_summed_on_their_own_pieces():
+    """Tensor parallelism x two microbatches: partial block ``i`` of fc2 is cut over its columns
+    between devices ``2(i // 2)`` and ``2(i // 2) + 1``, so a group of two blocks lies on one
+    device pair. The first level sums each device's own column half (``own_boxes``): no partial
+    crosses a link. Split over rows among the owners instead (``stage_one_shards``, the placement
+    for partials that each cover the whole sum), half of each partial went to the peer."""
+    from costmodel.lowering import Lowerer
+    from costmodel.presets import PRESETS
+
+    g = workloads.build("mlp", batch=16, widths=[16, 64, 16])
+    p = split_reduction(g, "fc2", 4)
+    p = retile(p, "fc2", [4, 1, 2], [2 * (i // 2) + h for i in range(4) for h in range(2)])
+    p = retile(p, "fc2.acc", [4, 1], [0, 1, 2, 3])
+    two = two_level(p, "fc2.acc", 2)
+    sh = two.ops["fc2.acc"].shards
+    assert sh.device.tolist() == [0, 1, 2, 3]
+    assert sh.lo.tolist() == [[0, 0, 0], [0, 0, 8], [1, 0, 0], [1, 0, 8]]
+    assert sh.hi.tolist() == [[1, 16, 8], [1, 16, 16], [2, 16, 8], [2, 16, 16]]
+    assert verify(two, reference=g).ok
+    low = Lowerer(PRESETS["h100-sxm-8"]).lower(two)
+    nc, names = low.n_compute, list(low.op_names)
+    hops = [(names[low.transfer_src_op[c - nc]], names[low.transfer_op[c - nc]]) for c in range(nc, len(low.kind))]
+    assert ("fc2", "fc2.acc") not in hops and ("fc2.acc", "fc2.acc.acc") in hops
+
+
 def test_two_level_is_undone_by_merge_and_unshard():
     g = workloads.build("mlp", batch=16, widths=[16, 64, 16])
     two = two_level(_flat(g, 8), "fc2.acc", 2)
