@@ -139,9 +139,10 @@ def test_transfers_add_one_hop_per_stage_boundary_each_way(p, m):
     ``p-1`` backward: the pipeline's span grows by ``2(p-1)c`` over the span with negligible
     transfers, for GPipe, and for 1F1B as long as the weight-gradient work a stage does after
     sending its input gradient covers a round trip ``2c`` (its steady state sends the input
-    gradient upstream and gets the next microbatch's activations back while computing it). A
-    stage runs its backward in program order, layer by layer (``da`` then ``db``, as autograd
-    does), so that work is the ``db`` of its first layer: links of a tenth of NVLink's speed
+    gradient upstream and gets the next microbatch's activations back while computing it). In
+    the steady state a stage runs its backward in program order, layer by layer (``da`` then
+    ``db``, as autograd does; the lookahead window's control edges pass their ranks back), so
+    that work is the ``db`` of its first layer: links of a tenth of NVLink's speed
     (``c`` 0.21 ms against that ``db``'s 0.23 ms) expose part of the round trip, which
     ``test_1f1b_exposes_the_round_trip_without_weight_gradients`` prices. Contention off, so
     that communication costs only its own time. The bubble is then
