@@ -38,16 +38,11 @@ class Softmax(Kernel):
         return e / xp.sum(e, axis=-1, keepdims=True)
 
 
-class LogSoftmax(Kernel):
+class LogSoftmax(Softmax):
     """``x - logsumexp(x)`` over the last dimension (the log-probabilities of a classifier head),
-    shifted by the row's maximum so no ``exp`` overflows."""
+    shifted by the row's maximum so no ``exp`` overflows; softmax's index space and cost."""
 
     name = "log_softmax"
-    inputs = ("x",)
-    kernel_class = "rowwise"
-
-    def base_signature(self, ins, params):
-        return _row_signature(ins["x"], 5.0, {})
 
     def compute(self, xp, blocks, params):
         x = blocks["x"]
