@@ -113,12 +113,13 @@ Scheduling: non-preemptive static list scheduling. Priority = upward rank
 (0 for no successor), computed over a topological order of both kinds of edges. A control edge
 ``i -> c`` lets ``c`` start only once ``i`` has started, so a gate ranks at least as high as what
 it gates (HEFT's upward rank over every precedence, the control edge costing no time): without
-it a node whose result nothing reads soon (the loss value, a weight gradient's partial) ranks
-low, is listed late, and holds back the high-rank work its device's lookahead window gates
-behind it (the llama2-7b Megatron 3D expert on 64 GPUs: 329 ms with such ranks, 204 without;
-docs/benchmarks.md, thirtieth session). Starting from the sources, the scheduler repeatedly takes the *ready*
-node (all predecessors already scheduled) with the highest rank, ties to the lower index, and
-starts it at ``start = max(finish of all predecessors, free time of each resource it needs)``;
+it a node whose result nothing reads soon (the loss value) ranks low, is listed late, and holds
+back the high-rank work its device's lookahead window gates behind it (the llama2-7b Megatron
+3D expert on 64 GPUs, its gradient partials summed in place: 329 ms with data-only ranks, 204
+with these; docs/benchmarks.md, thirtieth session). Starting from the sources, the scheduler
+repeatedly takes the *ready* node (all predecessors already scheduled) with the highest rank,
+ties to the lower index, and starts it at ``start = max(finish of all predecessors, free time
+of each resource it needs)``;
 the resources are then busy until ``start + dur`` and the node finishes at
 ``start + dur + lat``. Each resource therefore runs its nodes in priority order, without
 back-filling gaps. Every node starts no later than the latest finish of the nodes scheduled
@@ -484,10 +485,9 @@ def _kahn_rank(n, succ_ptr, succ_idx, ctl_ptr, ctl_idx, topo, rank, dur, lat):
 @njit(cache=True, nogil=True)
 def _hint_rank(topo_hint, succ_ptr, succ_idx, ctl_ptr, ctl_idx, rank, dur, lat):
     """The upward ranks along ``topo_hint``; False (``rank`` then partly written, -1 where not)
-    as soon as a data or control edge points backwards in it. The
-    first two successors and the first control successor are read without branches (most nodes
-    have one or two: a loop's exit would often be mispredicted); a missing one reads some node's
-    rank and ignores it."""
+    as soon as a data or control edge points backwards in it. The first two successors and the
+    first control successor are read without branches (most nodes have one or two: a loop's exit
+    would often be mispredicted); a missing one reads some node's rank and ignores it."""
     n = rank.shape[0]
     sidx = succ_idx if succ_idx.shape[0] > 0 else np.zeros(1, np.int32)
     cidx = ctl_idx if ctl_idx.shape[0] > 0 else np.zeros(1, np.int32)
@@ -877,7 +877,8 @@ def _simulate_core(kind, dev, dst, dur, lat, succ_ptr, succ_idx, alloc_bytes, re
     (a lowering's program order, ``Lowered.topo_hint``). When every data and control edge points
     forward in it, the ranks are computed along it without Kahn's pass; otherwise (a pipeline's
     control edges often point backwards in program order) Kahn's pass runs, as without a hint,
-    and finds any cycle before the list scheduling starts. Either way the outputs on a cycle are those of :func:`_cycle`."""
+    and finds any cycle before the list scheduling starts. Either way the outputs on a cycle are
+    those of :func:`_cycle`."""
     n = kind.shape[0]
     m = succ_idx.shape[0]
     mc = ctl_idx.shape[0]

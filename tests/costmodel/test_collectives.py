@@ -337,7 +337,8 @@ def test_microbatches_partials_are_summed_in_place_on_their_own_devices_then_red
                            batch=16, mode="train")
     plan = megatron_3d(step, 64, pp=4)
     first = [name for name, o in plan.ops.items() if o.kernel == "accumulate" and o.params.get("split")]
-    assert len(first) == 40  # 9 gradients a layer (7 weights, 2 norms), the embedding's, the head's, the final norm's, the loss
+    # 9 gradients a layer (7 weights, 2 norms), the embedding's, the head's, the final norm's, the loss
+    assert len(first) == 40
     low = Lowerer(HW64, collectives=True).lower(plan)
     nc, n = low.n_compute, low.kind.shape[0]
     names = list(low.op_names)
