@@ -164,6 +164,9 @@ RULES["reciprocal"] = _unary("reciprocal_grad", "y")
 RULES["erf"] = _unary("erf_grad", "x")
 RULES["gelu_erf"] = _unary("gelu_erf_grad", "x")
 RULES["softplus"] = _unary("softplus_grad", "x")
+RULES["abs"] = _unary("abs_grad", "x")  # sign(x): 0 at x == 0, as torch
+RULES["log"] = _unary("log_grad", "x")
+RULES["mish"] = _unary("mish_grad", "x")
 
 
 @rule("clip")
@@ -176,6 +179,11 @@ def _clip(c: VJP, dy: str) -> dict[str, str]:
 @rule("leaky_relu")
 def _leaky_relu(c: VJP, dy: str) -> dict[str, str]:
     return {"x": c.emit("leaky_relu_grad", {"dy": dy, "x": c.name("x")}, "x", alpha=c.params.get("alpha", 0.01))}
+
+
+@rule("elu")
+def _elu(c: VJP, dy: str) -> dict[str, str]:
+    return {"x": c.emit("elu_grad", {"dy": dy, "x": c.name("x")}, "x", alpha=c.params.get("alpha", 1.0))}
 
 
 @rule("pow")

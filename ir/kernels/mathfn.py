@@ -1,5 +1,5 @@
 """Elementwise math that imported programs use: sigmoid, sqrt, reciprocal, erf, exact GELU, pow,
-clip, leaky ReLU, softplus.
+clip, leaky ReLU, softplus, abs, log, ELU, Mish.
 
 Same index space and projections as ``ir.kernels.elementwise.Unary`` (identity), so they shard,
 fuse and verify like the built-in unary maps. ``gelu_erf`` is the exact GELU
@@ -8,7 +8,7 @@ spell as an Erf subgraph; the built-in ``gelu`` is the tanh approximation and di
 ~1e-3, too much for an import that must equal the ONNX reference.
 
 Constants are parameters of the op, never tensors: ``pow``'s exponent, ``clip``'s bounds (``None``
-where a side is unbounded: ``torch.clamp(x, min=0)``), ``leaky_relu``'s slope.
+where a side is unbounded: ``torch.clamp(x, min=0)``), ``leaky_relu``'s slope, ``elu``'s ``alpha``.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def check_clip_bounds(kernel: str, params: Any) -> None:
 
 
 def check_slope(kernel: str, params: Any) -> None:
-    """``alpha`` of ``leaky_relu`` and ``leaky_relu_grad``: a finite number."""
+    """``alpha`` of ``leaky_relu``, ``elu`` and their gradients: a finite number."""
     _number(kernel, "alpha", params["alpha"])
 
 
@@ -161,4 +161,50 @@ class Softplus(Unary):
         return xp.logaddexp(x.dtype.type(0), x)
 
 
-KERNELS = (Sigmoid, Sqrt, Reciprocal, Erf, GeluErf, Pow, Clip, LeakyRelu, Softplus)
+class Abs(Unary):
+    name = "abs"
+
+    def compute(self, xp, blocks, params):
+        return xp.abs(blocks["x"])
+
+
+class Log(Unary):
+    """The natural logarithm (``-inf`` at 0 and NaN below, as NumPy's, ONNX's and torch's)."""
+
+    name = "log"
+    flops = 4.0
+
+    def compute(self, xp, blocks, params):
+        return xp.log(blocks["x"])
+
+
+class Elu(Unary):
+    """``x`` where ``x > 0``, else ``alpha·(eˣ - 1)`` (ONNX's and PyTorch's default ``alpha`` 1.0),
+    the ``eˣ - 1`` as ``expm1`` of ``min(x, 0)``: exact near 0, no overflow in the branch not taken."""
+
+    name = "elu"
+    flops = 4.0
+    params_defaults = {"alpha": 1.0}
+
+    def base_signature(self, ins, params):
+        check_slope(self.name, params)
+        return super().base_signature(ins, params)
+
+    def compute(self, xp, blocks, params):
+        x = blocks["x"]
+        neg = xp.expm1(xp.minimum(x, x.dtype.type(0))) * x.dtype.type(params["alpha"])
+        return xp.where(x > 0, x, neg)
+
+
+class Mish(Unary):
+    """``x·tanh(softplus(x))`` (Misra 2019), the softplus as ``logaddexp(0, x)`` like ``softplus``'s."""
+
+    name = "mish"
+    flops = 8.0
+
+    def compute(self, xp, blocks, params):
+        x = blocks["x"]
+        return x * xp.tanh(xp.logaddexp(x.dtype.type(0), x))
+
+
+KERNELS = (Sigmoid, Sqrt, Reciprocal, Erf, GeluErf, Pow, Clip, LeakyRelu, Softplus, Abs, Log, Elu, Mish)

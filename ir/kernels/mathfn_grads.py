@@ -5,7 +5,9 @@ forward output where that is cheaper (the port is still called ``x``; the rule i
 ``ir.autodiff.rules`` says which tensor it passes): sigmoid ``y(1-y)``, sqrt ``1/(2y)``,
 reciprocal ``-y²``, erf ``2/√π·e^{-x²}``, exact GELU ``Φ(x) + x·φ(x)``, pow ``p·x^{p-1}``,
 clip ``1`` where ``min <= x <= max`` (bounds included, as ``torch.clamp``'s backward), leaky ReLU
-``1`` or ``alpha``, softplus ``sigmoid(x)``.
+``1`` or ``alpha``, softplus ``sigmoid(x)``, abs ``sign(x)``, log ``1/x``, ELU ``1`` or
+``alpha·eˣ``, Mish ``tanh(sp) + x·sigmoid(x)·(1 - tanh(sp)²)`` with ``sp = softplus(x)``. At the
+kinks the values are torch's: abs ``0`` at ``x == 0``, ELU ``alpha`` at ``x == 0``.
 ``where_grad(dy, c)`` passes ``dy`` where the condition picks the branch (``take="a"``:
 ``c != 0``; ``"b"``: ``c == 0``) and 0 elsewhere, with ``c`` broadcast to ``dy``.
 """
@@ -122,6 +124,57 @@ class SoftplusGrad(GradBinary):
         return blocks["dy"] * xp.exp(-xp.logaddexp(x.dtype.type(0), -x))
 
 
+class AbsGrad(GradBinary):
+    """``dy · sign(x)``: 0 at ``x == 0``, as ``torch.abs``'s backward (``sgn``) gives there."""
+
+    name = "abs_grad"
+
+    def compute(self, xp, blocks, params):
+        return blocks["dy"] * xp.sign(blocks["x"])
+
+
+class LogGrad(GradBinary):
+    """``dy / x``."""
+
+    name = "log_grad"
+
+    def compute(self, xp, blocks, params):
+        return blocks["dy"] / blocks["x"]
+
+
+class EluGrad(GradBinary):
+    """``dy`` where ``x > 0``, else ``dy·alpha·eˣ`` (from the forward input: at ``x == 0`` that is
+    ``alpha·dy``, as torch's ``elu_backward`` gives; ``eˣ`` of ``min(x, 0)``, no overflow)."""
+
+    name = "elu_grad"
+    params_defaults = {"alpha": 1.0}
+
+    def base_signature(self, ins, params):
+        check_slope(self.name, params)
+        return super().base_signature(ins, params)
+
+    def compute(self, xp, blocks, params):
+        x, dy = blocks["x"], blocks["dy"]
+        neg = dy * xp.exp(xp.minimum(x, x.dtype.type(0))) * x.dtype.type(params["alpha"])
+        return xp.where(x > 0, dy, neg)
+
+
+class MishGrad(GradBinary):
+    """``dy · (t + x·sigmoid(x)·(1 - t²))``, ``t = tanh(softplus(x))``: torch's ``mish_backward``,
+    with the softplus as ``logaddexp(0, x)`` and the sigmoid as ``exp(-softplus(-x))`` (finite
+    everywhere; ``1 - t²`` is in ``[0, 1]``)."""
+
+    name = "mish_grad"
+    flops = 12.0
+
+    def compute(self, xp, blocks, params):
+        x = blocks["x"]
+        zero = x.dtype.type(0)
+        t = xp.tanh(xp.logaddexp(zero, x))
+        sig = xp.exp(-xp.logaddexp(zero, -x))
+        return blocks["dy"] * (t + x * sig * (1.0 - t * t))
+
+
 class WhereGrad(Kernel):
     name = "where_grad"
     inputs = ("dy", "c")
@@ -147,4 +200,4 @@ class WhereGrad(Kernel):
 
 
 KERNELS = (SigmoidGrad, SqrtGrad, ReciprocalGrad, ErfGrad, GeluErfGrad, PowGrad, ClipGrad, LeakyReluGrad, SoftplusGrad,
-           WhereGrad)
+           AbsGrad, LogGrad, EluGrad, MishGrad, WhereGrad)

@@ -206,8 +206,12 @@ IMPORTED = {
     "leaky_relu": lambda: one_op("leaky_relu", {"x": (3, 4)}, alpha=0.1),
     "softplus": lambda: one_op("softplus", {"x": (3, 4)}),
     "log_softmax": lambda: one_op("log_softmax", {"x": (2, 3, 5)}),
+    "abs": lambda: one_op("abs", {"x": (3, 4)}),
+    "log": lambda: one_op("log", {"x": (3, 4)}),
+    "elu": lambda: one_op("elu", {"x": (3, 4)}, alpha=0.6),
+    "mish": lambda: one_op("mish", {"x": (3, 4)}),
 }
-IMPORTED_POSITIVE = {"sqrt": ("p_x",), "reciprocal": ("p_x",), "pow3": ("p_x",)}
+IMPORTED_POSITIVE = {"sqrt": ("p_x",), "reciprocal": ("p_x",), "pow3": ("p_x",), "log": ("p_x",)}
 
 
 @pytest.mark.parametrize("name", list(IMPORTED))
