@@ -12,13 +12,15 @@ How a model becomes a graph:
    implementation: the shape arithmetic of exports (``Shape -> Gather -> Unsqueeze -> Concat ->
    Reshape``), position ids (``Range``), causal masks (``Trilu``) all become plain constants.
 4. **Map ops** one node at a time to kernels (``ir.importers.onnx_ops``; convolutions and
-   pooling in ``onnx_conv``, comparisons and boolean masks in ``onnx_masks``). Inputs and outputs
-   keep their ONNX names; initializers read by an op become ``parameter`` tensors of the same
-   name, their values returned beside the graph (``program.npz``). Folded constants read by an op
-   become parameters named after the ONNX value that holds them.
+   pooling in ``onnx_conv``, comparisons and boolean masks in ``onnx_masks``, Einsum in
+   ``onnx_einsum``). Inputs and outputs keep their ONNX names; initializers read by an op become
+   ``parameter`` tensors of the same name, their values returned beside the graph
+   (``program.npz``). Folded constants read by an op become parameters named after the ONNX value
+   that holds them.
 5. **Patterns** (``ir.importers.patterns``) turn the op sequences exports produce into the
    kernels the search knows how to shard: ``matmul/einsum + add(bias)`` -> ``linear``, the Erf
-   GELU -> ``gelu_erf``, the RMSNorm sequence -> ``rmsnorm``, ``x · sigmoid(x)`` -> ``silu``; the
+   GELU -> ``gelu_erf``, the RMSNorm sequence -> ``rmsnorm``, ``x · sigmoid(x)`` -> ``silu``,
+   ``x · tanh(softplus(x))`` -> ``mish``; the
    causal-mask ``Where``/``Add`` of a constant lower-triangular mask maps to ``causal_mask`` as the
    node is converted.
 6. Every node that cannot be mapped is collected; if there is any, one error lists each op type
@@ -46,7 +48,7 @@ import numpy as np
 
 from ir.graph import Graph
 from ir.importers.errors import ImportFailure
-from ir.importers import onnx_conv, onnx_masks  # noqa: F401  (register their handlers in HANDLERS)
+from ir.importers import onnx_conv, onnx_einsum, onnx_masks  # noqa: F401  (register their handlers in HANDLERS)
 from ir.importers.onnx_ops import HANDLERS, Context, Unsupported
 from ir.importers.patterns import apply_patterns
 from ir.importers.program import Program

@@ -13,7 +13,8 @@ Mapping choices (why):
   activations of one rank >= 3 are ``bmm``; ``Gemm`` is an ``einsum`` with its transposes in the
   equation, so weights keep their ONNX names and layouts.
 - ``Conv``, pooling and ``BatchNormalization``: ``ir.importers.onnx_conv``; comparisons and
-  boolean ops (masks): ``ir.importers.onnx_masks``. Both register into ``HANDLERS`` here.
+  boolean ops (masks): ``ir.importers.onnx_masks``; ``Einsum``: ``ir.importers.onnx_einsum``. They
+  register into ``HANDLERS`` here.
 - ``Gather`` of an initializer table by runtime ids is ``embedding``; by constant contiguous
   indices it is ``slice`` (+ ``reshape`` for a scalar index).
 - ``Where(cond, x, fill)``, ``Where(future, fill, x)`` (PyTorch's ``masked_fill``) and
@@ -206,7 +207,7 @@ def handles(*ops: str) -> Callable[[Handler], Handler]:
 
 
 _UNARY = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp", "Sqrt": "sqrt",
-          "Reciprocal": "reciprocal", "Erf": "erf"}
+          "Reciprocal": "reciprocal", "Erf": "erf", "Abs": "abs", "Log": "log", "Mish": "mish"}
 
 
 @handles(*_UNARY)
@@ -222,6 +223,12 @@ def _softplus(ctx, node, label):
 @handles("LeakyRelu")
 def _leaky_relu(ctx, node, label):
     ctx.emit("leaky_relu", {"x": ctx.use(node.input[0])}, {"alpha": float(attr(node, "alpha", 0.01))},
+             out=node.output[0], name=label)
+
+
+@handles("Elu")
+def _elu(ctx, node, label):
+    ctx.emit("elu", {"x": ctx.use(node.input[0])}, {"alpha": float(attr(node, "alpha", 1.0))},
              out=node.output[0], name=label)
 
 

@@ -12,6 +12,8 @@ tensor (so readers and outputs are untouched). Patterns (before -> after):
   q = sqrt(v); i = reciprocal(q); n = mul(x, i); z = mul(n, gamma)`` (or ``n = div(x, q)``)
   -> ``z = rmsnorm(x, gamma, eps)``;
 - ``s = sigmoid(x); z = mul(x, s)`` -> ``z = silu(x)``;
+- ``s = softplus(x); t = tanh(s); z = mul(x, t)`` -> ``z = mish(x)`` (``nn.Mish`` exported
+  before opset 18, which has a ``Mish`` op);
 - ``t = permute(W, [1, 0]); z = matmul|einsum(x, t)`` with ``W`` a 2-D parameter ->
   ``z = einsum(x, W)`` reading ``W`` transposed (a weight tied to another use of it, such as an
   embedding table reused as the output projection: no copy of the table each step).
@@ -177,6 +179,20 @@ def _silu(prog: Program, outputs: set[str]) -> bool:
     return False
 
 
+def _mish(prog: Program, outputs: set[str]) -> bool:
+    for s in list(prog.ops.values()):
+        if s.kernel != "softplus":
+            continue
+        t = _only_reader(prog, s.output, outputs)
+        if t is None or t.kernel != "tanh":
+            continue
+        m = _only_reader(prog, t.output, outputs)
+        if m is not None and m.kernel == "mul" and _other(m, t.output) == s.inputs["x"]:
+            _replace(prog, [s, t, m], PendingOp(m.name, "mish", {"x": s.inputs["x"]}, {}, m.output))
+            return True
+    return False
+
+
 def _transposed_operand(prog: Program, outputs: set[str]) -> bool:
     for t in list(prog.ops.values()):
         if t.kernel != "permute" or t.params.get("perm") != [1, 0] or t.inputs["x"] not in prog.values:
@@ -198,7 +214,7 @@ def _transposed_operand(prog: Program, outputs: set[str]) -> bool:
     return False
 
 
-PATTERNS = (_transposed_operand, _linear, _gelu, _rmsnorm, _silu)
+PATTERNS = (_transposed_operand, _linear, _gelu, _rmsnorm, _silu, _mish)
 
 
 def apply_patterns(prog: Program, outputs: set[str]) -> dict[str, int]:
