@@ -21,6 +21,7 @@ from onnx import helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import onnx_models  # noqa: E402
+from torch_checks import check_against_torch, kernels_of, net  # noqa: E402
 from executor import verify  # noqa: E402
 from executor.run import execute  # noqa: E402
 from ir.autodiff import training_step  # noqa: E402
@@ -49,10 +50,6 @@ def _graph_model(nodes, inputs, inits=(), opset=17):
     return m
 
 
-def _kernels(g):
-    return sorted(o.kernel for o in g.ops.values())
-
-
 def _ops(g, kernel):
     return [o for o in g.ops.values() if o.kernel == kernel]
 
@@ -68,7 +65,7 @@ def _check(m, inputs, kernels=(), walks=2):
         got = np.asarray(execute(g, {**feed, **vals})["y"])
         assert got.shape == ref.shape
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-    assert set(kernels) <= set(_kernels(g)), _kernels(g)
+    assert set(kernels) <= set(kernels_of(g)), kernels_of(g)
     rng = np.random.default_rng(4)
     for _ in range(walks):
         rep = verify(random_walk(g, rng, 4, 20), values=vals)
@@ -164,7 +161,7 @@ def test_einsum_with_a_weight_keeps_its_name_and_fuses_a_bias_into_linear():
                            N("Add", ["xw", "b"], ["y"], name="bias")], {"x": (2, 5, 6)}, inits)
     g, vals = _check(biased, {"x": (2, 5, 6)}, {"linear"})
     (op,) = _ops(g, "linear")
-    assert _kernels(g) == ["linear"] and dict(op.inputs) == {"x": "x", "W": "W", "b": "b"} and set(vals) == {"W", "b"}
+    assert kernels_of(g) == ["linear"] and dict(op.inputs) == {"x": "x", "W": "W", "b": "b"} and set(vals) == {"W", "b"}
 
 
 def test_einsum_with_the_weight_on_the_left_is_swapped_into_matmul_form():
@@ -196,7 +193,21 @@ def test_one_operand_einsums_are_sums_and_permutes(equation, shape, kernels):
     m = _graph_model([N("Einsum", ["x"], ["e"], name="e", equation=equation), N("Tanh", ["e"], ["y"], name="t")],
                      {"x": shape})
     g, _ = _check(m, {"x": shape}, walks=1)
-    assert _kernels(g) == kernels
+    assert kernels_of(g) == kernels
+
+
+def _w_grad_and_central_differences(step, feed):
+    """The training step's gradient of ``W`` and its central differences of the loss (h = 1e-6)."""
+    grad = np.asarray(execute(step, feed, precision="float64")["W.grad"])
+    fd = np.zeros_like(grad)
+    for idx in np.ndindex(*grad.shape):
+        loss = []
+        for h in (1e-6, -1e-6):
+            w = feed["W"].copy()
+            w[idx] += h
+            loss.append(float(execute(step, {**feed, "W": w}, precision="float64")["loss"][0]))
+        fd[idx] = (loss[0] - loss[1]) / 2e-6
+    return grad, fd
 
 
 def test_a_letter_one_operand_alone_sums_is_summed_first_and_trains():
@@ -210,15 +221,7 @@ def test_a_letter_one_operand_alone_sums_is_summed_first_and_trains():
     step = training_step(g, loss="mse", optimizer="sgd")
     rng = np.random.default_rng(3)
     feed = {"W": vals["W"].astype(np.float64), "x": rng.standard_normal((2, 5, 4)), "target": rng.standard_normal((2, 3))}
-    grad = np.asarray(execute(step, feed, precision="float64")["W.grad"])
-    fd = np.zeros_like(grad)
-    for idx in np.ndindex(*grad.shape):
-        loss = []
-        for s in (1e-6, -1e-6):
-            w = feed["W"].copy()
-            w[idx] += s
-            loss.append(float(execute(step, {**feed, "W": w}, precision="float64")["loss"][0]))
-        fd[idx] = (loss[0] - loss[1]) / 2e-6
+    grad, fd = _w_grad_and_central_differences(step, feed)
     assert np.abs(grad).max() > 1e-3
     np.testing.assert_allclose(grad, fd, rtol=0, atol=1e-6 * np.abs(fd).max())
 
@@ -264,7 +267,7 @@ def test_mish_spelled_in_elementary_ops_is_the_mish_kernel():
     m = _fc_model([N("Softplus", ["h"], ["s"], name="sp"), N("Tanh", ["s"], ["t"], name="th"),
                    N("Mul", ["h", "t"], ["y"], name="mish")])
     g, _ = onnx_models.check_import(m, {}, {"mish"})
-    assert _kernels(g) == ["linear", "mish"]
+    assert kernels_of(g) == ["linear", "mish"]
 
 
 def test_elu_and_mish_stay_finite_far_out():
@@ -288,20 +291,12 @@ def test_imported_math_ops_train_and_their_gradients_equal_finite_differences():
              N("Log", ["s"], ["l"], name="log"), N("Add", ["a", "e"], ["ae"], name="add1"),
              N("Add", ["m", "l"], ["ml"], name="add2"), N("Add", ["ae", "ml"], ["y"], name="add3")]
     g, vals = import_onnx(_graph_model(nodes, {"x": (4, 6)}, [onnx_models.weight("W", (6, 5), seed=1)], opset=18), {})
-    assert {"einsum", "abs", "elu", "mish", "log"} <= set(_kernels(g))
+    assert {"einsum", "abs", "elu", "mish", "log"} <= set(kernels_of(g))
     step = training_step(g, loss="mse", optimizer="sgd")
-    assert {"abs_grad", "elu_grad", "mish_grad", "log_grad"} <= set(_kernels(step))
+    assert {"abs_grad", "elu_grad", "mish_grad", "log_grad"} <= set(kernels_of(step))
     rng = np.random.default_rng(1)
     feed = {"W": vals["W"].astype(np.float64), "x": rng.standard_normal((4, 6)), "target": rng.standard_normal((4, 5))}
-    grad = np.asarray(execute(step, feed, precision="float64")["W.grad"])
-    fd = np.zeros_like(grad)
-    for idx in np.ndindex(*grad.shape):
-        loss = []
-        for s in (1e-6, -1e-6):
-            w = feed["W"].copy()
-            w[idx] += s
-            loss.append(float(execute(step, {**feed, "W": w}, precision="float64")["loss"][0]))
-        fd[idx] = (loss[0] - loss[1]) / 2e-6
+    grad, fd = _w_grad_and_central_differences(step, feed)
     assert np.abs(grad).max() > 1e-3
     np.testing.assert_allclose(grad, fd, rtol=0, atol=1e-6 * np.abs(fd).max() + 1e-9)
 
@@ -372,41 +367,6 @@ def test_mish_gradient_is_finite_far_out_and_equals_torch():
 
 # -- PyTorch modules -------------------------------------------------------------------------------
 
-def _torch_check(m, x, kernels, opset=17):
-    """Forward equals the module's; the training step's (mse) gradients equal ``torch.autograd``'s
-    for every parameter. Returns the graph."""
-    from ir.importers.torch_export import import_torch
-
-    g, vals = import_torch(m, {"x": x}, opset=opset)
-    assert set(kernels) <= set(_kernels(g)), _kernels(g)
-    with torch.no_grad():
-        ref = m(x).numpy()
-    np.testing.assert_allclose(execute(g, {**vals, "x": x.numpy()})["output"], ref, rtol=1e-5, atol=1e-6)
-    target = torch.randn(ref.shape, generator=torch.Generator().manual_seed(7))
-    m.zero_grad()
-    torch.nn.functional.mse_loss(m(x), target).backward()
-    want = {n: p.grad.detach().numpy().astype(np.float64) for n, p in m.named_parameters()}
-    step = training_step(g, loss="mse", optimizer="sgd")
-    env = execute(step, {**vals, "x": x.numpy(), "target": target.numpy()}, precision="float64")
-    for name, w in want.items():
-        got = env[f"{name}.grad"] if f"{name}.grad" in env else env[f"{name}.T.grad"].T
-        assert np.abs(w).max() > 0, name  # a gradient that reaches this parameter at all
-        np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-6, err_msg=name)
-    return g
-
-
-def _net(act, d_in=6, d_h=8, d_out=5):
-    class Net(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc1, self.fc2 = torch.nn.Linear(d_in, d_h), torch.nn.Linear(d_h, d_out)
-
-        def forward(self, x):
-            return self.fc2(act(self.fc1(x)))
-
-    return Net()
-
-
 ACTIVATIONS = {
     # name: (activation, the kernel it imports as, opset)
     "abs": (lambda: torch.abs, "abs", 17),
@@ -423,11 +383,11 @@ ACTIVATIONS = {
 def test_torch_activations_import_and_train_like_torch(name):
     make, kernel, opset = ACTIVATIONS[name]
     torch.manual_seed(0)
-    m, x = _net(make()), torch.randn(7, 6)
+    m, x = net(make()), torch.randn(7, 6)
     with torch.no_grad():  # both sides of the kink are exercised
         h = m.fc1(x)
     assert 0.2 < float((h > 0).float().mean()) < 0.8
-    g = _torch_check(m, x, {kernel}, opset=opset)
+    g, _ = check_against_torch(m, x, {kernel}, opset=opset)
     if kernel == "elu":
         alpha = 0.3 if name == "elu_alpha" else 1.0
         assert _ops(g, "elu")[0].params["alpha"] == pytest.approx(alpha)
@@ -451,7 +411,7 @@ class _EinsumMLP(torch.nn.Module if torch is not None else object):
 def test_torch_einsum_with_weights_imports_and_trains_like_torch():
     torch.manual_seed(1)
     m = _EinsumMLP()
-    g = _torch_check(m, torch.randn(2, 5, 6), {"linear", "einsum", "elu"})
+    g, _ = check_against_torch(m, torch.randn(2, 5, 6), {"linear", "einsum", "elu"})
     (lin,) = _ops(g, "linear")
     assert dict(lin.inputs)["W"] == "w_in" and dict(lin.inputs)["b"] == "b_in"  # the state_dict names
     (ein,) = _ops(g, "einsum")
@@ -481,7 +441,7 @@ class _EinsumAttention(torch.nn.Module if torch is not None else object):
 @needs_torch
 def test_torch_einsum_attention_imports_and_trains_like_torch():
     torch.manual_seed(2)
-    g = _torch_check(_EinsumAttention(), torch.randn(2, 5, 8), {"einsum", "softmax"})
+    g, _ = check_against_torch(_EinsumAttention(), torch.randn(2, 5, 8), {"einsum", "softmax"})
     assert sorted(o.params["equation"] for o in _ops(g, "einsum")) == ["bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd"]
 
 
@@ -496,4 +456,4 @@ def test_torch_einsum_with_an_ellipsis_imports():
             return torch.einsum("...ij,...jk->...ik", x, self.w)
 
     torch.manual_seed(3)
-    _torch_check(Batched(), torch.randn(2, 3, 5, 6), {"einsum"})
+    check_against_torch(Batched(), torch.randn(2, 3, 5, 6), {"einsum"})

@@ -18,6 +18,7 @@ from onnx import helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import onnx_models  # noqa: E402
+from torch_checks import check_against_torch, kernels_of, net  # noqa: E402
 from executor.run import execute  # noqa: E402
 from ir.autodiff import training_step  # noqa: E402
 from ir.importers.errors import ImportFailure  # noqa: E402
@@ -45,10 +46,6 @@ def _model(nodes, inits=(), shape=(4, 6), opset=17):
 
 def _c(name, value):
     return numpy_helper.from_array(np.asarray(value, np.float32), name)
-
-
-def _kernels(g):
-    return sorted(o.kernel for o in g.ops.values())
 
 
 def _fc(out="h"):
@@ -96,7 +93,7 @@ def test_clip_equals_the_onnx_reference(case):
 def test_clip_without_bounds_is_its_input():
     m = _model(_fc() + [N("Clip", ["h"], ["c"], name="clip"), N("Tanh", ["c"], ["y"], name="act")])
     g, _ = onnx_models.check_import(m, {}, {"tanh"})
-    assert "clip" not in _kernels(g)
+    assert "clip" not in kernels_of(g)
 
 
 @pytest.mark.parametrize("alpha", [None, 0.2, -0.5])
@@ -142,7 +139,7 @@ def test_log_softmax_opset11_flattens_from_axis():
     rows = x.reshape(2, 12).astype(np.float64)
     ref = (rows - np.log(np.exp(rows).sum(1, keepdims=True))).reshape(2, 3, 4)
     np.testing.assert_allclose(execute(g, {"x": x, **vals})["y"], ref, rtol=1e-5, atol=1e-6)
-    assert {"log_softmax", "reshape"} <= set(_kernels(g))
+    assert {"log_softmax", "reshape"} <= set(kernels_of(g))
 
 
 def test_log_softmax_of_large_logits_is_finite():
@@ -221,55 +218,6 @@ def test_bad_kernel_params_are_signature_errors(kernel, params, says):
 
 # -- PyTorch modules -------------------------------------------------------------------------------
 
-def _net(act, d_in=6, d_h=8, d_out=5):
-    """``fc2(act(fc1(x)))``: the activation between two trained layers."""
-
-    class Net(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc1, self.fc2 = torch.nn.Linear(d_in, d_h), torch.nn.Linear(d_h, d_out)
-
-        def forward(self, x):
-            return self.fc2(act(self.fc1(x)))
-
-    return Net()
-
-
-def _torch_grads(m, loss_of):
-    m.zero_grad()
-    loss_of(m).backward()
-    return {n: p.grad.detach().numpy().astype(np.float64) for n, p in m.named_parameters()}
-
-
-def _check_against_torch(m, x, kernels, loss="mse", labels=None):
-    """Forward equals the module's; the training step's gradients equal ``torch.autograd``'s
-    (``mse`` against a random target, or ``cross_entropy`` on given ``labels``). Returns the graph."""
-    from ir.importers.torch_export import import_torch
-
-    g, vals = import_torch(m, {"x": x})
-    assert set(kernels) <= set(_kernels(g)), _kernels(g)
-    with torch.no_grad():
-        ref = m(x).numpy()
-    got = execute(g, {**vals, "x": x.numpy()})["output"]
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
-    step = training_step(g, loss=loss, optimizer="sgd")
-    feed = {**vals, "x": x.numpy()}
-    if loss == "mse":
-        target = torch.randn(ref.shape, generator=torch.Generator().manual_seed(7))
-        feed["target"] = target.numpy()
-        want = _torch_grads(m, lambda mod: torch.nn.functional.mse_loss(mod(x), target))
-    else:
-        feed["labels"] = labels.numpy().astype(np.int32)
-        want = _torch_grads(m, lambda mod: torch.nn.functional.nll_loss(mod(x).reshape(-1, ref.shape[-1]),
-                                                                         labels.reshape(-1)))
-    env = execute(step, feed, precision="float64")
-    for name, w in want.items():
-        got_grad = env[f"{name}.grad"] if f"{name}.grad" in env else env[f"{name}.T.grad"].T
-        assert np.abs(w).max() > 0, name  # a gradient that reaches this parameter at all
-        np.testing.assert_allclose(got_grad, w, rtol=1e-4, atol=1e-6, err_msg=name)
-    return g, env
-
-
 ACTIVATIONS = {
     # name: (activation, kernel, the clip bounds; inputs scaled so that the bounds bite)
     "clamp": (lambda h: torch.clamp(h, -0.3, 0.4), "clip", (-0.3, 0.4)),
@@ -286,12 +234,12 @@ ACTIVATIONS = {
 def test_torch_activations_import_and_train_like_torch(name):
     act, kernel, bounds = ACTIVATIONS[name]
     torch.manual_seed(0)
-    m, x = _net(act), torch.randn(7, 6)
+    m, x = net(act), torch.randn(7, 6)
     if bounds:  # some cells clipped, some not: the gradient's mask is exercised both ways
         with torch.no_grad():
             cut = np.isin(act(m.fc1(x)).numpy(), np.float32(bounds)).mean()
         assert 0.1 < cut < 0.9, cut
-    _check_against_torch(m, x, {kernel})
+    check_against_torch(m, x, {kernel})
 
 
 @needs_torch
@@ -300,10 +248,10 @@ def test_torch_log_softmax_head_trains_like_nll_loss():
     torch's ``nll_loss`` (log_softmax of log-probabilities is themselves), and the gradients
     pass through the ``log_softmax`` VJP."""
     torch.manual_seed(1)
-    m = _net(lambda h: torch.tanh(h))
+    m = net(lambda h: torch.tanh(h))
     head = torch.nn.Sequential(m, torch.nn.LogSoftmax(dim=-1))
     x, labels = torch.randn(2, 3, 6), torch.randint(0, 5, (2, 3))
-    g, env = _check_against_torch(head, x, {"log_softmax"}, loss="cross_entropy", labels=labels)
+    g, env = check_against_torch(head, x, {"log_softmax"}, loss="cross_entropy", labels=labels)
     with torch.no_grad():
         want = torch.nn.functional.nll_loss(head(x).reshape(-1, 5), labels.reshape(-1)).item()
     assert float(env["loss"][0]) == pytest.approx(want, rel=1e-5)
@@ -313,8 +261,8 @@ def test_torch_log_softmax_head_trains_like_nll_loss():
 @needs_torch
 def test_torch_log_softmax_over_another_dim_equals_torch():
     torch.manual_seed(2)
-    m = _net(lambda h: torch.log_softmax(h.reshape(2, 4, 4), dim=1).reshape(2, 16), d_h=16)
-    _check_against_torch(m, torch.randn(2, 6), {"log_softmax", "permute"})
+    m = net(lambda h: torch.log_softmax(h.reshape(2, 4, 4), dim=1).reshape(2, 16), d_h=16)
+    check_against_torch(m, torch.randn(2, 6), {"log_softmax", "permute"})
 
 
 def _rms_model(**norm_kw):
@@ -353,8 +301,8 @@ def test_torch_rms_norm_imports_and_trains_like_torch(kw, fused):
     m = _rms_model(**kw)
     norm, weight, keys = m.norm, m.norm.weight, list(m.state_dict())
     x = 3.0 * torch.randn(2, 5, 6)
-    g, _ = _check_against_torch(m, x, {"rmsnorm"} if fused else set())
-    assert ("rmsnorm" in _kernels(g)) == fused
+    g, _ = check_against_torch(m, x, {"rmsnorm"} if fused else set())
+    assert ("rmsnorm" in kernels_of(g)) == fused
     if fused:
         (op,) = [o for o in g.ops.values() if o.kernel == "rmsnorm"]
         eps = kw.get("eps", torch.finfo(torch.float32).eps)
@@ -377,7 +325,7 @@ def test_a_bare_rms_norm_and_a_shared_one_import():
         bare.weight.uniform_(0.5, 1.5)
     x = torch.randn(4, 6)
     g, vals = import_torch(bare, {"x": x})
-    assert _kernels(g) == ["rmsnorm"] and set(vals) == {"weight"}
+    assert kernels_of(g) == ["rmsnorm"] and set(vals) == {"weight"}
     with torch.no_grad():
         np.testing.assert_allclose(execute(g, {**vals, "x": x.numpy()})["output"], bare(x).numpy(), rtol=1e-5,
                                    atol=1e-6)
@@ -391,8 +339,8 @@ def test_a_bare_rms_norm_and_a_shared_one_import():
             return self.norm(self.fc(self.norm(x)))
 
     m = Twice()
-    g, _ = _check_against_torch(m, x, {"rmsnorm"})
-    assert _kernels(g).count("rmsnorm") == 2 and m.norm is bare
+    g, _ = check_against_torch(m, x, {"rmsnorm"})
+    assert kernels_of(g).count("rmsnorm") == 2 and m.norm is bare
 
 
 def test_clip_gradient_passes_at_the_bounds_as_torch_clamp():
