@@ -21,7 +21,7 @@ from onnx import helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import onnx_models  # noqa: E402
-from torch_checks import check_against_torch, kernels_of, net  # noqa: E402
+from torch_checks import check_against_torch, kernels_of, needs_torch, net, torch  # noqa: E402
 from executor import verify  # noqa: E402
 from executor.run import execute  # noqa: E402
 from ir.autodiff import training_step  # noqa: E402
@@ -32,12 +32,6 @@ from ir.importers.onnx_ops import Unsupported  # noqa: E402
 from ir.kernels import SignatureError, TensorSpec, get_kernel  # noqa: E402
 from ir.rewrites import random_walk  # noqa: E402
 
-try:
-    import torch
-except ImportError:  # the ONNX tests run without torch
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install 'tapestry[torch]')")
 N = helper.make_node
 
 

@@ -1,14 +1,22 @@
 """Checks that an imported PyTorch module computes and trains as torch does (helpers of the
-importer tests; they need torch, which the callers skip without)."""
+importer tests: ``torch`` is None without it, and ``needs_torch`` skips a test then)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+import pytest
 
 from executor.run import execute
 from ir.autodiff import training_step
+
+try:
+    import torch
+except ImportError:  # the ONNX tests run without torch
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install 'tapestry[torch]')")
 
 
 def kernels_of(g) -> list[str]:
@@ -18,8 +26,6 @@ def kernels_of(g) -> list[str]:
 
 def net(act, d_in: int = 6, d_h: int = 8, d_out: int = 5):
     """``fc2(act(fc1(x)))``: the activation between two trained layers."""
-    import torch
-
     class Net(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -43,8 +49,6 @@ def check_against_torch(m, x, kernels, loss: str = "mse", labels=None, opset: in
     every parameter (``mse`` against a random target, or ``cross_entropy`` on given ``labels``,
     against ``nll_loss`` of the module's log-probabilities). Returns the graph and the step's
     values."""
-    import torch
-
     from ir.importers.torch_export import import_torch
 
     g, vals = import_torch(m, {"x": x}, opset=opset)
