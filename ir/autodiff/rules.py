@@ -395,3 +395,58 @@ def _batchnorm2d(c: VJP, dy: str) -> dict[str, str]:
         summed = c.emit("reduce_to", {"x": dy}, "bias", shape=[ch] + [1] * (len(x) - 2))
         out["bias"] = c.emit("reshape", {"x": summed}, "bias", shape=[ch], **{"from": [ch] + [1] * (len(x) - 2)})
     return out
+
+
+# -- group normalisation, padding and scans (kernels of imported programs) ----------------------
+
+@rule("group_norm")
+def _group_norm(c: VJP, dy: str) -> dict[str, str]:
+    """``dx`` by ``group_norm_grad``; the scale and bias gradients are ``Σ dy·x̂`` and ``Σ dy``
+    over the batch and spatial cells (``reduce_to`` ``[C, 1, ...]``, a batch reduction that data
+    parallelism splits), then per group for ONNX opset 18's per-group affine."""
+    p = {k: c.params[k] for k in ("groups", "eps", "affine") if k in c.params}
+    x = c.t("x").shape
+    out = {}
+    if "x" in c.need:
+        out["x"] = c.emit("group_norm_grad", {"dy": dy, "x": c.name("x"), "scale": c.name("scale")}, "x", **p)
+    for port in ("scale", "bias"):
+        if port not in c.need:
+            continue
+        g = dy
+        if port == "scale":
+            xhat = c.emit("group_normalize", {"x": c.name("x")}, port,
+                          **{k: v for k, v in p.items() if k != "affine"})
+            g = c.emit("mul", {"a": dy, "b": xhat}, port)
+        per_channel = [x[1]] + [1] * (len(x) - 2)
+        if per_channel != [x[1]]:
+            g = c.emit("reduce_to", {"x": g}, port, shape=per_channel)
+            g = c.emit("reshape", {"x": g}, port, shape=[x[1]], **{"from": per_channel})
+        else:
+            g = c.emit("reduce_to", {"x": g}, port, shape=[x[1]])
+        if c.t(port).shape != (x[1],):  # per group: the sum over each group's channels
+            groups = c.t(port).shape[0]
+            g = c.emit("reshape", {"x": g}, port, shape=[groups, x[1] // groups], **{"from": [x[1]]})
+            g = c.emit("reduce_sum", {"x": g}, port, dim=1)
+        out[port] = g
+    return out
+
+
+@rule("pad")
+def _pad(c: VJP, dy: str) -> dict[str, str]:
+    # cropping is the adjoint of zero padding and padding that of cropping; the fill has no gradient
+    return {"x": c.emit("pad", {"x": dy}, "x", axis=c.params.get("axis", 0), before=-c.params.get("before", 0),
+                        after=-c.params.get("after", 0))}
+
+
+@rule("pad_copy")
+def _pad_copy(c: VJP, dy: str) -> dict[str, str]:
+    axis = c.params.get("axis", 0) % len(c.t("x").shape)
+    return {"x": c.emit("pad_copy_grad", {"dy": dy}, "x", axis=axis, before=c.params.get("before", 0),
+                        after=c.params.get("after", 0), mode=c.params.get("mode", "edge"),
+                        size=c.t("x").shape[axis])}
+
+
+@rule("cumsum")
+def _cumsum(c: VJP, dy: str) -> dict[str, str]:
+    return {"x": c.emit("cumsum", {"x": dy}, "x", axis=c.params.get("axis", 0),
+                        exclusive=c.params.get("exclusive", False), reverse=not c.params.get("reverse", False))}

@@ -185,7 +185,8 @@ def _name_folded_weights(onnx_bytes: bytes, state: Mapping[str, Any], trainable:
     say what they are and names stay legal in op names (a training step names its update ops
     after them); and keep one parameter per entry, so a weight used twice gets both uses'
     gradients: a second copy reads the first, and a transposed copy of an entry the graph also
-    reads whole becomes a ``Transpose`` of it. Only arrays of more than one value are matched (a
+    reads whole becomes a ``Transpose`` of it, and a copy with unit dims added (``nn.GroupNorm``'s
+    weight as ``[C, 1, 1]``) a ``Reshape`` of the entry (``weight.view``). Only arrays of more than one value are matched (a
     zero bias and a zero constant are not the same parameter). Initializers matching no entry get
     the exporter's name made legal. Returns the model and the names of the initializers that hold
     ``trainable`` parameters (the module's, by ``state_dict`` name)."""
@@ -200,11 +201,20 @@ def _name_folded_weights(onnx_bytes: bytes, state: Mapping[str, Any], trainable:
     arrays = {k: v.detach().float().cpu().numpy() for k, v in state.items() if v.dtype.is_floating_point}
     present = {t.name for t in m.graph.initializer}  # names of initializers and of the transposes added
     out = trainable & present
-    rename, drop, transposes = {}, set(), []
-    for t in m.graph.initializer:
+    rename, drop, transposes, views = {}, set(), [], []
+    for t in list(m.graph.initializer):
         if not _BAD.search(t.name):
             continue
         k, transposed = _state_entry(arrays, numpy_helper.to_array(t))
+        if k is None:
+            k = _viewed_entry(arrays, numpy_helper.to_array(t))
+            if k is not None:  # a reshaped copy (GroupNorm's weight[C, 1, 1]): a Reshape of the entry
+                views.append(_view_of(helper, numpy_helper, t, k, arrays[k].shape, present, m.graph.initializer))
+                if k in trainable:
+                    out.add(k)
+                rename[t.name] = f"{k}.view"
+                drop.add(t.name)
+                continue
         target = None if k is None else f"{k}.T" if transposed else k
         if target is not None and target in present:  # the entry, or its transpose, is in the graph already
             rename[t.name] = target
@@ -231,7 +241,7 @@ def _name_folded_weights(onnx_bytes: bytes, state: Mapping[str, Any], trainable:
         for i, x in enumerate(node.input):
             if x in rename:
                 node.input[i] = rename[x]
-    nodes = transposes + list(m.graph.node)
+    nodes = transposes + [v for v in views if v is not None] + list(m.graph.node)
     del m.graph.node[:]
     m.graph.node.extend(nodes)
     return m, out
@@ -258,6 +268,33 @@ def _untie_equal_values(m: Any, state: Mapping[str, Any]) -> None:
     if len(keep) < len(m.graph.node):
         del m.graph.node[:]
         m.graph.node.extend(keep)
+
+
+def _viewed_entry(arrays: Mapping[str, np.ndarray], a: np.ndarray) -> str | None:
+    """The ``state_dict`` entry ``a`` holds with unit dims added or removed, or None."""
+    if a.size < 2 or np.all(a == a.reshape(-1)[0]):
+        return None
+    squeezed = tuple(d for d in a.shape if d != 1)
+    for k, v in arrays.items():
+        if v.size == a.size and tuple(d for d in v.shape if d != 1) == squeezed and \
+                np.array_equal(v.reshape(a.shape), a):
+            return k
+    return None
+
+
+def _view_of(helper: Any, numpy_helper: Any, t: Any, k: str, shape: tuple[int, ...], present: set[str],
+             initializers: Any) -> Any:
+    """The ``Reshape`` node ``k -> k.view`` giving initializer ``t``'s shape (None when one exists
+    already); adds initializer ``k`` (``t``'s values in the entry's shape) if the graph lacks it."""
+    if f"{k}.view" in present:
+        return None
+    if k not in present:
+        initializers.append(numpy_helper.from_array(numpy_helper.to_array(t).reshape(shape), k))
+        present.add(k)
+    dims = f"{k}.view_shape"
+    initializers.append(numpy_helper.from_array(np.array(t.dims, dtype=np.int64), dims))
+    present.update((dims, f"{k}.view"))
+    return helper.make_node("Reshape", [k, dims], [f"{k}.view"], name=f"{k}.reshape")
 
 
 def _state_entry(arrays: Mapping[str, np.ndarray], a: np.ndarray) -> tuple[str | None, bool]:

@@ -8,9 +8,8 @@
   tensors are chains of two-input concats.
 - ``slice(x, axis, start, stop, step)``: index space = output shape; the input projection along
   ``axis`` is ``step·i + start`` (affine), so any shard reads exactly the cells it needs.
-- ``pad(x, axis, before, after)``: zeros around ``x`` along ``axis`` (the gradient of a slice).
-  The input projection is ``i - before``: cells outside ``x`` read as zeros, as conv halos do,
-  so the block function is the identity.
+
+Padding (``pad``, the gradient of a slice, and ``pad_copy``) is in ``ir.kernels.padding``.
 """
 
 from __future__ import annotations
@@ -37,14 +36,15 @@ class Where(Kernel):
         return xp.where(blocks["c"] != 0, blocks["a"], blocks["b"])
 
 
-def _axis(params, rank: int, kernel: str) -> int:
+def axis_of(params, rank: int, kernel: str) -> int:
+    """``params["axis"]`` checked against ``rank`` and made non-negative."""
     a = params["axis"]
     if not isinstance(a, int) or isinstance(a, bool) or not -rank <= a < rank:
         raise SignatureError(f"{kernel} axis {a!r} is out of range for rank {rank}")
     return a % rank
 
 
-def _whole_along(shape: tuple[int, ...], axis: int) -> Projection:
+def whole_along(shape: tuple[int, ...], axis: int) -> Projection:
     """Identity on every dim but ``axis``, which is read whole (index dims skip ``axis``)."""
     n = len(shape) - 1
     rows, s = [], []
@@ -68,13 +68,13 @@ class Concat(Kernel):
         a, b = ins["a"].shape, ins["b"].shape
         if len(a) != len(b):
             raise SignatureError(f"concat needs inputs of one rank, got {list(a)} and {list(b)}")
-        ax = _axis(params, len(a), "concat")
+        ax = axis_of(params, len(a), "concat")
         if a[:ax] + a[ax + 1:] != b[:ax] + b[ax + 1:]:
             raise SignatureError(f"concat along axis {ax} needs equal other dims, got {list(a)} and {list(b)}")
         out = a[:ax] + (a[ax] + b[ax],) + a[ax + 1:]
         dims = tuple(f"d{k}" for k in range(len(out)) if k != ax)
-        return Signature(dims, out[:ax] + out[ax + 1:], {"a": _whole_along(a, ax), "b": _whole_along(b, ax)},
-                         _whole_along(out, ax), TensorSpec(out, ins["a"].dtype), 0.0)
+        return Signature(dims, out[:ax] + out[ax + 1:], {"a": whole_along(a, ax), "b": whole_along(b, ax)},
+                         whole_along(out, ax), TensorSpec(out, ins["a"].dtype), 0.0)
 
     def compute(self, xp, blocks, params):
         return xp.concatenate([blocks["a"], blocks["b"]], axis=params["axis"])
@@ -88,7 +88,7 @@ class Slice(Kernel):
 
     def base_signature(self, ins, params):
         shape = ins["x"].shape
-        ax = _axis(params, len(shape), "slice")
+        ax = axis_of(params, len(shape), "slice")
         start, stop, step = params["start"], params["stop"], params["step"]
         stop = shape[ax] if stop is None else stop
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop, step)) or step < 1 \
@@ -109,27 +109,4 @@ class Slice(Kernel):
         return x[tuple(idx)]
 
 
-class Pad(Kernel):
-    name = "pad"
-    inputs = ("x",)
-    properties = frozenset({ELEMENTWISE})
-    kernel_class = "elementwise"
-    params_defaults = {"axis": 0, "before": 0, "after": 0}
-
-    def base_signature(self, ins, params):
-        shape = ins["x"].shape
-        ax = _axis(params, len(shape), "pad")
-        before, after = params["before"], params["after"]
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (before, after)):
-            raise SignatureError(f"pad needs integers before, after >= 0, got before={before!r}, after={after!r}")
-        n = len(shape)
-        out = shape[:ax] + (shape[ax] + before + after,) + shape[ax + 1:]
-        b = tuple(-before if k == ax else 0 for k in range(n))
-        return Signature(elementwise_dims(n), out, {"x": Projection(identity_projection(n).A, b, (1,) * n)},
-                         identity_projection(n), TensorSpec(out, ins["x"].dtype), 0.0)
-
-    def compute(self, xp, blocks, params):
-        return blocks["x"]  # the executor already read zeros outside x
-
-
-KERNELS = (Where, Concat, Slice, Pad)
+KERNELS = (Where, Concat, Slice)

@@ -1,6 +1,6 @@
-"""Cases for the kernels imported programs use (``ir/kernels/{mathfn,select,shape,pooling,batchnorm}``,
-with the pooling and batch-norm gradients),
-each with a reference written here independently (SciPy's erf, NumPy slicing, padding and loops)."""
+"""Cases for the kernels imported programs use (``ir/kernels/{mathfn,select,shape,pooling,batchnorm,
+groupnorm,padding,scan}``),
+with the pooling, batch-norm, group-norm and padding gradients, each with a reference written here independently (SciPy's erf, NumPy slicing, padding and loops)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,52 @@ def _bn_param_grad(i, wrt, eps=1e-5):
     if wrt == "mean":
         return -i["scale"] * inv * i["dy"].sum(axis=(0, 2, 3))
     return np.einsum("nchw,nchw->c", i["dy"], xc) * i["scale"] * -0.5 * (i["var"] + eps) ** -1.5
+
+
+def _group_norm_ref(x, groups, eps=1e-5):
+    """``x̂`` by loops over (sample, group): the slab's own mean and biased variance."""
+    out = np.empty_like(x)
+    per = x.shape[1] // groups
+    for n in range(x.shape[0]):
+        for g in range(groups):
+            s = x[n, g * per:(g + 1) * per]
+            out[n, g * per:(g + 1) * per] = (s - s.mean()) / math.sqrt(s.var() + eps)
+    return out
+
+
+def _group_norm_grad_ref(dy, x, scale, groups, eps=1e-5):
+    """``dx`` of ``Σ dy·group_norm(x)`` by the chain rule through the mean and variance, per slab."""
+    dx = np.empty_like(x)
+    per = x.shape[1] // groups
+    for n in range(x.shape[0]):
+        for g in range(groups):
+            sl = slice(g * per, (g + 1) * per)
+            s, h = x[n, sl], dy[n, sl] * scale[sl].reshape((-1,) + (1,) * (x.ndim - 2))
+            m, mu, var = s.size, s.mean(), s.var()
+            dvar = np.sum(h * (s - mu)) * -0.5 * (var + eps) ** -1.5
+            dmu = -np.sum(h) / math.sqrt(var + eps) + dvar * -2.0 * np.mean(s - mu)
+            dx[n, sl] = h / math.sqrt(var + eps) + dvar * 2.0 * (s - mu) / m + dmu / m
+    return dx
+
+
+def _pad_copy_grad_ref(dy, axis, before, after, mode, size):
+    """The adjoint of ``np.pad``: each output cell's dy added to the input cell it copies."""
+    src = np.pad(np.arange(size), (before, after), mode=mode)
+    dx = np.zeros(dy.shape[:axis] + (size,) + dy.shape[axis + 1:])
+    for i, j in enumerate(src):
+        np.moveaxis(dx, axis, 0)[j] += np.moveaxis(dy, axis, 0)[i]
+    return dx
+
+
+def _cumsum_ref(x, axis, exclusive, reverse):
+    """Loops: each cell the sum of the cells before (after, ``reverse``) it, itself unless ``exclusive``."""
+    xm = np.moveaxis(x, axis, 0)
+    y = np.zeros_like(xm)
+    n = xm.shape[0]
+    for i in range(n):
+        js = range(i, n) if reverse else range(0, i + 1)
+        y[i] = sum((xm[j] for j in js if not (exclusive and j == i)), np.zeros_like(xm[0]))
+    return np.moveaxis(y, 0, axis)
 
 
 def import_cases(Case):
@@ -135,4 +181,31 @@ def import_cases(Case):
         *[Case(f"batchnorm2d_param_grad_{wrt}", "batchnorm2d_param_grad",
                {"dy": (4, 3, 2, 2), "x": (4, 3, 2, 2), "scale": (3,), "mean": (3,), "var": (3,)}, {"wrt": wrt},
                lambda i, wrt=wrt: _bn_param_grad(i, wrt), positive=("var",)) for wrt in ("scale", "mean", "var")],
+        Case("group_norm", "group_norm", {"x": (2, 4, 3, 2), "scale": (4,), "bias": (4,)}, {"groups": 2},
+             lambda i: _group_norm_ref(i["x"], 2) * i["scale"][:, None, None] + i["bias"][:, None, None]),
+        Case("group_norm_per_group", "group_norm", {"x": (3, 6, 4), "scale": (3,), "bias": (3,)},
+             {"groups": 3, "affine": "group", "eps": 1e-3},
+             lambda i: _group_norm_ref(i["x"], 3, 1e-3) * np.repeat(i["scale"], 2)[:, None]
+             + np.repeat(i["bias"], 2)[:, None]),
+        Case("group_norm_instance", "group_norm", {"x": (2, 3, 5), "scale": (3,), "bias": (3,)}, {"groups": 3},
+             lambda i: _group_norm_ref(i["x"], 3) * i["scale"][:, None] + i["bias"][:, None]),
+        Case("group_normalize", "group_normalize", {"x": (2, 4, 2, 3)}, {"groups": 4},
+             lambda i: _group_norm_ref(i["x"], 4)),
+        Case("group_norm_grad", "group_norm_grad", {"dy": (2, 4, 3, 2), "x": (2, 4, 3, 2), "scale": (4,)},
+             {"groups": 2}, lambda i: _group_norm_grad_ref(i["dy"], i["x"], i["scale"], 2)),
+        Case("group_norm_grad_per_group", "group_norm_grad", {"dy": (2, 6, 3), "x": (2, 6, 3), "scale": (2,)},
+             {"groups": 2, "affine": "group"},
+             lambda i: _group_norm_grad_ref(i["dy"], i["x"], np.repeat(i["scale"], 3), 2)),
+        Case("pad_value", "pad", {"x": (3, 4, 2)}, {"axis": 1, "before": 1, "after": 2, "value": -1.5},
+             lambda i: np.pad(i["x"], [(0, 0), (1, 2), (0, 0)], constant_values=-1.5), pads=True),
+        *[Case(f"pad_copy_{mode}", "pad_copy", {"x": (2, 4, 3)}, {"axis": 1, "before": 3, "after": 2, "mode": mode},
+               lambda i, mode=mode: np.pad(i["x"], [(0, 0), (3, 2), (0, 0)], mode=mode))
+          for mode in ("edge", "reflect", "wrap")],
+        *[Case(f"pad_copy_grad_{mode}", "pad_copy_grad", {"dy": (2, 3, 9)},
+               {"axis": -1, "before": 3, "after": 2, "mode": mode, "size": 4},
+               lambda i, mode=mode: _pad_copy_grad_ref(i["dy"], 2, 3, 2, mode, 4))
+          for mode in ("edge", "reflect", "wrap")],
+        *[Case(f"cumsum{'_exclusive' * ex}{'_reverse' * rev}", "cumsum", {"x": (3, 5, 2)},
+               {"axis": 1, "exclusive": ex, "reverse": rev}, lambda i, ex=ex, rev=rev: _cumsum_ref(i["x"], 1, ex, rev))
+          for ex in (False, True) for rev in (False, True)],
     ]
