@@ -210,6 +210,15 @@ IMPORTED = {
     "log": lambda: one_op("log", {"x": (3, 4)}),
     "elu": lambda: one_op("elu", {"x": (3, 4)}, alpha=0.6),
     "mish": lambda: one_op("mish", {"x": (3, 4)}),
+    "group_norm": lambda: one_op("group_norm", {"x": (2, 4, 3), "scale": (4,), "bias": (4,)}, groups=2),
+    "group_norm_per_group": lambda: one_op("group_norm", {"x": (2, 6, 2, 2), "scale": (3,), "bias": (3,)}, groups=3,
+                                           affine="group"),
+    "instance_norm_rank2": lambda: one_op("group_norm", {"x": (3, 4), "scale": (4,), "bias": (4,)}, groups=4),
+    "pad_fill_crop": lambda: one_op("pad", {"x": (3, 5)}, axis=1, before=-1, after=2, value=0.5),
+    "pad_copy_reflect": lambda: one_op("pad_copy", {"x": (3, 4)}, axis=1, before=3, after=2, mode="reflect"),
+    "pad_copy_wrap": lambda: one_op("pad_copy", {"x": (3, 2)}, axis=0, before=4, after=1, mode="wrap"),
+    "cumsum": lambda: one_op("cumsum", {"x": (3, 4)}, axis=1),
+    "cumsum_exclusive_reverse": lambda: one_op("cumsum", {"x": (2, 3, 2)}, axis=1, exclusive=True, reverse=True),
 }
 IMPORTED_POSITIVE = {"sqrt": ("p_x",), "reciprocal": ("p_x",), "pow3": ("p_x",), "log": ("p_x",)}
 

@@ -304,15 +304,14 @@ def test_computed_pads_repeats_axes_and_fills_are_refused_naming_the_node():
                     extra_inputs=[sc_in]), "Resize (its scales 'sc' is not a constant", ": dyn_up")
 
 
-def test_unsupported_pads_are_refused_naming_the_node_and_mode():
+def test_unsupported_pads_and_repeats_are_refused_naming_the_node_and_mode():
     _refused(_pad_model("reflect", [0, -1, 0, 1], None, None, (3, 4), 18),
              "Pad (negative pads [0, -1, 0, 1] (cropping) in mode 'reflect'; only mode 'constant' crops): my_pad")
     _refused(_pad_model("constant", [0, -2, 0, -2], None, None, (3, 4), 18), "crop axis 1 of 4 cells to nothing")
     _refused(_pad_model("mirror", [0, 1, 0, 1], None, None, (3, 4), 18),
              "Pad (mode 'mirror' (constant, edge, reflect and wrap are supported)): my_pad")
-    _refused(_tile_zero := _model([N("Tile", ["x", "reps"], ["y"], name="tile0")], (3, 4), [_ints("reps", [0, 2])]),
+    _refused(_model([N("Tile", ["x", "reps"], ["y"], name="tile0")], (3, 4), [_ints("reps", [0, 2])]),
              "repeats [0, 2] for an input of rank 2 (one repeat >= 1 per axis)", ": tile0")
-    del _tile_zero
 
 
 # -- gradients -------------------------------------------------------------------------------------
