@@ -3,7 +3,9 @@
 ``backward(b, g, seeds, wrt)`` walks ``g``'s ops once in reverse topological order. A tensor
 read by several ops (fan-out) gets the *sum* of their contributions (a chain of ``add`` ops,
 ``<tensor>.gsum<k>``) before its producer's rule runs. Only tensors that depend on a ``wrt``
-source get gradients; ops on no such path emit nothing. Forward activations that a rule reads
+source get gradients; ops on no such path emit nothing. Integer tensors computed from a source
+(``argmax`` indices) pass no gradient: a loss that depends on a source through one is refused,
+naming the op that computed them. Forward activations that a rule reads
 are ordinary tensors of the graph, alive until their last backward reader (the cost model sees
 their real lifetimes).
 """
@@ -48,6 +50,12 @@ def backward(b: GraphBuilder, g: Graph, seeds: dict[str, str], wrt: list[str]) -
         o = g.ops[name]
         if o.output not in contrib or o.output not in live:
             continue
+        for _, t in o.inputs:  # integers computed from a source (argmax): no gradient passes them
+            if t in live and b.tensor(t).dtype == INDEX_DTYPE:
+                src = g.producers[t]
+                raise AutodiffError(f"op {src!r}: kernel {g.ops[src].kernel!r} has no gradient (its output {t!r} "
+                                    f"is integer indices, piecewise constant in its input), and the loss depends "
+                                    f"on the trained tensors through it (via op {name!r})")
         need = frozenset(p for p, t in o.inputs if t in live and b.tensor(t).dtype != INDEX_DTYPE)
         if not need:
             continue

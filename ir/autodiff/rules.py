@@ -22,6 +22,7 @@ from typing import Callable
 from ir.autodiff.errors import AutodiffError
 from ir.builder import GraphBuilder
 from ir.graph import Op, Tensor
+from ir.kernels.conv import pads4, pair
 
 
 class VJP:
@@ -224,14 +225,28 @@ def _concat(c: VJP, dy: str) -> dict[str, str]:
 
 @rule("slice")
 def _slice(c: VJP, dy: str) -> dict[str, str]:
-    n = len(c.t("x").shape)
-    axis = c.params.get("axis", 0) % n
-    ext = c.t("x").shape[axis]
-    start, stop, step = c.params.get("start", 0), c.params.get("stop"), c.params.get("step", 1)
-    stop = ext if stop is None else stop
-    if step != 1:
-        raise AutodiffError(f"op {c.op.name!r}: the gradient of a strided slice (step {step}) is not supported")
-    return {"x": c.emit("pad", {"x": dy}, "x", axis=axis, before=start, after=ext - stop)}
+    """``dx[start + step·i] = dy[i]``, zero elsewhere: a negative step reverses ``dy`` first (a
+    ``slice`` of step -1), a stride ``q > 1`` spreads it to every ``q``-th cell (a ``reshape`` to
+    ``[cells, 1]``, a zero ``pad`` to ``[cells, q]``, a ``reshape`` back), then a ``pad`` places it
+    between the cells before the lowest one read and after (a crop of the spread's trailing zeros
+    where it runs past the end)."""
+    x = c.t("x").shape
+    axis = c.params.get("axis", 0) % len(x)
+    ext = x[axis]
+    start, step = c.params.get("start", 0), c.params.get("step", 1)
+    cells = c.t("y").shape[axis]
+    q, lo, g = abs(step), start if step > 0 else start + step * (cells - 1), dy
+    if step < 0 and cells > 1:
+        g = c.emit("slice", {"x": g}, "x", axis=axis, start=cells - 1, stop=-1, step=-1)
+    if q > 1:
+        shape = list(c.b.tensor(g).shape)
+        unit = shape[:axis + 1] + [1] + shape[axis + 1:]
+        spread = shape[:axis + 1] + [q] + shape[axis + 1:]
+        g = c.emit("reshape", {"x": g}, "x", shape=unit, **{"from": shape})
+        g = c.emit("pad", {"x": g}, "x", axis=axis + 1, before=0, after=q - 1)
+        g = c.emit("reshape", {"x": g}, "x", shape=shape[:axis] + [cells * q] + shape[axis + 1:],
+                   **{"from": spread})
+    return {"x": c.emit("pad", {"x": g}, "x", axis=axis, before=lo, after=ext - lo - cells * q)}
 
 
 @rule("reshape")
@@ -361,6 +376,39 @@ def _conv2d(c: VJP, dy: str) -> dict[str, str]:
     if "w" in c.need:
         out["w"] = c.emit("conv2d_weight_grad", {"x": c.name("x"), "dy": dy}, "w", stride=st, padding=pad,
                           window=[w[2], w[3]], **dil)
+    return out
+
+
+@rule("conv2d_input_grad")
+def _conv2d_input_grad(c: VJP, dy: str) -> dict[str, str]:
+    """The transposed convolution's (ONNX ``ConvTranspose``'s) VJP: ``y[h] = Σ x[o]·w[i]`` over
+    ``o·s - top + i·d = h``, so ``dx`` is the forward ``conv2d`` of ``g`` with ``w`` and ``dw`` is
+    ``conv2d_weight_grad`` with ``g`` as the conv's input (the same strides, pads, dilations).
+
+    Only ``g``'s rows below ``R = s·(O - 1) - top + d·(K - 1) + 1`` (``O`` the rows of ``x``) reach
+    an ``x`` row: rows past ``R`` (whole blocks of ``y`` beyond the last tap) are cropped, and the
+    end padding is ``R - rows``, so that the conv's output has exactly ``O`` rows."""
+    st, pad = c.params.get("stride", 1), c.params.get("padding", 0)
+    dil = c.params.get("dilation", 1)
+    (sh, sw), (dh, dw) = pair(st, "stride", 1), pair(dil, "dilation", 1)
+    t, l, _, _ = pads4(pad, "padding")
+    x, w = c.t("dy").shape, c.t("w").shape
+    g = dy
+    ends = []
+    for axis, s, d, begin in ((2, sh, dh, t), (3, sw, dw, l)):
+        reach = s * (x[axis] - 1) - begin + d * (w[axis] - 1) + 1
+        if reach < 1:
+            raise AutodiffError(f"op {c.op.name!r}: conv2d_input_grad whose padding {pad} crops every output row")
+        if c.b.tensor(g).shape[axis] > reach:
+            g = c.emit("slice", {"x": g}, "g", axis=axis, start=0, stop=reach)
+        ends.append(reach - c.b.tensor(g).shape[axis])
+    p = {"stride": st, "padding": [t, l, ends[0], ends[1]],
+         **({"dilation": dil} if dil not in (1, [1, 1], (1, 1)) else {})}
+    out = {}
+    if "dy" in c.need:
+        out["dy"] = c.emit("conv2d", {"x": g, "w": c.name("w")}, "dy", **p)
+    if "w" in c.need:
+        out["w"] = c.emit("conv2d_weight_grad", {"x": g, "dy": c.name("dy")}, "w", window=[w[2], w[3]], **p)
     return out
 
 

@@ -63,10 +63,15 @@ def _output(g: Graph, output: str | None) -> str:
     if output is not None:
         if output not in g.tensors or output not in g.producers:
             raise AutodiffError(f"output {output!r} is not a produced tensor of the program; outputs are {outs}")
-        return output
-    if len(outs) != 1:
+    elif len(outs) != 1:
         raise AutodiffError(f"the program has {len(outs)} outputs {outs}; name the one the loss reads with output=")
-    return outs[0]
+    else:
+        output = outs[0]
+    if g.tensors[output].dtype == INDEX_DTYPE:  # argmax indices: no loss reads them, no gradient passes them
+        src = g.producers[output]
+        raise AutodiffError(f"op {src!r}: kernel {g.ops[src].kernel!r} has no gradient; output {output!r} holds "
+                            f"integer indices, which no loss reads (train on a float output: output=)")
+    return output
 
 
 def training_step(g: Graph, loss: str = "mse", optimizer: str = "sgd", output: str | None = None,

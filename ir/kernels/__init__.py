@@ -7,7 +7,8 @@ from functools import lru_cache
 from ir.kernels import (attention, contraction, conv, elementwise, embedding, fused, layout, loss, optim, position,
                         prenorm, reduce, rowwise)
 # kernels that imported programs use
-from ir.kernels import batchnorm, groupnorm, masks, mathfn, mathfn_grads, padding, pooling, scan, select, shape
+from ir.kernels import (argreduce, batchnorm, groupnorm, masks, mathfn, mathfn_grads, padding, pooling, scan, select,
+                        shape)
 from ir.kernels.base import (DTYPES, ELEMENTWISE, FLOAT_DTYPES, INDEX_DTYPE, ITEMSIZE, MONOIDS, Kernel, Reduction,
                              Signature, SignatureError,
                              TensorSpec)
@@ -16,7 +17,7 @@ REGISTRY: dict[str, Kernel] = {
     cls.name: cls()
     for family in (elementwise, contraction, rowwise, reduce, layout, conv, fused, embedding, position, loss, optim,
                    mathfn, mathfn_grads, select, masks, shape, pooling, batchnorm, attention, prenorm, groupnorm,
-                   padding, scan)
+                   padding, scan, argreduce)
     for cls in family.KERNELS
 }
 

@@ -7,7 +7,8 @@
   never splits along its axis and each shard writes one contiguous box. Concats of more than two
   tensors are chains of two-input concats.
 - ``slice(x, axis, start, stop, step)``: index space = output shape; the input projection along
-  ``axis`` is ``step·i + start`` (affine), so any shard reads exactly the cells it needs.
+  ``axis`` is ``step·i + start`` (affine; a negative step, a reversal, is a negative coefficient),
+  so any shard reads exactly the cells it needs.
 
 Padding (``pad``, the gradient of a slice, and ``pad_copy``) is in ``ir.kernels.padding``.
 """
@@ -80,7 +81,25 @@ class Concat(Kernel):
         return xp.concatenate([blocks["a"], blocks["b"]], axis=params["axis"])
 
 
+def slice_bounds(n: int, start: int, stop: int | None, step: int) -> tuple[int, int]:
+    """``(stop, cells)`` of a slice along an axis of ``n`` cells: ``stop`` resolved (None: past the
+    end the step walks to, ``n`` or -1) and the number of cells read. Raises ``SignatureError``
+    unless ``0 <= start < stop <= n`` (``step >= 1``) or ``-1 <= stop < start < n`` (``step <= -1``)."""
+    stop = (n if step > 0 else -1) if stop is None else stop
+    ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop, step)) and step != 0 and (
+        0 <= start < stop <= n if step > 0 else -1 <= stop < start < n)
+    if not ok:
+        raise SignatureError(f"slice needs integers 0 <= start < stop <= {n} with step >= 1, or -1 <= stop < start "
+                             f"< {n} with step <= -1, got start={start!r}, stop={stop!r}, step={step!r}")
+    return stop, (abs(stop - start) + abs(step) - 1) // abs(step)
+
+
 class Slice(Kernel):
+    """``y[i] = x[start + step·i]`` along ``axis``, for ``i`` while the cell lies between ``start``
+    and ``stop`` (exclusive); a negative ``step`` walks down from ``start`` (``x[::-1]``,
+    ``torch.flip``: ``start = n - 1``, ``stop = -1``), an affine projection with a negative
+    coefficient (``ir.zspace`` maps a box through it by interval arithmetic, exactly)."""
+
     name = "slice"
     inputs = ("x",)
     kernel_class = "elementwise"
@@ -89,20 +108,17 @@ class Slice(Kernel):
     def base_signature(self, ins, params):
         shape = ins["x"].shape
         ax = axis_of(params, len(shape), "slice")
-        start, stop, step = params["start"], params["stop"], params["step"]
-        stop = shape[ax] if stop is None else stop
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop, step)) or step < 1 \
-                or not 0 <= start < stop <= shape[ax]:
-            raise SignatureError(f"slice needs integers 0 <= start < stop <= {shape[ax]} and step >= 1 along axis "
-                                 f"{ax}, got start={start!r}, stop={params['stop']!r}, step={step!r}")
+        start, step = params["start"], params["step"]
+        _, cells = slice_bounds(shape[ax], start, params["stop"], step)
         n = len(shape)
-        out = shape[:ax] + ((stop - start + step - 1) // step,) + shape[ax + 1:]
+        out = shape[:ax] + (cells,) + shape[ax + 1:]
         rows = tuple(tuple(step * int(c == k) if k == ax else int(c == k) for c in range(n)) for k in range(n))
         b = tuple(start if k == ax else 0 for k in range(n))
         return Signature(elementwise_dims(n), out, {"x": Projection(rows, b, (1,) * n)}, identity_projection(n),
                          TensorSpec(out, ins["x"].dtype), 0.0)
 
     def compute(self, xp, blocks, params):
+        # the block is exactly the cells read, lowest first: a negative step starts from its last
         x = blocks["x"]
         idx = [slice(None)] * x.ndim
         idx[params["axis"] % x.ndim] = slice(None, None, params["step"])

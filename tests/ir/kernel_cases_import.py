@@ -1,5 +1,5 @@
 """Cases for the kernels imported programs use (``ir/kernels/{mathfn,select,shape,pooling,batchnorm,
-groupnorm,padding,scan}``),
+groupnorm,padding,scan,argreduce}``),
 with the pooling, batch-norm, group-norm and padding gradients, each with a reference written here independently (SciPy's erf, NumPy slicing, padding and loops)."""
 
 from __future__ import annotations
@@ -95,6 +95,16 @@ def _cumsum_ref(x, axis, exclusive, reverse):
     return np.moveaxis(y, 0, axis)
 
 
+def _arg_ref(x, axis, fn, last, keepdims):
+    """Loops: per row along ``axis``, the first (``last``: the last) position holding ``fn`` of the row."""
+    xm = np.moveaxis(x, axis, -1)
+    out = np.zeros(xm.shape[:-1], dtype=np.int64)
+    for idx in np.ndindex(*xm.shape[:-1]):
+        hits = [k for k, v in enumerate(xm[idx]) if v == fn(xm[idx])]
+        out[idx] = hits[-1] if last else hits[0]
+    return np.expand_dims(out, axis) if keepdims else out
+
+
 def import_cases(Case):
     """The cases, built with the test module's ``Case`` class."""
     erf = scipy.special.erf
@@ -136,6 +146,13 @@ def import_cases(Case):
              lambda i: np.concatenate([i["a"], i["b"]], axis=1)),
         Case("slice_step", "slice", {"x": (3, 10)}, {"axis": 1, "start": 0, "stop": 10, "step": 3},
              lambda i: i["x"][:, 0:10:3]),
+        Case("slice_reversed", "slice", {"x": (3, 10)}, {"axis": 1, "start": 9, "stop": -1, "step": -1},
+             lambda i: i["x"][:, ::-1]),
+        Case("slice_negative_step", "slice", {"x": (7, 3)}, {"axis": 0, "start": 6, "stop": -1, "step": -3},
+             lambda i: np.stack([i["x"][6], i["x"][3], i["x"][0]])),
+        Case("argmax", "argmax", {"x": (3, 5, 4)}, {"axis": 1}, lambda i: _arg_ref(i["x"], 1, np.max, False, True)),
+        Case("argmin_last", "argmin", {"x": (4, 3, 6)}, {"axis": -1, "keepdims": False, "select_last_index": True},
+             lambda i: _arg_ref(i["x"], 2, np.min, True, False)),
         Case("pad", "pad", {"x": (3, 4)}, {"axis": 1, "before": 2, "after": 1},
              lambda i: np.pad(i["x"], [(0, 0), (2, 1)]), pads=True),
         Case("reshape_heads", "reshape", {"x": (2, 3, 8)}, {"shape": [2, 3, 2, 4], "from": [2, 3, 8]},
