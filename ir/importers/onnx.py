@@ -50,7 +50,7 @@ import numpy as np
 from ir.graph import Graph
 from ir.importers.errors import ImportFailure
 # (imported to register their handlers in HANDLERS)
-from ir.importers import onnx_conv, onnx_einsum, onnx_masks, onnx_norm, onnx_pad_tile  # noqa: F401
+from ir.importers import onnx_argreduce, onnx_conv, onnx_einsum, onnx_masks, onnx_norm, onnx_pad_tile  # noqa: F401
 from ir.importers.onnx_ops import HANDLERS, Context, Unsupported
 from ir.importers.patterns import apply_patterns
 from ir.importers.program import Program

@@ -4,6 +4,9 @@
   pads per axis, any stride (ResNet's 1x1 stride-2 downsample included); 1-D convolutions run as
   2-D ones between two ``reshape`` views; ``group`` > 1 is one conv per group on ``slice``s,
   joined by ``concat``.
+- ``ConvTranspose`` is ``conv2d_input_grad`` (the transposed convolution a strided conv's input
+  gradient already is) cropped by ``slice`` to ONNX's output size, with ``output_padding``; 1-D,
+  groups and the bias as for ``Conv``.
 - ``MaxPool``/``AveragePool`` are ``maxpool2d``/``avgpool2d`` with per-side pads, ``ceil_mode``
   and ``dilations``; ``GlobalAveragePool``/``GlobalMaxPool`` pool the whole plane.
 - ``auto_pad`` (``SAME_UPPER``, ``SAME_LOWER``, ``VALID``) becomes explicit pads (``auto_pads``).
@@ -104,6 +107,100 @@ def _conv(ctx: Context, node: Any, label: str) -> None:
         ys = ctx.prog.spec(y).shape
         ctx.emit("reshape", {"x": y}, {"shape": [ys[0], ys[1], ys[3]], "from": list(ys)}, out=node.output[0],
                  name=f"{label}.as_1d")
+
+
+def transpose_pads(node: Any, spatial: tuple[int, ...], kernel: list[int], strides: list[int],
+                   dilations: list[int], out_pad: list[int]) -> list[int]:
+    """ONNX's pads ``[x1_begin, ..., x1_end, ...]`` of a ``ConvTranspose`` node: its ``pads``, or
+    none for ``auto_pad=VALID``. ``SAME_*`` and ``output_shape`` (pads the spec derives from a
+    wanted output size) are refused, as is an ``output_padding`` not below its stride (the spec
+    allows it below the dilation instead; the cells would then lie past every block)."""
+    mode = attr(node, "auto_pad", "NOTSET")
+    if mode not in ("NOTSET", "VALID"):
+        raise Unsupported(f"ConvTranspose auto_pad={mode!r} (NOTSET and VALID only; give pads)")
+    if attr(node, "output_shape", None):
+        raise Unsupported("ConvTranspose output_shape (give pads and output_padding instead)")
+    for op, s in zip(out_pad, strides):
+        if not 0 <= op < s:
+            raise Unsupported(f"ConvTranspose output_padding {out_pad} with strides {strides} "
+                              f"(each must lie in [0, stride))")
+    if mode == "VALID":
+        return [0] * (2 * len(spatial))
+    pads = [int(v) for v in (attr(node, "pads", None) or [0] * (2 * len(spatial)))]
+    if min(pads) < 0:
+        raise Unsupported(f"ConvTranspose negative pads {pads}")
+    return pads
+
+
+@handles("ConvTranspose")
+def _conv_transpose(ctx: Context, node: Any, label: str) -> None:
+    """``conv2d_input_grad`` (the transposed convolution: ``y[o·s - begin + i·d] += x[o]·w[i]``,
+    ONNX ``ConvTranspose``), whose output is whole blocks of ``stride`` rows, cropped by ``slice``
+    to the spec's size ``s·(in - 1) + output_padding + d·(k - 1) + 1 - begin - end``; the weight
+    ``[C, M/group, kH, kW]`` is the kernel's ``w`` as it is. 1-D runs as 2-D between ``reshape``
+    views, ``group`` > 1 as one op per group joined by ``concat``, the bias a broadcast ``add``
+    (as ``Conv``)."""
+    x, w = ctx.use(node.input[0]), ctx.use(node.input[1])
+    xs, ws = ctx.prog.spec(x).shape, ctx.prog.spec(w).shape
+    if len(xs) not in (3, 4):
+        raise Unsupported(f"only 1-D and 2-D transposed convolutions (NCL, NCHW); input has rank {len(xs)}")
+    nd = len(xs) - 2
+    k = list(ws[2:])
+    strides = [int(v) for v in (attr(node, "strides", None) or [1] * nd)]
+    dil = [int(v) for v in (attr(node, "dilations", None) or [1] * nd)]
+    out_pad = [int(v) for v in (attr(node, "output_padding", None) or [0] * nd)]
+    pads = transpose_pads(node, xs[2:], k, strides, dil, out_pad)
+    size = [s * (n - 1) + op + d * (kk - 1) + 1 - b - e
+            for n, s, d, kk, op, b, e in zip(xs[2:], strides, dil, k, out_pad, pads[:nd], pads[nd:])]
+    if min(size) < 1:
+        raise Unsupported(f"ConvTranspose pads {pads} leave an empty output")
+    one_d = nd == 1
+    if one_d:
+        n, c, length = xs
+        x = ctx.emit("reshape", {"x": x}, {"shape": [n, c, 1, length], "from": list(xs)}, name=f"{label}.as_2d")
+        w = ctx.emit("reshape", {"x": w}, {"shape": [ws[0], ws[1], 1, ws[2]], "from": list(ws)},
+                     name=f"{label}.w_as_2d")
+        strides, dil, pads, size = [1, strides[0]], [1, dil[0]], [0, pads[0], 0, pads[1]], [1, size[0]]
+    p = {"stride": compact(strides), "padding": compact(pads), "size": size}
+    if set(dil) != {1}:
+        p["dilation"] = compact(dil)
+    groups = int(attr(node, "group", 1))
+    c_in = ctx.prog.spec(x).shape[1]
+    if c_in != ws[0] or c_in % groups:
+        raise Unsupported(f"group={groups} with {c_in} input channels and a weight of shape {list(ws)} "
+                          f"(ConvTranspose weights are [C, M/group, kH, kW])")
+
+    def one(xk: str, wk: str, name: str) -> str:
+        y = ctx.emit("conv2d_input_grad", {"dy": xk, "w": wk}, p, name=name)
+        for axis in (2, 3):  # whole blocks of stride rows, cropped to the spec's size
+            if ctx.prog.spec(y).shape[axis] != size[axis - 2]:
+                y = ctx.emit("slice", {"x": y}, {"axis": axis, "start": 0, "stop": size[axis - 2], "step": 1},
+                             name=f"{name}.crop{axis}")
+        return y
+
+    if groups == 1:
+        y = one(x, w, label)
+    else:
+        gi = c_in // groups
+        y = None
+        for g in range(groups):
+            xk = ctx.emit("slice", {"x": x}, {"axis": 1, "start": g * gi, "stop": (g + 1) * gi, "step": 1},
+                          name=f"{label}.x{g}")
+            wk = ctx.emit("slice", {"x": w}, {"axis": 0, "start": g * gi, "stop": (g + 1) * gi, "step": 1},
+                          name=f"{label}.w{g}")
+            yk = one(xk, wk, f"{label}.g{g}")
+            y = yk if y is None else ctx.emit("concat", {"a": y, "b": yk}, {"axis": 1}, name=f"{label}.cat{g}")
+    if len(node.input) > 2 and node.input[2]:
+        b = ctx.use(node.input[2])
+        co = ctx.prog.spec(b).shape[0]
+        b3 = ctx.emit("reshape", {"x": b}, {"shape": [co, 1, 1], "from": [co]}, name=f"{label}.bias_view")
+        y = ctx.emit("add", {"a": y, "b": b3}, name=f"{label}.bias")
+    ys = ctx.prog.spec(y).shape
+    if one_d:
+        ctx.emit("reshape", {"x": y}, {"shape": [ys[0], ys[1], ys[3]], "from": list(ys)}, out=node.output[0],
+                 name=f"{label}.as_1d")
+    else:
+        ctx.set(node.output[0], y)
 
 
 @handles("MaxPool", "AveragePool")

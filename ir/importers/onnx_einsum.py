@@ -40,7 +40,7 @@ from typing import Any
 from ir.importers.onnx_ops import Context, Unsupported, attr, handles
 
 _TERM = re.compile(r"[A-Za-z]*(?:\.\.\.)?[A-Za-z]*")
-#: the batch letters of MatMul's einsum (``ir.importers.onnx_ops._matmul_eq``)
+#: the batch letters of MatMul's einsum (``ir.importers.onnx_ops._matmul_letters``)
 _BATCH = "abcdefgh"
 
 Label = Any  # a letter of the equation, or ("...", j): the j-th (from the left) dim an ellipsis covers

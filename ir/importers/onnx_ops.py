@@ -358,40 +358,67 @@ def _pow(ctx, node, label):
         ctx.emit("pow", {"x": x}, {"exponent": e}, out=node.output[0], name=label)
 
 
-def _matmul_eq(ra: int, rb: int) -> str | None:
-    """The einsum of ONNX's (NumPy's) MatMul of ranks ``ra`` and ``rb`` where one side is a matrix
-    or a vector (a 1-D operand gains a unit dim that the result drops), else None."""
+def _matmul_letters(sa: tuple[int, ...], sb: tuple[int, ...]) -> tuple[str, str, str, list[int], list[int]]:
+    """ONNX's (NumPy's) MatMul of shapes ``sa`` and ``sb`` as an einsum with broadcast batch dims:
+    ``(la, lb, lo, drop_a, drop_b)``, ``drop_*`` the dims of each operand to squeeze first.
+
+    Batch dims align from the right (ONNX ``MatMul`` follows ``numpy.matmul``, multidirectional
+    broadcasting); an output batch dim gets one letter, which an operand carries when it has that
+    dim at full extent. A dim an operand lacks (fewer batch dims) or holds as 1 against a larger
+    extent is no letter of it: the einsum reads that operand whole along the output's dim (a
+    weight broadcast over the batch is read by every shard, never copied); its size-1 dims are
+    squeezed by a ``reshape`` view. A 1-D operand gains a unit dim that the result drops.
+    Raises ``Unsupported`` when the batch dims do not broadcast."""
     letters = "abcdefgh"
-    if ra == 1 and rb >= 2:  # vector · matrix (batched): k,...kn -> ...n
-        batch = letters[: rb - 2]
-        return f"k,{batch}kn->{batch}n"
-    if rb == 1 and ra >= 2:  # matrix (batched) · vector: ...mk,k -> ...m
-        batch = letters[: ra - 2]
-        return f"{batch}mk,k->{batch}m"
-    if rb == 2:
-        batch = letters[: ra - 2] if ra >= 2 else ""
-        return f"{batch}mk,kn->{batch}mn" if ra >= 2 else None
-    if ra == 2:
-        batch = letters[: rb - 2]
-        return f"mk,{batch}kn->{batch}mn"
-    return None
+    va, vb = len(sa) == 1, len(sb) == 1
+    ba, bb = (() if va else tuple(sa[:-2])), (() if vb else tuple(sb[:-2]))
+    n = max(len(ba), len(bb))
+    if n > len(letters):
+        raise Unsupported(f"MatMul of shapes {list(sa)} and {list(sb)}: more than {len(letters)} batch dims")
+    terms = {"a": "", "b": ""}
+    drops: dict[str, list[int]] = {"a": [], "b": []}
+    for p in range(n):
+        dims = {}  # operand -> (its dim at output batch position p, its extent)
+        for port, batch in (("a", ba), ("b", bb)):
+            k = p - (n - len(batch))
+            if k >= 0:
+                dims[port] = (k, batch[k])
+        ext = max(e for _, e in dims.values())
+        if any(e not in (1, ext) for _, e in dims.values()):
+            raise Unsupported(f"MatMul of shapes {list(sa)} and {list(sb)}: batch dims {list(ba)} and {list(bb)} "
+                              f"do not broadcast")
+        for port, (k, e) in dims.items():
+            if e == ext:
+                terms[port] += letters[p]
+            else:  # a 1 against a larger extent: squeezed, read whole along the output's dim
+                drops[port].append(k)
+    la = terms["a"] + ("k" if va else "mk")
+    lb = terms["b"] + ("k" if vb else "kn")
+    lo = letters[:n] + ("" if va else "m") + ("" if vb else "n")
+    return la, lb, lo, drops["a"], drops["b"]
 
 
 @handles("MatMul")
 def _matmul(ctx, node, label):
+    """``matmul`` (2-D), ``bmm`` (equal batch dims) or ``einsum`` (a vector, a matrix or fewer
+    batch dims on one side, size-1 batch dims broadcast: ``_matmul_letters``)."""
     a, b = ctx.use(node.input[0]), ctx.use(node.input[1])
     sa, sb = ctx.prog.spec(a).shape, ctx.prog.spec(b).shape
     if len(sa) == 2 and len(sb) == 2:
         ctx.emit("matmul", {"a": a, "b": b}, out=node.output[0], name=label)
-    elif len(sa) == len(sb) and len(sa) >= 3 and sa[:-2] == sb[:-2]:
+        return
+    if len(sa) == len(sb) and len(sa) >= 3 and sa[:-2] == sb[:-2]:
         ctx.emit("bmm", {"a": a, "b": b}, out=node.output[0], name=label)
-    else:
-        eq = _matmul_eq(len(sa), len(sb))
-        if eq is None:
-            why = "a dot product of two vectors (a scalar)" if len(sa) == len(sb) == 1 else \
-                "batch dims that differ or broadcast; only equal batch dims, or a matrix or vector on one side"
-            raise Unsupported(f"MatMul of shapes {list(sa)} and {list(sb)}: {why}")
-        ctx.emit("einsum", {"a": a, "b": b}, {"equation": eq}, out=node.output[0], name=label)
+        return
+    if len(sa) == len(sb) == 1:
+        raise Unsupported(f"MatMul of shapes {list(sa)} and {list(sb)}: a dot product of two vectors (a scalar)")
+    la, lb, lo, drop_a, drop_b = _matmul_letters(sa, sb)
+    for port, t, shape, drop in (("a", a, sa, drop_a), ("b", b, sb, drop_b)):
+        if drop:
+            kept = [d for k, d in enumerate(shape) if k not in drop]
+            v = ctx.emit("reshape", {"x": t}, {"shape": kept, "from": list(shape)}, name=f"{label}.{port}_squeeze")
+            a, b = (v, b) if port == "a" else (a, v)
+    ctx.emit("einsum", {"a": a, "b": b}, {"equation": f"{la},{lb}->{lo}"}, out=node.output[0], name=label)
 
 
 @handles("Gemm")
@@ -727,7 +754,8 @@ def _concat(ctx, node, label):
 
 
 def _slice_chain(ctx, x: str, cuts: list[tuple[int, int, int, int]], out: str, label: str) -> None:
-    """Slice ``x`` by ``(axis, start, stop, step)`` per axis (normalised, step >= 1)."""
+    """Slice ``x`` by ``(axis, start, stop, step)`` per axis (normalised; a negative step walks down
+    from ``start`` to ``stop`` exclusive, -1 past the first cell)."""
     shape = ctx.prog.spec(x).shape
     cuts = [(a, s, e, st) for a, s, e, st in cuts if not (s == 0 and e == shape[a] and st == 1)]
     if not cuts:
@@ -756,11 +784,14 @@ def _slice(ctx, node, label):
     for s, e, a, st in zip(starts, ends, axes, steps):
         a %= len(shape)
         n = shape[a]
-        if st < 1:
-            raise Unsupported("negative or zero slice steps")
-        s = max(0, min(n, s + n if s < 0 else s))
-        e = max(0, min(n, e + n if e < 0 else e))
-        if e <= s:
+        if st == 0:
+            raise Unsupported("a slice step of 0")
+        s, e = s + n if s < 0 else s, e + n if e < 0 else e
+        if st > 0:  # clamped as ONNX Slice-13 says: starts to [0, n], ends to [0, n] (steps > 0) ...
+            s, e = max(0, min(n, s)), max(0, min(n, e))
+        else:  # ... or starts to [0, n - 1] and ends to [-1, n - 1] (steps < 0: walking down)
+            s, e = max(0, min(n - 1, s)), max(-1, min(n - 1, e))
+        if (e - s) * st <= 0:
             raise Unsupported("an empty slice")
         cuts.append((a, s, e, st))
     _slice_chain(ctx, x, cuts, node.output[0], label)
