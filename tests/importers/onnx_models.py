@@ -376,3 +376,31 @@ def check_import(m: onnx.ModelProto, params: dict, kernels=(), exact: bool = Fal
         rep = verify(random_walk(g, rng, 4, 20), values=values)
         assert rep.ok, rep
     return g, values
+
+
+def check_central_differences(g, vals: dict, shape, wrt=("W",), seed: int = 3):
+    """The training step (mse, SGD) of imported ``g`` (input ``x`` of ``shape``, output ``y``): the
+    gradients of ``wrt`` equal central differences of its loss (h = 1e-6, float64) and are not all
+    zero. Returns the step."""
+    from executor.run import execute
+    from ir.autodiff import training_step
+
+    step = training_step(g, loss="mse", optimizer="sgd")
+    rng = np.random.default_rng(seed)
+    out_shape = g.tensors["y"].shape
+    feed = {**{k: v.astype(np.float64) for k, v in vals.items()}, "x": rng.standard_normal(shape),
+            "target": rng.standard_normal(out_shape)}
+    env = execute(step, feed, precision="float64")
+    for name in wrt:
+        grad = np.asarray(env[f"{name}.grad"])
+        fd = np.zeros_like(grad)
+        for idx in np.ndindex(*grad.shape):
+            loss = []
+            for h in (1e-6, -1e-6):
+                w = feed[name].copy()
+                w[idx] += h
+                loss.append(float(execute(step, {**feed, name: w}, precision="float64")["loss"][0]))
+            fd[idx] = (loss[0] - loss[1]) / 2e-6
+        assert np.abs(grad).max() > 1e-4, name
+        np.testing.assert_allclose(grad, fd, rtol=0, atol=1e-6 * np.abs(fd).max() + 1e-9, err_msg=name)
+    return step

@@ -135,7 +135,7 @@ def test_matmul_with_a_vector_operand(xs, ws, ys):
 
 def test_matmul_refusals_say_which_shapes_and_why():
     for xs, ws, ys, why in (([4], [4], [], "a dot product of two vectors"),
-                            ([2, 3, 4], [1, 4, 5], [2, 3, 5], "batch dims that differ or broadcast")):
+                            ([2, 3, 4], [3, 4, 5], [2, 3, 5], r"batch dims \[2\] and \[3\] do not broadcast")):
         m = _model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], xs, ys, [_w("w", ws)])
         with pytest.raises(ImportFailure, match=why):
             import_onnx(m, {})

@@ -316,29 +316,6 @@ def test_unsupported_pads_and_repeats_are_refused_naming_the_node_and_mode():
 
 # -- gradients -------------------------------------------------------------------------------------
 
-def _grads_and_central_differences(g, vals, shape, wrt=("W",), seed=3):
-    """The training step's gradients of ``wrt`` and central differences of its loss (h = 1e-6)."""
-    step = training_step(g, loss="mse", optimizer="sgd")
-    rng = np.random.default_rng(seed)
-    out_shape = g.tensors["y"].shape
-    feed = {**{k: v.astype(np.float64) for k, v in vals.items()}, "x": rng.standard_normal(shape),
-            "target": rng.standard_normal(out_shape)}
-    env = execute(step, feed, precision="float64")
-    for name in wrt:
-        grad = np.asarray(env[f"{name}.grad"])
-        fd = np.zeros_like(grad)
-        for idx in np.ndindex(*grad.shape):
-            loss = []
-            for h in (1e-6, -1e-6):
-                w = feed[name].copy()
-                w[idx] += h
-                loss.append(float(execute(step, {**feed, name: w}, precision="float64")["loss"][0]))
-            fd[idx] = (loss[0] - loss[1]) / 2e-6
-        assert np.abs(grad).max() > 1e-4, name
-        np.testing.assert_allclose(grad, fd, rtol=0, atol=1e-6 * np.abs(fd).max() + 1e-9, err_msg=name)
-    return step
-
-
 def _after_weight(nodes, shape, inits=(), opset=18):
     """``h = x · W`` over the channels (an einsum on a [C, C] weight), then ``nodes`` (ending in ``y``)."""
     w = onnx_models.weight("W", (shape[1], shape[1]), seed=5)
@@ -371,7 +348,7 @@ GRADS = {
 def test_training_through_each_op_equals_central_differences(case):
     nodes, shape, inits, opset, wrt = GRADS[case]
     g, vals = import_onnx(_after_weight(nodes, shape, inits, opset), {})
-    _grads_and_central_differences(g, vals, shape, wrt)
+    onnx_models.check_central_differences(g, vals, shape, wrt)
 
 
 def test_a_sharded_training_step_through_group_norm_pad_and_resize_verifies():
