@@ -9,7 +9,9 @@ splittable sum.
 
 The input gradient (``conv2d_input_grad``, a transposed convolution) indexes blocks of
 ``stride`` rows of ``dx`` so that its reads of ``dy`` stay boxes (``phase_rows``); the weight
-gradient (``conv2d_weight_grad``) indexes taps and sums over the batch.
+gradient (``conv2d_weight_grad``) indexes taps and sums over the batch. ONNX ``ConvTranspose``
+imports as ``conv2d_input_grad`` (its weight ``[C, M, kH, kW]`` is the kernel's ``w``), and its
+own VJP is a ``conv2d`` and a ``conv2d_weight_grad`` (``ir.autodiff.rules``).
 
 Parameters (ONNX's ``Conv`` attributes): ``stride`` and ``dilation`` are an int or ``[h, w]``;
 ``padding`` an int, ``[h, w]`` (each on both sides) or ``[top, left, bottom, right]`` (ONNX's
