@@ -378,6 +378,36 @@ def check_import(m: onnx.ModelProto, params: dict, kernels=(), exact: bool = Fal
     return g, values
 
 
+def check_reference(m: onnx.ModelProto, inputs: dict, kernels=(), walks: int = 2, ref=None):
+    """Import ``m`` (output ``y``) and compare it with ``onnx.reference`` (or ``ref(feed)``) on two
+    feeds of its ``inputs`` (name -> shape, drawn standard normal per seed, or -> a fixed array);
+    check it maps to at least ``kernels`` and verify ``walks`` random sharded plans (4 devices).
+    Returns ``(graph, values)``."""
+    from onnx.reference import ReferenceEvaluator
+
+    from executor import verify
+    from executor.run import execute
+    from ir.importers.onnx import import_onnx
+    from ir.rewrites import random_walk
+
+    g, vals = import_onnx(m, {})
+    for seed in (0, 1):
+        rng = np.random.default_rng(seed)
+        feed = {n: s if isinstance(s, np.ndarray) else rng.standard_normal(s).astype(np.float32)
+                for n, s in inputs.items()}
+        want = ReferenceEvaluator(m).run(None, feed)[0] if ref is None else ref(feed)
+        got = np.asarray(execute(g, {**feed, **vals})["y"])
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    got_kernels = {o.kernel for o in g.ops.values()}
+    assert set(kernels) <= got_kernels, sorted(got_kernels)
+    rng = np.random.default_rng(4)
+    for _ in range(walks):
+        rep = verify(random_walk(g, rng, 4, 20), values=vals)
+        assert rep.ok, rep
+    return g, vals
+
+
 def check_central_differences(g, vals: dict, shape, wrt=("W",), seed: int = 3):
     """The training step (mse, SGD) of imported ``g`` (input ``x`` of ``shape``, output ``y``): the
     gradients of ``wrt`` equal central differences of its loss (h = 1e-6, float64) and are not all

@@ -50,21 +50,10 @@ def _run(g, vals, x):
 
 
 def _check(m, shape, kernels=(), ref=None, walks=2, x=None):
-    """Import ``m``; on two inputs (random, or ``x``) it equals ``onnx.reference`` (or ``ref(x)``);
-    it uses ``kernels``; ``walks`` random sharded plans (4 devices) verify."""
-    g, vals = import_onnx(m, {})
-    for seed in (0, 1):
-        xs = np.random.default_rng(seed).standard_normal(shape).astype(np.float32) if x is None else x
-        want = ReferenceEvaluator(m).run(None, {"x": xs})[0] if ref is None else ref(xs)
-        got = _run(g, vals, xs)
-        assert got.shape == want.shape
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    assert set(kernels) <= set(kernels_of(g)), kernels_of(g)
-    rng = np.random.default_rng(4)
-    for _ in range(walks):
-        rep = verify(random_walk(g, rng, 4, 20), values=vals)
-        assert rep.ok, rep
-    return g, vals
+    """``onnx_models.check_reference`` on input ``x`` (random of ``shape``, or the array ``x``),
+    against ``ref(x)`` where given."""
+    return onnx_models.check_reference(m, {"x": shape if x is None else x}, kernels, walks,
+                                       None if ref is None else lambda feed: ref(feed["x"]))
 
 
 def _refused(m, *says):

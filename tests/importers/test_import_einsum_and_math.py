@@ -18,11 +18,9 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto as T  # noqa: E402
 from onnx import helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import onnx_models  # noqa: E402
 from torch_checks import check_against_torch, kernels_of, needs_torch, net, torch  # noqa: E402
-from executor import verify  # noqa: E402
 from executor.run import execute  # noqa: E402
 from ir.autodiff import training_step  # noqa: E402
 from ir.importers.errors import ImportFailure  # noqa: E402
@@ -30,7 +28,6 @@ from ir.importers.onnx import import_onnx  # noqa: E402
 from ir.importers.onnx_einsum import parse_equation  # noqa: E402
 from ir.importers.onnx_ops import Unsupported  # noqa: E402
 from ir.kernels import SignatureError, TensorSpec, get_kernel  # noqa: E402
-from ir.rewrites import random_walk  # noqa: E402
 
 N = helper.make_node
 
@@ -49,22 +46,8 @@ def _ops(g, kernel):
 
 
 def _check(m, inputs, kernels=(), walks=2):
-    """Import ``m``, compare with ``onnx.reference`` on two random draws of its inputs, check it
-    maps to at least ``kernels``, and verify ``walks`` random sharded plans (4 devices)."""
-    g, vals = import_onnx(m, {})
-    for seed in (0, 1):
-        rng = np.random.default_rng(seed)
-        feed = {n: rng.standard_normal(s).astype(np.float32) for n, s in inputs.items()}
-        (ref,) = ReferenceEvaluator(m).run(None, feed)
-        got = np.asarray(execute(g, {**feed, **vals})["y"])
-        assert got.shape == ref.shape
-        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-    assert set(kernels) <= set(kernels_of(g)), kernels_of(g)
-    rng = np.random.default_rng(4)
-    for _ in range(walks):
-        rep = verify(random_walk(g, rng, 4, 20), values=vals)
-        assert rep.ok, rep
-    return g, vals
+    """``onnx_models.check_reference`` on random inputs of the shapes ``inputs`` (or arrays)."""
+    return onnx_models.check_reference(m, inputs, kernels, walks)
 
 
 # -- the equation, normalised -----------------------------------------------------------------------

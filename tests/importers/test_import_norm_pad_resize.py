@@ -17,7 +17,6 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto as T  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import onnx_models  # noqa: E402
 from torch_checks import check_against_torch, kernels_of, needs_torch, torch  # noqa: E402
@@ -50,21 +49,8 @@ def _floats(name, values):
 
 
 def _check(m, shape, kernels=(), walks=2):
-    """Import ``m``, compare with ``onnx.reference`` on two random inputs, check the kernels, and
-    verify ``walks`` random sharded plans (4 devices)."""
-    g, vals = import_onnx(m, {})
-    for seed in (0, 1):
-        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-        (ref,) = ReferenceEvaluator(m).run(None, {"x": x})
-        got = np.asarray(execute(g, {"x": x, **vals})["y"])
-        assert got.shape == ref.shape
-        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-    assert set(kernels) <= set(kernels_of(g)), kernels_of(g)
-    rng = np.random.default_rng(4)
-    for _ in range(walks):
-        rep = verify(random_walk(g, rng, 4, 20), values=vals)
-        assert rep.ok, rep
-    return g, vals
+    """``onnx_models.check_reference`` on a random input ``x`` of ``shape``."""
+    return onnx_models.check_reference(m, {"x": shape}, kernels, walks)
 
 
 def _ops(g, kernel):
