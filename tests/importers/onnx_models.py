@@ -408,6 +408,22 @@ def check_reference(m: onnx.ModelProto, inputs: dict, kernels=(), walks: int = 2
     return g, vals
 
 
+def check_refused(m: onnx.ModelProto, *says: str) -> str:
+    """Importing ``m`` fails with an ``ImportFailure`` whose message holds each of ``says``;
+    returns the message."""
+    import pytest
+
+    from ir.importers.errors import ImportFailure
+    from ir.importers.onnx import import_onnx
+
+    with pytest.raises(ImportFailure) as e:
+        import_onnx(m, {})
+    msg = str(e.value)
+    for s in says:
+        assert s in msg, msg
+    return msg
+
+
 def check_central_differences(g, vals: dict, shape, wrt=("W",), seed: int = 3):
     """The training step (mse, SGD) of imported ``g`` (input ``x`` of ``shape``, output ``y``): the
     gradients of ``wrt`` equal central differences of its loss (h = 1e-6, float64) and are not all
