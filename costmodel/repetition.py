@@ -139,7 +139,8 @@ def repetition(g: Graph, min_class: int = MIN_CLASS, keep: int = KEEP,
     ``model_layers``: ``g`` is a proxy of a model with that many layers (more than its own): the
     missing ones are copies of its largest class of middle layers (a search on a few layers whose
     middle layers are tied, ``ir.rewrites.tie``, for a model of many), or, for a pipeline whose
-    classes are its stages, added to every stage alike (stages of unequal length: None)."""
+    classes are its stages, added to every stage alike (stages of unequal length, or missing layers
+    that do not split evenly over the stages: None)."""
     classes = layer_classes(g)
     if classes is None:
         return None
@@ -155,7 +156,9 @@ def repetition(g: Graph, min_class: int = MIN_CLASS, keep: int = KEEP,
         stages = _stages(g, groups, n)
         if stages == "unequal":
             return None  # a pipeline whose stages differ in length: no line stands for the model's
-        if (model_layers - n) % c or stages is None:
+        if stages is not None and (model_layers - n) % c:
+            return None  # the model's stages would differ in length: the same
+        if stages is None:
             groups = [max(groups, key=len)]  # unequal classes: the missing layers copy the largest
             c = 1
         # balanced classes (a pipeline's stages): each grows alike, which keeps the stages' balance;

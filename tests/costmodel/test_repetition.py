@@ -380,3 +380,17 @@ def test_a_pipeline_whose_short_stage_is_not_shortened_is_evaluated_whole():
     rep = Evaluator("h100-sxm-8", layers="repeat")(p)
     assert _close(rep.makespan, whole.makespan, 0.01), (rep.makespan, whole.makespan)
     assert _close(rep.energy, whole.energy, 0.005), (rep.energy, whole.energy)
+
+
+def test_a_pipelined_proxy_whose_stages_cannot_grow_alike_is_refused():
+    """A 2-stage proxy of 6 layers for an 11-layer model (and a 4-stage one of 8 for 18 layers):
+    the missing layers do not split evenly over the stages, and all of them were copied into one
+    stage (8 | 3 layers where the model's pipeline has 6 | 5): the step 17% short and the peak
+    31% high (4 stages: +34% and +93%). Such a proxy cannot stand for its model: refused, as one
+    whose stages differ in length."""
+    plan = megatron_3d(workloads.build("llama", layers=6, **SMALL), 8, pp=2, m=4)
+    assert repetition(plan, model_layers=10) is not None  # 2 more layers per stage
+    assert repetition(plan, model_layers=11) is None
+    assert not Evaluator("h100-sxm-8", layers="repeat", model_layers=11)(plan).feasible
+    four = megatron_3d(workloads.build("llama", layers=8, **SMALL), 8, pp=4, m=4)
+    assert repetition(four, model_layers=16) is not None and repetition(four, model_layers=18) is None
