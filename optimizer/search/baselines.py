@@ -131,7 +131,8 @@ def megatron_3d(g: Graph, n: int, per_node: int = 8, pp: int | None = None, m: i
     """Megatron-LM's 3D parallelism (Narayanan et al. 2021): tensor parallelism inside a node x
     data parallelism x ``pp`` pipeline stages of contiguous layers, the batch in ``m``
     microbatches (default: ``2·pp``, fewer where the batch does not divide). Across nodes: the
-    stages (default ``pp``: up to 4 node groups); on one node: TP of half the node x 2 stages."""
+    stages, each a whole number of nodes (default ``pp``: 4 or 2 node groups where the nodes
+    divide so, else 3, else one stage a node); on one node: TP of half the node x 2 stages."""
     from ir.rewrites.pipeline import microbatch, op_layers, pipeline
 
     _, n_layers = op_layers(g)
@@ -139,11 +140,14 @@ def megatron_3d(g: Graph, n: int, per_node: int = 8, pp: int | None = None, m: i
         raise RewriteError("megatron_3d: the program has fewer than two layers (ops named l<k>.…)")
     nodes = max(1, n // per_node)
     if pp is None:
-        pp = next((k for k in (4, 2) if nodes % k == 0 and nodes >= k), 2)
+        pp = next((k for k in (4, 2, 3) if nodes % k == 0 and nodes >= k), nodes if nodes > 1 else 2)
     pp = min(pp, n_layers)
     if n % pp:
         raise RewriteError(f"megatron_3d: {n} devices do not split into {pp} stages")
     group = n // pp
+    if n > per_node and (group % per_node if group >= per_node else per_node % group):
+        raise RewriteError(f"megatron_3d: stages of {group} devices do not fall on whole nodes of {per_node} "
+                           f"(tensor parallelism would cross nodes)")
     mesh, use = _mesh(group, per_node if group > per_node else max(1, group), "t", "b")
     if group <= per_node and group > 1:
         mesh, use = Mesh((group,), per_node), ("t",)

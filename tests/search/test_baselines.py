@@ -91,3 +91,32 @@ def test_layered_training_steps_get_recomputing_experts():
     z, zr = ev(plans["zero3-8"]), ev(plans["zero3-8-recompute"])
     assert zr.peak_memory < z.peak_memory and zr.makespan > z.makespan
     assert "zero3-4-recompute" not in baselines(STEP, 4, 2)  # no layers: no such expert
+
+
+@pytest.mark.parametrize("n,stages", [(24, 3), (40, 5)])
+def test_megatron_3d_stages_are_whole_nodes(n, stages):
+    """Three (five) nodes of 8: the default two stages were 12 (20) devices each, laid out on an
+    8-device TP mesh (16 of them): 8 (16) GPUs of the fleet idle, and the second stage's TP groups
+    (devices 12-19; 20-27, 28-35) straddled two nodes, tensor parallelism over InfiniBand. A stage
+    is now a whole number of nodes (one stage a node here), every device in use."""
+    from ir import workloads
+    from ir.rewrites.pipeline import op_layers
+    from optimizer.search.baselines import megatron_3d
+
+    step = workloads.build("gpt", mode="train", layers=stages, d_model=16, heads=2, vocab=10, seq=4, batch=8)
+    p = megatron_3d(step, n)
+    lay, _ = op_layers(p)
+    used, by_layer = set(), {}
+    for name, o in p.ops.items():
+        d = set(o.shards.device.tolist())
+        used |= d
+        by_layer.setdefault(lay[name], set()).update(d)
+    assert used == set(range(n))
+    for k in range(stages):  # each layer's ops (a stage) on whole nodes
+        nodes = {d // 8 for d in by_layer[k]}
+        assert by_layer[k] == {d for q in nodes for d in range(8 * q, 8 * q + 8)}, k
+    for name, o in p.ops.items():  # tensor parallelism inside a node: an op's shards of one batch range
+        if name.startswith("l0.") and o.kernel == "linear":
+            assert {d // 8 for d in o.shards.device.tolist()} == {0}, name
+    if n == 24:
+        assert verify(p, reference=step).ok
