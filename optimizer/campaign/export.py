@@ -199,7 +199,7 @@ def export_campaign(name: str, out: str, db: str | None = None) -> dict[str, Any
     ev = Evaluator(hw, layers=layers_mode(program, setting) if program is not None else "whole")
     base_evals: dict[str, dict] = {}
     if program is not None:
-        for bname, bg in baselines(program, hw.n_devices).items():
+        for bname, bg in baselines(program, hw.n_devices, hw.devices_per_node).items():
             e = ev(bg)
             base_evals[bname] = {**e.objectives(), "gap": e.gap, "feasible": e.feasible}
     _plot(outdir / "pareto.png", objectives, front, base_evals, name)

@@ -120,3 +120,21 @@ def test_megatron_3d_stages_are_whole_nodes(n, stages):
             assert {d // 8 for d in o.shards.device.tolist()} == {0}, name
     if n == 24:
         assert verify(p, reference=step).ok
+
+
+def test_a_campaigns_baselines_follow_its_fleets_nodes():
+    """A fleet of 4 nodes of 4 GPUs: the campaign's seeded baselines took nodes of 8 (the default
+    where 16 divides), so its Megatron yardstick was TP 8 over two nodes (``megatron-tp8-dp2``,
+    tensor parallelism over InfiniBand). They follow the fleet's ``devices_per_node``."""
+    import dataclasses
+
+    from costmodel.presets import PRESETS
+    from optimizer.campaign.config import parse_config
+    from optimizer.campaign.lifecycle import initial_records
+
+    hw = dataclasses.replace(PRESETS["h100-sxm-64"], name="h100-4x4", n_nodes=4, devices_per_node=4)
+    cfg = parse_config({"name": "n4x4", "hardware": "h100-sxm-64",
+                        "workload": {"name": "mlp", "params": {"batch": 16, "widths": [16, 32, 16]}}})
+    base = workloads.build("mlp", batch=16, widths=[16, 32, 16])
+    names = {r["rewrite"] for r in initial_records(cfg, hw, base, None)}
+    assert "baseline:megatron-tp4-dp4" in names and "baseline:megatron-tp8-dp2" not in names
