@@ -20,8 +20,9 @@ devices). Layers with equal signatures form a class. The first and last layers d
 middle ones (they read the embedding and the head's gradient), so they are always kept; a
 pipeline stage's layers form one class per stage (their devices differ), and every class of at
 least ``MIN_CLASS`` layers is shortened by the same number of layers, which keeps the stages'
-balance and so the line. A pipeline with a stage whose class is too short to shorten is evaluated
-whole (shortening the other stages alone would move the bottleneck between the truncations). Layers the search made different stay whole in both truncations.
+balance and so the line. A pipeline with a stage that cannot shrink (a class too short to
+shorten, or a first or last layer on devices of its own) is evaluated whole (shortening the other
+stages alone would move the bottleneck between the truncations). Layers the search made different stay whole in both truncations.
 
 **Truncation.** Kept layers keep their numbers and are chained in order: a name inside layer
 ``o`` that refers to layer ``o ± d`` is re-pointed to the kept layer ``d`` places away (the next
@@ -44,8 +45,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ir.graph import Graph
-from ir.layers import layer_classes, layer_of
+from ir.layers import layer_classes, layer_of, layer_ops
 
 __all__ = ["AUTO_LAYERS", "MIN_CLASS", "Repetition", "layers_mode", "repetition"]
 
@@ -115,22 +118,21 @@ def _stages(g: Graph, groups: list[list[int]], n: int) -> str | None:
     return "equal" if len(set(size)) == 1 else "unequal"
 
 
-def _unshortened_stage(g: Graph, long: list[list[int]], middle: list[list[int]]) -> bool:
-    """Whether a middle class too short to be shortened lies on devices none of the ``long``
-    (shortened) classes use: a pipeline stage that would keep its length while the others lose
-    layers, so that the stages' balance, and with it the bottleneck, differs between the
-    truncations and the whole plan (the line through them is not the plan's)."""
+def _unshortened_stage(g: Graph, members: list[list[int]], long: list[list[int]]) -> bool:
+    """Whether a class of layers that is not shortened (a middle class too short, the first or
+    the last layer) runs on devices none of the ``long`` (shortened) classes use: a pipeline stage
+    that would keep its length while the others lose layers, so that the stages' balance, and
+    with it the bottleneck, differs between the truncations and the whole plan (the line through
+    them is not the plan's). A class's layers are laid out alike: one member stands for it."""
+    names, ops = layer_ops(g), g.ops
+
+    def devices(layer: int) -> set[int]:
+        arrays = [ops[n].shards.device for n in names.get(layer, ())]
+        return set(np.unique(np.concatenate(arrays)).tolist()) if arrays else set()
+
+    used = set().union(*(devices(m[0]) for m in long))
     shortened = {id(m) for m in long}
-    if all(id(m) in shortened for m in middle):
-        return False
-    owner = {i: k for k, m in enumerate(middle) for i in m}
-    devices: list[set[int]] = [set() for _ in middle]
-    for name, o in g.ops.items():
-        k = owner.get(layer_of(name))
-        if k is not None:
-            devices[k].update(o.shards.device.tolist())
-    used = set().union(*(devices[k] for k, m in enumerate(middle) if id(m) in shortened))
-    return any(id(m) not in shortened and devices[k] and not devices[k] & used for k, m in enumerate(middle))
+    return any(id(m) not in shortened and (d := devices(m[0])) and not d & used for m in members)
 
 
 def repetition(g: Graph, min_class: int = MIN_CLASS, keep: int = KEEP,
@@ -175,7 +177,7 @@ def repetition(g: Graph, min_class: int = MIN_CLASS, keep: int = KEEP,
     long = [m for m in members.values() if len(m) >= max(min_class, keep + 1)]
     if not long:
         return None
-    if _unshortened_stage(g, long, [m for c, m in members.items() if c not in (classes[0], classes[-1])]):
+    if _unshortened_stage(g, list(members.values()), long):
         return None  # a stage that keeps its length while the others shrink: the bottleneck moves
     x = min(len(m) for m in long) - keep
     if x < 1:

@@ -32,7 +32,7 @@ from typing import Any
 
 from ir.graph import Graph, Op, Tensor
 
-__all__ = ["LAYER_RE", "Chain", "GraphMemo", "LayerMap", "Shift", "layer_classes", "layer_of", "same_entry",
+__all__ = ["LAYER_RE", "Chain", "GraphMemo", "LayerMap", "Shift", "layer_classes", "layer_of", "layer_ops", "same_entry",
            "truncate"]
 
 LAYER_RE = re.compile(r"^l(\d+)[._]")  # the layer a name belongs to
@@ -224,6 +224,11 @@ def _derived_signatures(g: Graph, base: tuple) -> tuple[dict, dict] | None:
             names.pop(i, None)
             sigs.pop(i, None)
     return names, sigs
+
+
+def layer_ops(g: Graph) -> dict[int, list[str]]:
+    """The op names of each numbered layer, in op order (memoised with ``layer_classes``)."""
+    return _signatures(g)[0]
 
 
 def layer_classes(g: Graph) -> list[int] | None:
