@@ -131,8 +131,8 @@ def _unshortened_stage(g: Graph, members: list[list[int]], long: list[list[int]]
         return set(np.unique(np.concatenate(arrays)).tolist()) if arrays else set()
 
     used = set().union(*(devices(m[0]) for m in long))
-    shortened = {id(m) for m in long}
-    return any(id(m) not in shortened and (d := devices(m[0])) and not d & used for m in members)
+    shortened = {m[0] for m in long}
+    return any(m[0] not in shortened and (d := devices(m[0])) and not d & used for m in members)
 
 
 def repetition(g: Graph, min_class: int = MIN_CLASS, keep: int = KEEP,
@@ -147,6 +147,9 @@ def repetition(g: Graph, min_class: int = MIN_CLASS, keep: int = KEEP,
     if classes is None:
         return None
     n = len(classes)
+    members: dict[int, list[int]] = {}
+    for i, c in enumerate(classes):
+        members.setdefault(c, []).append(i)
     if model_layers is not None and model_layers > n:
         middle: dict[int, list[int]] = {}
         for i in range(1, n - 1):
@@ -163,6 +166,8 @@ def repetition(g: Graph, min_class: int = MIN_CLASS, keep: int = KEEP,
         if stages is None:
             groups = [max(groups, key=len)]  # unequal classes: the missing layers copy the largest
             c = 1
+        if _unshortened_stage(g, list(members.values()), groups):
+            return None  # a stage that would not grow with the others: the bottleneck moves
         # balanced classes (a pipeline's stages): each grows alike, which keeps the stages' balance;
         # each drops as many members in ``big`` (the stages of the first and last layers have one
         # member fewer) and one more in ``small``
@@ -171,9 +176,6 @@ def repetition(g: Graph, min_class: int = MIN_CLASS, keep: int = KEEP,
         big = tuple(i for i in range(n) if not any(i in m[len(m) - d:] for m in groups if d))
         small = tuple(i for i in big if not any(i == m[len(m) - d - 1] for m in groups))
         return Repetition(model_layers, small, big, d + (model_layers - n) // c)
-    members: dict[int, list[int]] = {}
-    for i, c in enumerate(classes):
-        members.setdefault(c, []).append(i)
     long = [m for m in members.values() if len(m) >= max(min_class, keep + 1)]
     if not long:
         return None

@@ -410,3 +410,14 @@ def test_a_last_layer_staged_alone_keeps_the_plan_whole():
     rep = Evaluator("h100-sxm-8", layers="repeat")(p)
     assert _close(rep.makespan, whole.makespan, 0.01), (rep.makespan, whole.makespan)
     assert repetition(zero3(g, 8)) is not None  # layers sharing their devices are still cut
+
+
+def test_a_proxy_whose_last_layer_is_staged_alone_is_refused():
+    """The proxy form of the plan above (6 layers standing for 11): the middle layers were copied
+    up while the head's stage stayed as it was, 5.6% short of the 11-layer plan's step. A proxy
+    with a stage that would not grow cannot stand for its model: refused."""
+    g = workloads.build("llama", layers=6, d_model=128, heads=8, kv_heads=4, d_ff=256, vocab=128_000, seq=128,
+                        batch=16, mode="train", dtype="bfloat16")
+    p = parse_move("layout{ops=all,mesh=4,use=t}; stage{layers=5:5,devices=4:5}; microbatch{ops=all,m=4}").apply(g)
+    assert repetition(p, model_layers=11) is None
+    assert repetition(parse_move("layout{ops=all,mesh=4,use=t}").apply(g), model_layers=11) is not None
