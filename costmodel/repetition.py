@@ -118,6 +118,15 @@ def _stages(g: Graph, groups: list[list[int]], n: int) -> str | None:
     return "equal" if len(set(size)) == 1 else "unequal"
 
 
+def _device_bits(o) -> int:
+    """The devices op ``o``'s shards lie on, as the bits of an int (memoised on the op: a search's
+    plans share most of their ops, and this runs at every evaluation)."""
+    bits = o.__dict__.get("_devbits")
+    if bits is None:
+        bits = o.__dict__["_devbits"] = sum(1 << d for d in np.unique(o.shards.device).tolist())
+    return bits
+
+
 def _unshortened_stage(g: Graph, members: list[list[int]], long: list[list[int]]) -> bool:
     """Whether a class of layers that is not shortened (a middle class too short, the first or
     the last layer) runs on devices none of the ``long`` (shortened) classes use: a pipeline stage
@@ -126,11 +135,15 @@ def _unshortened_stage(g: Graph, members: list[list[int]], long: list[list[int]]
     them is not the plan's). A class's layers are laid out alike: one member stands for it."""
     names, ops = layer_ops(g), g.ops
 
-    def devices(layer: int) -> set[int]:
-        arrays = [ops[n].shards.device for n in names.get(layer, ())]
-        return set(np.unique(np.concatenate(arrays)).tolist()) if arrays else set()
+    def devices(layer: int) -> int:
+        bits = 0
+        for n in names.get(layer, ()):
+            bits |= _device_bits(ops[n])
+        return bits
 
-    used = set().union(*(devices(m[0]) for m in long))
+    used = 0
+    for m in long:
+        used |= devices(m[0])
     shortened = {m[0] for m in long}
     return any(m[0] not in shortened and (d := devices(m[0])) and not d & used for m in members)
 
