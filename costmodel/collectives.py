@@ -219,11 +219,15 @@ def classify(reduce: bool, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
     return "broadcast" if starts.shape[0] == 1 else "all_gather"
 
 
-def buffer_bytes(total: float, ranks: int) -> float:
+def buffer_bytes(total: float, ranks: int, most_received: float = 0.0) -> float:
     """The collective's buffer size ``S`` from the bytes its point-to-point form moves: a
     reduce-scatter or all-gather of ``S`` over ``n`` ranks moves ``(n-1)·S``, and so does a
-    broadcast or reduce to ``n-1`` others."""
-    return total / max(ranks - 1, 1)
+    broadcast or reduce to ``n-1`` others. ``most_received`` (reduce-scatter and all-gather):
+    the most bytes one rank receives; a ring rank receives ``(n-1)/n·S``, so ``S`` is at least
+    ``n/(n-1)`` times that (ranks that hold none of the data, such as readers on other devices
+    than the sources, receive more than ``(n-1)/n`` of ``total/(n-1)``)."""
+    k = max(ranks - 1, 1)
+    return max(total / k, most_received * max(ranks, 2) / k)
 
 
 def ranks_by_node(ranks: np.ndarray, devices_per_node: int) -> list[int]:

@@ -1000,7 +1000,7 @@ class Lowerer:
         for (code, _, links), (total, energy, b_nv, b_ib), r0, r1, n0, n1 in zip(
                 iv.tolist(), fv.tolist(), r_ptr, r_ptr[1:], n_ptr, n_ptr[1:]):
             cost = self._collective(C.KINDS[code - 1], total, r1 - r0, per_node[n0:n1], b_nv if links & 1 else None,
-                                    b_ib if links & 2 else None)
+                                    b_ib if links & 2 else None, float(recv[r0:r1].max()) if r1 > r0 else 0.0)
             rows_.append((cost.bandwidth_s, cost.latency_s, energy / total if total > 0 else 0.0,
                           1.0 if n1 - n0 == 1 else 3.0, 0.0, 0.0, r1 - r0, 1.0 if in_place else 0.0))
             costs.append(cost)
@@ -1008,13 +1008,15 @@ class Lowerer:
                 (t_ex, q_ex, n_ex, fv[:, 0]))
 
     def _collective(self, kind: str, total: float, n_ranks: int, by_node: list[int], busiest_nv: float | None,
-                    busiest_ib: float | None) -> C.CollectiveCost:
+                    busiest_ib: float | None, most_received: float = 0.0) -> C.CollectiveCost:
         """The cost of one exchange run as collective ``kind``: ``total`` bytes as point-to-point
         transfers among ``n_ranks`` ranks, ``by_node`` of them on each node; ``busiest_*``: the
-        most bytes a rank sends or receives over NVLink, over the NIC (all-to-all only)."""
+        most bytes a rank sends or receives over NVLink, over the NIC (all-to-all only);
+        ``most_received``: the most bytes a rank receives (``collectives.buffer_bytes``)."""
         if kind == "all_to_all":  # its time depends on what each rank sends (the piece is cached)
             return C.pairwise_time(total, n_ranks, len(by_node), busiest_nv, busiest_ib, self.hw)
-        S = C.buffer_bytes(total, n_ranks)
+        ring = kind in ("reduce_scatter", "all_gather")
+        S = C.buffer_bytes(total, n_ranks, most_received if ring else 0.0)
         ck = (kind, S, tuple(by_node))
         cost = self._coll_cost.get(ck)
         if cost is None:

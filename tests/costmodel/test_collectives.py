@@ -436,3 +436,36 @@ def test_each_microbatch_reduces_in_its_own_collective():
     assert (stage[low.dev[t]] != stage[low.dst[t]]).any()  # the pipeline's sends
     e = Evaluator(HW64)(plan)
     assert e.feasible and np.isfinite(e.makespan)
+
+
+@pytest.mark.parametrize("readers, n", [([4, 5, 6, 7], 8), ([2, 3, 4, 5], 6)])
+def test_a_gather_to_devices_holding_none_of_it_is_not_faster_than_their_ports(readers, n):
+    """Rows of ``a`` in 4 blocks on devices 0-3, every row read by ``b`` on devices that hold
+    none (or some) of them: each of those receives the whole tensor ``S``, so a ring all-gather
+    lasts at least ``S / B``. The buffer was taken as (bytes moved) / (n - 1), which for sources
+    that are not readers is below ``S`` (4S/7 on 8 ranks): the collective ran at 0.5 S / B, a
+    device receiving 1 MiB at 720 GB/s over a 450 GB/s link. As a ring over ``n`` ranks each
+    receiving ``(n-1)/n`` of the buffer, the buffer is ``n/(n-1)`` x the most a rank receives."""
+    b = GraphBuilder()
+    b.matmul(b.relu(b.input("x", (256, 256)), name="a"), b.input("w", (256, 64)), name="b")
+    g = place(split(b.build(), "a", 0, 4), "a", [0, 1, 2, 3])
+    g = retile(g, "b", [1, 4], readers)
+    low = Lowerer(HW8, collectives=True).lower(g)
+    c = low.n_compute
+    S = 256 * 256 * 4
+    assert low.kind[c:].tolist() == [2]
+    assert low.part_alloc.max() == S  # a reader on a device without rows receives all of them
+    assert low.dur[c] == pytest.approx(S / BNV, rel=1e-12)  # (n-1)/n x n/(n-1) S over B
+    assert low.lat[c] == pytest.approx((n - 1) * LNV, rel=1e-12)
+    # the same for partials reduced onto devices that computed none of them
+    b2 = GraphBuilder()
+    b2.matmul(b2.input("x", (256, 1024)), b2.parameter("W", (1024, 256)), name="mm")
+    g2 = split_reduction(b2.build(), "mm", 4)
+    g2 = retile(g2, "mm", [4, 1, 1], [0, 1, 2, 3])
+    g2 = retile(g2, "mm.acc", [4, 1], readers)
+    low2 = Lowerer(HW8, collectives=True).lower(g2)
+    c2 = low2.n_compute
+    assert low2.kind[c2:].tolist() == [2]
+    recv = low2.part_alloc.max()  # 4 partials (or 3 sent) of a quarter of the output
+    assert low2.dur[c2] == pytest.approx(n / (n - 1) * recv * (n - 1) / n / BNV, rel=1e-12)
+    assert low2.dur[c2] >= recv / BNV * (1 - 1e-12)
