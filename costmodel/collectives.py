@@ -51,7 +51,9 @@ bandwidth per direction) and ``α`` the link latency per algorithm step,
   the hierarchical algorithm (reduce-scatter inside each node over NVLink, then over the NICs
   among the ``N`` nodes on the ``S/g`` bytes each rank holds, the gathers in reverse):
   ``(g-1)/g · S / B_nvlink + (N-1)/N · (S/g) / B_nic`` plus ``(g-1)`` NVLink and ``(N-1)`` NIC
-  latencies (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA
+  latencies; nodes holding different numbers of ranks: ``g`` is the most ranks on a node for
+  the NVLink terms, and the NIC terms are those of the node with the fewest, ``h``, which
+  receives ``(n-h)/n · S`` over its ``h`` NICs (ring: ``S / min(B_nvlink, h·B_nic)``) (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA
   blog 2019; Hu et al., "Demystifying NCCL", arXiv:2507.04786, 2025, sections 4-5);
 - all-to-all: every rank sends to and receives from all its peers at once, over NVLink and the
   NIC in parallel, so it lasts as long as its busiest port: the largest bytes any rank sends or
@@ -140,14 +142,17 @@ def collective_time(kind: str, nbytes: float, ranks_per_node: list[int] | tuple[
     if N == 1:
         frac = 1.0 if pipelined else (n - 1) / n
         return CollectiveCost(kind, "ring", S, n, 1, passes * frac * S / b_nv, passes * (n - 1) * a_nv)
-    g = max(counts)  # the busiest node sets the pace
+    g = max(counts)  # the busiest node sets the pace over NVLink
+    # and the node with the fewest ranks over the NICs: it receives the others' (n - h)/n of the
+    # buffer over its h NICs (equal counts: (N-1)/N · S/g, the docstring's form)
+    h = min(counts)
     frac = 1.0 if pipelined else (n - 1) / n
-    ring = CollectiveCost(kind, "ring", S, n, N, passes * frac * S / min(b_nv, g * b_ib),
+    ring = CollectiveCost(kind, "ring", S, n, N, passes * frac * S / min(b_nv, h * b_ib),
                           passes * ((n - N) * a_nv + N * a_ib))
     inner = 1.0 if pipelined else (g - 1) / g
-    outer = 1.0 if pipelined else (N - 1) / N
+    outer = 1.0 if pipelined else (n - h) / n
     hier = CollectiveCost(kind, "hierarchical", S, n, N,
-                          passes * (inner * S / b_nv + outer * (S / g) / b_ib),
+                          passes * (inner * S / b_nv + outer * S / (h * b_ib)),
                           passes * ((g - 1) * a_nv + (N - 1) * a_ib))
     return min((ring, hier), key=lambda c: (c.seconds, c.algorithm))
 

@@ -469,3 +469,25 @@ def test_a_gather_to_devices_holding_none_of_it_is_not_faster_than_their_ports(r
     recv = low2.part_alloc.max()  # 4 partials (or 3 sent) of a quarter of the output
     assert low2.dur[c2] == pytest.approx(n / (n - 1) * recv * (n - 1) / n / BNV, rel=1e-12)
     assert low2.dur[c2] >= recv / BNV * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("counts", [[2, 1], [8, 4], [1, 8], [8, 8, 2]])
+def test_uneven_nodes_nic_time_is_set_by_the_node_with_fewest_ranks(counts):
+    """An all-gather of ``S`` over nodes holding different numbers of ranks: the node with the
+    fewest ranks ``g_min`` receives the others' ``(n - g_min)/n · S`` over its ``g_min`` NICs, so
+    neither algorithm can beat ``(n - g_min)/n · S / (g_min · B_nic)``. Both took ``g`` = the most
+    ranks on a node for the NIC term too (on 2 + 1 ranks, the lone rank on its node received
+    2/3 S over one NIC in 1.7 µs: 96 GB/s on a 50 GB/s NIC). With equal counts nothing changes."""
+    S = 64e6
+    n, gmin, gmax = sum(counts), min(counts), max(counts)
+    for kind, passes in (("all_gather", 1), ("reduce_scatter", 1), ("all_reduce", 2)):
+        c = collective_time(kind, S, counts, HW64)
+        floor = passes * (n - gmin) / n * S / (gmin * BIB)
+        assert c.bandwidth_s >= floor * (1 - 1e-12)
+        ring = passes * (n - 1) / n * S / min(BNV, gmin * BIB)
+        hier = passes * ((gmax - 1) / gmax * S / BNV + (n - gmin) / n * S / (gmin * BIB))
+        assert c.bandwidth_s == pytest.approx(min(ring, hier), rel=1e-12)
+    # equal counts: the closed forms of the module docstring, as before
+    c = collective_time("all_gather", S, [4, 4], HW64)
+    assert c.bandwidth_s == pytest.approx(min(7 / 8 * S / min(BNV, 4 * BIB), 3 / 4 * S / BNV + 1 / 2 * S / 4 / BIB),
+                                          rel=1e-12)
