@@ -1,4 +1,4 @@
-"""ONNX handlers for convolutions, pooling and batch normalisation (registered in ``HANDLERS``).
+"""ONNX handlers for convolutions and pooling (registered in ``HANDLERS``).
 
 - ``Conv`` is ``conv2d`` (+ a broadcast ``add`` of the bias) with ONNX's strides, dilations and
   pads per axis, any stride (ResNet's 1x1 stride-2 downsample included); 1-D convolutions run as
@@ -10,7 +10,8 @@
 - ``MaxPool``/``AveragePool`` are ``maxpool2d``/``avgpool2d`` with per-side pads, ``ceil_mode``
   and ``dilations``; ``GlobalAveragePool``/``GlobalMaxPool`` pool the whole plane.
 - ``auto_pad`` (``SAME_UPPER``, ``SAME_LOWER``, ``VALID``) becomes explicit pads (``auto_pads``).
-- ``BatchNormalization`` (inference form) is ``batchnorm2d``.
+
+``BatchNormalization`` (inference and training mode): ``ir.importers.onnx_batchnorm``.
 """
 
 from __future__ import annotations
@@ -240,12 +241,3 @@ def _global_pool(ctx: Context, node: Any, label: str) -> None:
     kernel = "avgpool2d" if node.op_type == "GlobalAveragePool" else "maxpool2d"
     ctx.emit(kernel, {"x": x}, {"window": [shape[2], shape[3]], "stride": [1, 1], "padding": 0},
              out=node.output[0], name=label)
-
-
-@handles("BatchNormalization")
-def _batchnorm(ctx: Context, node: Any, label: str) -> None:
-    if attr(node, "training_mode", 0) or any(o for o in node.output[1:]):
-        raise Unsupported("training-mode batch norm (inference only)")
-    ports = ("x", "scale", "bias", "mean", "var")
-    ctx.emit("batchnorm2d", {p: ctx.use(n) for p, n in zip(ports, node.input)},
-             {"eps": float(attr(node, "epsilon", 1e-5))}, out=node.output[0], name=label)

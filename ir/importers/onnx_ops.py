@@ -12,9 +12,9 @@ Mapping choices (why):
 - ``MatMul`` with a 2-D right operand is ``matmul`` (2-D left) or ``einsum`` ``...f,fo->...o``; two
   activations of one rank >= 3 are ``bmm``; ``Gemm`` is an ``einsum`` with its transposes in the
   equation, so weights keep their ONNX names and layouts.
-- ``Conv``, pooling and ``BatchNormalization``: ``ir.importers.onnx_conv``; comparisons and
-  boolean ops (masks): ``ir.importers.onnx_masks``; ``Einsum``: ``ir.importers.onnx_einsum``. They
-  register into ``HANDLERS`` here.
+- ``Conv`` and pooling: ``ir.importers.onnx_conv``; ``BatchNormalization``:
+  ``ir.importers.onnx_batchnorm``; comparisons and boolean ops (masks): ``ir.importers.onnx_masks``;
+  ``Einsum``: ``ir.importers.onnx_einsum``. They register into ``HANDLERS`` here.
 - ``Gather`` of an initializer table by runtime ids is ``embedding``; by constant contiguous
   indices it is ``slice`` (+ ``reshape`` for a scalar index).
 - ``Where(cond, x, fill)``, ``Where(future, fill, x)`` (PyTorch's ``masked_fill``) and

@@ -14,6 +14,11 @@ and put back afterwards. Over the last dim the importer's RMSNorm pattern makes 
 over several dims it stays elementary ops (exact, unfused). On float16/bfloat16 inputs it is
 refused (``_elementary_rms_norm`` says why).
 
+Batch norms export in eval mode (running statistics) unless ``batchnorm="train"``: then the
+``torch.nn.BatchNorm*d`` submodules alone are put in train mode and the exporter keeps each
+submodule's mode (``TrainingMode.PRESERVE``), so they export as ``BatchNormalization`` with
+``training_mode=1`` (batch statistics, ``ir.importers.onnx_batchnorm``) while dropout stays off.
+
 Needs the ``[torch]`` extra (``pip install 'tapestry[torch]'``, a CPU wheel is enough).
 """
 
@@ -32,6 +37,7 @@ from ir.importers.errors import ImportFailure
 from ir.importers.onnx import import_onnx
 
 _TORCH_DTYPES = ("float32", "float16", "int64", "int32")
+BATCHNORM_MODES = ("eval", "train")  # ``import_torch(batchnorm=...)``: running or batch statistics
 
 
 def _torch() -> Any:
@@ -44,24 +50,44 @@ def _torch() -> Any:
 
 
 def import_torch(module: Any, example_inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None,
-                 opset: int = 17, dynamic_axes: Mapping[str, Mapping[int, str]] | None = None
-                 ) -> tuple[Graph, dict[str, np.ndarray]]:
+                 opset: int = 17, dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+                 batchnorm: str = "eval") -> tuple[Graph, dict[str, np.ndarray]]:
     """Import ``module`` (a ``torch.nn.Module``) called on ``example_inputs`` (name -> tensor, in
     the order of its forward arguments). Returns the graph and its parameter values.
 
     ``dynamic_axes`` (``{"x": {0: "batch", 1: "seq"}}``) exports those dims as symbolic; ``params``
-    then binds them, so one export serves any batch and sequence length."""
+    then binds them, so one export serves any batch and sequence length.
+
+    The module is exported in eval mode (dropout off). ``batchnorm`` says how its batch norms
+    (``torch.nn.BatchNorm1d/2d/3d``) normalise: ``"eval"`` on their running statistics,
+    ``"train"`` on the batch's, as they train (``BatchNormalization`` with ``training_mode=1``,
+    opset 14 or later: ``ir.importers.onnx_batchnorm``); their running statistics, which the
+    export's forward passes update, are put back. The caller's modes are restored either way."""
     torch = _torch()
     if not isinstance(module, torch.nn.Module):
         raise ImportFailure(f"expected a torch.nn.Module, got {type(module).__name__}")
-    training = module.training
+    if batchnorm not in BATCHNORM_MODES:
+        raise ImportFailure(f"batchnorm={batchnorm!r}: give one of {list(BATCHNORM_MODES)}")
+    if batchnorm == "train" and opset < 14:
+        raise ImportFailure(f"batchnorm='train' needs opset 14 or later (ONNX BatchNormalization's "
+                            f"training_mode), got opset {opset}")
+    modes = {m: m.training for m in module.modules()}
+    buffers = {k: b.detach().clone() for k, b in module.named_buffers()}
     module.eval()  # (dropout off, norms on running statistics) for the export; the caller's mode is restored
+    if batchnorm == "train":
+        for m in module.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.train()
     root, slots = _swap_rms_norms(torch, module)  # the caller's tree is restored below
     try:
-        buf = _export(torch, root, example_inputs, opset, dynamic_axes)
+        buf = _export(torch, root, example_inputs, opset, dynamic_axes, batchnorm == "train")
     finally:
         _restore(slots)
-        module.train(training)
+        for m, was in modes.items():
+            m.training = was
+        with torch.no_grad():  # train-mode batch norms updated their running statistics
+            for k, b in module.named_buffers():
+                b.copy_(buffers[k])
     trainable = {n for n, p in module.named_parameters() if p.dtype.is_floating_point}
     model, trainable = _name_folded_weights(buf.getvalue(), module.state_dict(), trainable)
     return import_onnx(model, params, what="imported PyTorch model", trainable=frozenset(trainable))
@@ -130,7 +156,9 @@ def _restore(slots: list[tuple[Any, str, Any]]) -> None:
 
 
 def _export(torch: Any, module: Any, example_inputs: Mapping[str, Any], opset: int,
-            dynamic_axes: Mapping[str, Mapping[int, str]] | None) -> io.BytesIO:
+            dynamic_axes: Mapping[str, Mapping[int, str]] | None, preserve: bool = False) -> io.BytesIO:
+    """The ONNX bytes of ``module`` on ``example_inputs``; ``preserve``: export each submodule in
+    its own mode (train-mode batch norms in an eval-mode module) rather than all in eval mode."""
     names = list(example_inputs)
     args = tuple(example_inputs[n] for n in names)
     try:
@@ -154,6 +182,7 @@ def _export(torch: Any, module: Any, example_inputs: Mapping[str, Any], opset: i
                 warnings.simplefilter("default", torch.jit.TracerWarning)
             torch.onnx.export(module, args, buf, dynamo=False, input_names=names, output_names=out_names,
                               opset_version=opset, do_constant_folding=True,
+                              training=torch.onnx.TrainingMode.PRESERVE if preserve else torch.onnx.TrainingMode.EVAL,
                               dynamic_axes={k: dict(v) for k, v in (dynamic_axes or {}).items()} or None)
     except Exception as e:  # noqa: BLE001  (the exporter raises many types)
         hint = ""
@@ -311,9 +340,11 @@ def _state_entry(arrays: Mapping[str, np.ndarray], a: np.ndarray) -> tuple[str |
 
 
 def import_torch_factory(spec: str, example_inputs: Sequence[tuple[str, str, Sequence[int]]],
-                         params: Mapping[str, Any] | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
+                         params: Mapping[str, Any] | None = None, batchnorm: str = "eval"
+                         ) -> tuple[Graph, dict[str, np.ndarray]]:
     """``"path/module.py:make_model"``: call the factory, import the module it returns on random
-    example inputs ``[(name, dtype, shape), ...]`` (ids drawn in ``[0, 2)`` for integer inputs)."""
+    example inputs ``[(name, dtype, shape), ...]`` (ids drawn in ``[0, 2)`` for integer inputs);
+    ``batchnorm`` as for ``import_torch``."""
     torch = _torch()
     path, _, factory = spec.rpartition(":")
     p = Path(path)
@@ -342,4 +373,4 @@ def import_torch_factory(spec: str, example_inputs: Sequence[tuple[str, str, Seq
         module = make()
     except Exception as e:  # noqa: BLE001  (user code)
         raise ImportFailure(f"{path}:{factory}() failed: {type(e).__name__}: {str(e)[:300]}") from None
-    return import_torch(module, ex, params)
+    return import_torch(module, ex, params, batchnorm=batchnorm)

@@ -44,14 +44,16 @@ def torch_grads(m, loss_of) -> dict[str, np.ndarray]:
     return {n: p.grad.detach().numpy().astype(np.float64) for n, p in m.named_parameters()}
 
 
-def check_against_torch(m, x, kernels, loss: str = "mse", labels=None, opset: int = 17) -> tuple[Any, dict]:
+def check_against_torch(m, x, kernels, loss: str = "mse", labels=None, opset: int = 17,
+                        batchnorm: str = "eval") -> tuple[Any, dict]:
     """Forward equals the module's; the training step's gradients equal ``torch.autograd``'s for
     every parameter (``mse`` against a random target, or ``cross_entropy`` on given ``labels``,
-    against ``nll_loss`` of the module's log-probabilities). Returns the graph and the step's
-    values."""
+    against ``nll_loss`` of the module's log-probabilities). ``batchnorm`` is ``import_torch``'s
+    (``"train"``: give ``m`` in train mode, so torch's own forward uses batch statistics too).
+    Returns the graph and the step's values."""
     from ir.importers.torch_export import import_torch
 
-    g, vals = import_torch(m, {"x": x}, opset=opset)
+    g, vals = import_torch(m, {"x": x}, opset=opset, batchnorm=batchnorm)
     assert set(kernels) <= set(kernels_of(g)), kernels_of(g)
     with torch.no_grad():
         ref = m(x).numpy()
