@@ -32,8 +32,12 @@ def _example_inputs(items: list[str]) -> list[tuple[str, str, list[int]]]:
     return out
 
 
-def import_program(model: str, params: dict[str, Any], example_inputs: list[str] | None = None) -> tuple[Any, dict]:
-    """(graph, parameter values) of an ONNX file or a ``module.py:factory`` PyTorch model."""
+def import_program(model: str, params: dict[str, Any], example_inputs: list[str] | None = None,
+                   batchnorm: str = "eval") -> tuple[Any, dict]:
+    """(graph, parameter values) of an ONNX file or a ``module.py:factory`` PyTorch model;
+    ``batchnorm`` (PyTorch only): ``"train"`` normalises its batch norms with batch statistics."""
+    if batchnorm not in ("eval", "train"):
+        raise UserError(f"--batchnorm {batchnorm!r} must be eval (running statistics) or train (batch statistics)")
     if ".py:" in model:
         from ir.importers.torch_export import import_torch_factory
 
@@ -44,13 +48,16 @@ def import_program(model: str, params: dict[str, Any], example_inputs: list[str]
             raise UserError(f"--set {', '.join(sorted(params))} binds symbolic dims of an ONNX file; a PyTorch "
                             f"model's dims are the --example-input shapes (give x:float32[8,128] for batch 8, "
                             f"seq 128) and --set has nothing to bind")
-        return import_torch_factory(model, _example_inputs(example_inputs), params)
+        return import_torch_factory(model, _example_inputs(example_inputs), params, batchnorm=batchnorm)
     if model.endswith(".py"):
         raise UserError(f"{model!r} is a Python file; name the function that returns the torch.nn.Module: "
                         f"{model}:make_model")
     if example_inputs:
         raise UserError("--example-input is for PyTorch models (module.py:factory); an ONNX file declares its "
                         "inputs; bind symbolic dims with --set NAME=N")
+    if batchnorm != "eval":
+        raise UserError("--batchnorm is for PyTorch models (module.py:factory); an ONNX file's "
+                        "BatchNormalization nodes say their mode (training_mode=1: batch statistics)")
     from ir.importers.onnx import import_onnx
 
     return import_onnx(model, params)
@@ -62,6 +69,9 @@ def import_cmd(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="symbolic dim, NAME=N (e.g. batch=8)")] = None,
     example_input: Annotated[Optional[list[str]], typer.Option(
         "--example-input", help="PyTorch only: NAME:DTYPE[d0,d1,...] per forward argument")] = None,
+    batchnorm: Annotated[str, typer.Option(
+        "--batchnorm", help="PyTorch only: eval (running statistics, default) or train (batch statistics, as "
+                            "BatchNorm trains)")] = "eval",
 ) -> None:
     """Import an ONNX (or PyTorch) model as a program; its weights are written beside it (.npz)."""
     from ir.importers.values import save_values, values_file
@@ -69,7 +79,7 @@ def import_cmd(
 
     if not out.endswith(".json"):
         raise UserError(f"--out {out!r} must end in .json (the values are written beside it as .npz)")
-    g, values = import_program(model, parse_settings(set_), example_input)
+    g, values = import_program(model, parse_settings(set_), example_input, batchnorm)
     write_text(out, dumps(g) + "\n")
     save_values(values, values_file(out))
     kinds: dict[str, int] = {}

@@ -226,3 +226,40 @@ def test_torch_batchnorm_option_is_checked():
         import_torch(m, x, batchnorm="bogus")
     with pytest.raises(ImportFailure, match="batchnorm='train' needs opset 14 or later"):
         import_torch(m, x, batchnorm="train", opset=13)
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+
+_FACTORY = ("import torch\n\ndef make_model():\n    torch.manual_seed(0)\n"
+            "    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())\n")
+
+
+def _cli(capsys, *args: str) -> tuple[int, str]:
+    from optimizer.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    return int(e.value.code or 0), capsys.readouterr().err
+
+
+@needs_torch
+def test_cli_batchnorm_train(tmp_path, capsys):
+    """``tapestry import module.py:factory --batchnorm train``: batch statistics; the default and
+    ``--batchnorm eval`` keep the running ones; a bad value, or the option on an ONNX file, exits 2."""
+    from ir.serialize import load
+
+    src = tmp_path / "model.py"
+    src.write_text(_FACTORY)
+    ex = ["--example-input", "x:float32[2,3,6,6]"]
+    for mode, has_stats in (("train", True), ("eval", False), (None, False)):
+        out = tmp_path / f"{mode}.json"
+        rc, err = _cli(capsys, "import", f"{src}:make_model", *ex, "-o", str(out),
+                       *(["--batchnorm", mode] if mode else []))
+        assert rc == 0, err
+        g = load(out)
+        assert ("reduce_mean" in kernels_of(g)) == has_stats, (mode, kernels_of(g))
+    rc, err = _cli(capsys, "import", f"{src}:make_model", *ex, "-o", str(tmp_path / "x.json"), "--batchnorm", "fit")
+    assert rc == 2 and "--batchnorm 'fit' must be eval" in err
+    onnx.save(_bn_model((2, 3, 2, 2)), str(tmp_path / "bn.onnx"))
+    rc, err = _cli(capsys, "import", str(tmp_path / "bn.onnx"), "-o", str(tmp_path / "o.json"), "--batchnorm", "train")
+    assert rc == 2 and "--batchnorm is for PyTorch models" in err
