@@ -51,10 +51,11 @@ bandwidth per direction) and ``α`` the link latency per algorithm step,
   the hierarchical algorithm (reduce-scatter inside each node over NVLink, then over the NICs
   among the ``N`` nodes on the ``S/g`` bytes each rank holds, the gathers in reverse):
   ``(g-1)/g · S / B_nvlink + (N-1)/N · (S/g) / B_nic`` plus ``(g-1)`` NVLink and ``(N-1)`` NIC
-  latencies; nodes holding different numbers of ranks: ``g`` is the most ranks on a node for
-  the NVLink terms, and the NIC terms are those of the node with the fewest, ``h``, which
-  receives ``(n-h)/n · S`` over its ``h`` NICs (ring: ``S / min(B_nvlink, h·B_nic)``) (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA
-  blog 2019; Hu et al., "Demystifying NCCL", arXiv:2507.04786, 2025, sections 4-5);
+  latencies; nodes holding different numbers of ranks: ``g`` is the most ranks on a node for the
+  NVLink terms, and the NIC terms are those of the node with the fewest, ``h``, which receives
+  ``(n-h)/n · S`` over its ``h`` NICs (ring: ``S / min(B_nvlink, h·B_nic)``) (Jeaugey, "Massively
+  Scale Your Deep Learning Training with NCCL 2.4", NVIDIA blog 2019; Hu et al., "Demystifying
+  NCCL", arXiv:2507.04786, 2025, sections 4-5);
 - all-to-all: every rank sends to and receives from all its peers at once, over NVLink and the
   NIC in parallel, so it lasts as long as its busiest port: the largest bytes any rank sends or
   receives over a link / that link's bandwidth, plus one latency of the slowest link it uses.

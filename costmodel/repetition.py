@@ -20,9 +20,10 @@ devices). Layers with equal signatures form a class. The first and last layers d
 middle ones (they read the embedding and the head's gradient), so they are always kept; a
 pipeline stage's layers form one class per stage (their devices differ), and every class of at
 least ``MIN_CLASS`` layers is shortened by the same number of layers, which keeps the stages'
-balance and so the line. A pipeline with a stage that cannot shrink (a class too short to
-shorten, or a first or last layer on devices of its own) is evaluated whole (shortening the other
-stages alone would move the bottleneck between the truncations). Layers the search made different stay whole in both truncations.
+balance and so the line. A pipeline with a stage that cannot shrink (a class too short to shorten,
+or a first or last layer on devices of its own) is evaluated whole (shortening the other stages
+alone would move the bottleneck between the truncations). Layers the search made different stay
+whole in both truncations.
 
 **Truncation.** Kept layers keep their numbers and are chained in order: a name inside layer
 ``o`` that refers to layer ``o ± d`` is re-pointed to the kept layer ``d`` places away (the next

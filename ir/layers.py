@@ -32,8 +32,8 @@ from typing import Any
 
 from ir.graph import Graph, Op, Tensor
 
-__all__ = ["LAYER_RE", "Chain", "GraphMemo", "LayerMap", "Shift", "layer_classes", "layer_of", "layer_ops", "same_entry",
-           "truncate"]
+__all__ = ["LAYER_RE", "Chain", "GraphMemo", "LayerMap", "Shift", "layer_classes", "layer_of", "layer_ops",
+           "same_entry", "truncate"]
 
 LAYER_RE = re.compile(r"^l(\d+)[._]")  # the layer a name belongs to
 # a layer number inside a name: ``l<i>`` at the start or after a non-word character, followed by

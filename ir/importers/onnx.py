@@ -15,10 +15,10 @@ How a model becomes a graph:
    pooling in ``onnx_conv``, batch normalisation (inference and training mode) in
    ``onnx_batchnorm``, comparisons and boolean masks in ``onnx_masks``, Einsum in
    ``onnx_einsum``, group and instance normalisation in ``onnx_norm``, Pad, Tile, CumSum and
-   nearest Resize/Upsample in ``onnx_pad_tile``). Inputs and outputs keep their ONNX names; initializers read by an op become
-   ``parameter`` tensors of the same name, their values returned beside the graph
-   (``program.npz``). Folded constants read by an op become parameters named after the ONNX value
-   that holds them.
+   nearest Resize/Upsample in ``onnx_pad_tile``). Inputs and outputs keep their ONNX names;
+   initializers read by an op become ``parameter`` tensors of the same name, their values
+   returned beside the graph (``program.npz``). Folded constants read by an op become parameters
+   named after the ONNX value that holds them.
 5. **Patterns** (``ir.importers.patterns``) turn the op sequences exports produce into the
    kernels the search knows how to shard: ``matmul/einsum + add(bias)`` -> ``linear``, the Erf
    GELU -> ``gelu_erf``, the RMSNorm sequence -> ``rmsnorm``, ``x · sigmoid(x)`` -> ``silu``,

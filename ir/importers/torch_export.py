@@ -215,10 +215,11 @@ def _name_folded_weights(onnx_bytes: bytes, state: Mapping[str, Any], trainable:
     after them); and keep one parameter per entry, so a weight used twice gets both uses'
     gradients: a second copy reads the first, and a transposed copy of an entry the graph also
     reads whole becomes a ``Transpose`` of it, and a copy with unit dims added (``nn.GroupNorm``'s
-    weight as ``[C, 1, 1]``) a ``Reshape`` of the entry (``weight.view``). Only arrays of more than one value are matched (a
-    zero bias and a zero constant are not the same parameter). Initializers matching no entry get
-    the exporter's name made legal. Returns the model and the names of the initializers that hold
-    ``trainable`` parameters (the module's, by ``state_dict`` name)."""
+    weight as ``[C, 1, 1]``) a ``Reshape`` of the entry (``weight.view``). Only arrays of more than
+    one value are matched (a zero bias and a zero constant are not the same parameter).
+    Initializers matching no entry get the exporter's name made legal. Returns the model and the
+    names of the initializers that hold ``trainable`` parameters (the module's, by ``state_dict``
+    name)."""
     import onnx  # noqa: PLC0415
     from onnx import helper, numpy_helper  # noqa: PLC0415
 

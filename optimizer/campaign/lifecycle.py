@@ -118,7 +118,8 @@ def initial_records(cfg: CampaignConfig, hw: Any, base: Any, plan: Any) -> list[
     from optimizer.search.worker import record
 
     ev = Evaluator(hw, layers=layers_mode(base, cfg.search.layers))
-    graphs = dict(baselines(base, hw.n_devices, hw.devices_per_node)) if cfg.search.seed_baselines else {"single-device": base}
+    graphs = (dict(baselines(base, hw.n_devices, hw.devices_per_node)) if cfg.search.seed_baselines
+              else {"single-device": base})
     if plan is not None:
         graphs["user-plan"] = plan
     out = []

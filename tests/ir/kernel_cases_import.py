@@ -1,6 +1,7 @@
-"""Cases for the kernels imported programs use (``ir/kernels/{mathfn,select,shape,pooling,batchnorm,
-groupnorm,padding,scan,argreduce}``),
-with the pooling, batch-norm, group-norm and padding gradients, each with a reference written here independently (SciPy's erf, NumPy slicing, padding and loops)."""
+"""Cases for the kernels imported programs use
+(``ir/kernels/{mathfn,select,shape,pooling,batchnorm,groupnorm,padding,scan,argreduce}``), with
+the pooling, batch-norm, group-norm and padding gradients, each with a reference written here
+independently (SciPy's erf, NumPy slicing, padding and loops)."""
 
 from __future__ import annotations
 
