@@ -47,7 +47,9 @@ bandwidth per direction) and ``α`` the link latency per algorithm step,
 - ring broadcast or reduce (pipelined chunks): ``S / B + (n-1)·α``;
 - all-reduce = reduce-scatter + all-gather: ``2(n-1)/n · S / B + 2(n-1)·α``;
 - across ``N`` nodes of ``g`` ranks, NCCL picks the faster of a ring striped over the ``g`` NICs
-  of every node (``(n-1)/n · S / min(B_nvlink, g·B_nic)`` + ``(n-1)`` steps of NIC latency) and
+  of every node (``(n-1)/n · S / min(B_nvlink, g·B_nic)``, its ``n-1`` steps ``N-1`` NIC and
+  ``n-N`` NVLink latencies, as NCCL's tuning model charges a ring: ``(nsteps - nInterSteps) ·
+  intraLat + nInterSteps · interLat``, ``src/graph/tuning.cc``) and
   the hierarchical algorithm (reduce-scatter inside each node over NVLink, then over the NICs
   among the ``N`` nodes on the ``S/g`` bytes each rank holds, the gathers in reverse):
   ``(g-1)/g · S / B_nvlink + (N-1)/N · (S/g) / B_nic`` plus ``(g-1)`` NVLink and ``(N-1)`` NIC
@@ -149,7 +151,7 @@ def collective_time(kind: str, nbytes: float, ranks_per_node: list[int] | tuple[
     h = min(counts)
     frac = 1.0 if pipelined else (n - 1) / n
     ring = CollectiveCost(kind, "ring", S, n, N, passes * frac * S / min(b_nv, h * b_ib),
-                          passes * ((n - N) * a_nv + N * a_ib))
+                          passes * ((n - N) * a_nv + (N - 1) * a_ib))
     inner = 1.0 if pipelined else (g - 1) / g
     outer = 1.0 if pipelined else (n - h) / n
     hier = CollectiveCost(kind, "hierarchical", S, n, N,
