@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ir.importers.onnx_ops import Context, Unsupported, attr, handles
@@ -59,6 +60,24 @@ def auto_pads(node: Any, spatial: tuple[int, ...], kernel: list[int], strides: l
     return begin + end
 
 
+def per_group(ctx: Context, x: str, w: str, groups: int, w_rows: int, conv: Callable[[str, str, str], str],
+              label: str, out: str | None = None) -> str:
+    """A grouped convolution as one ``conv(x_k, w_k, name)`` per group, joined by ``concat`` along
+    the channels (into ``out`` where given): group ``k`` reads its ``C/groups`` input channels and
+    its ``w_rows`` rows of the weight."""
+    gi = ctx.prog.spec(x).shape[1] // groups
+    y = None
+    for k in range(groups):
+        xk = ctx.emit("slice", {"x": x}, {"axis": 1, "start": k * gi, "stop": (k + 1) * gi, "step": 1},
+                      name=f"{label}.x{k}")
+        wk = ctx.emit("slice", {"x": w}, {"axis": 0, "start": k * w_rows, "stop": (k + 1) * w_rows, "step": 1},
+                      name=f"{label}.w{k}")
+        yk = conv(xk, wk, f"{label}.g{k}")
+        y = yk if y is None else ctx.emit("concat", {"a": y, "b": yk}, {"axis": 1},
+                                          out=out if k == groups - 1 else None, name=f"{label}.cat{k}")
+    return y
+
+
 @handles("Conv")
 def _conv(ctx: Context, node: Any, label: str) -> None:
     x, w = ctx.use(node.input[0]), ctx.use(node.input[1])
@@ -89,16 +108,8 @@ def _conv(ctx: Context, node: Any, label: str) -> None:
         if c_in % groups or c_out % groups or ws[1] != c_in // groups:
             raise Unsupported(f"group={groups} does not divide {c_in} input and {c_out} output channels into "
                               f"weights of {ws[1]} input channels")
-        gi, go = c_in // groups, c_out // groups
-        y = None
-        for k in range(groups):
-            xk = ctx.emit("slice", {"x": x}, {"axis": 1, "start": k * gi, "stop": (k + 1) * gi, "step": 1},
-                          name=f"{label}.x{k}")
-            wk = ctx.emit("slice", {"x": w}, {"axis": 0, "start": k * go, "stop": (k + 1) * go, "step": 1},
-                          name=f"{label}.w{k}")
-            yk = ctx.emit("conv2d", {"x": xk, "w": wk}, p, name=f"{label}.g{k}")
-            y = yk if y is None else ctx.emit("concat", {"a": y, "b": yk}, {"axis": 1},
-                                              out=direct_out if k == groups - 1 else None, name=f"{label}.cat{k}")
+        y = per_group(ctx, x, w, groups, c_out // groups,
+                      lambda xk, wk, name: ctx.emit("conv2d", {"x": xk, "w": wk}, p, name=name), label, direct_out)
     if has_b:
         b = ctx.use(node.input[2])
         co = ctx.prog.spec(b).shape[0]
@@ -182,15 +193,7 @@ def _conv_transpose(ctx: Context, node: Any, label: str) -> None:
     if groups == 1:
         y = one(x, w, label)
     else:
-        gi = c_in // groups
-        y = None
-        for g in range(groups):
-            xk = ctx.emit("slice", {"x": x}, {"axis": 1, "start": g * gi, "stop": (g + 1) * gi, "step": 1},
-                          name=f"{label}.x{g}")
-            wk = ctx.emit("slice", {"x": w}, {"axis": 0, "start": g * gi, "stop": (g + 1) * gi, "step": 1},
-                          name=f"{label}.w{g}")
-            yk = one(xk, wk, f"{label}.g{g}")
-            y = yk if y is None else ctx.emit("concat", {"a": y, "b": yk}, {"axis": 1}, name=f"{label}.cat{g}")
+        y = per_group(ctx, x, w, groups, c_in // groups, one, label)
     if len(node.input) > 2 and node.input[2]:
         b = ctx.use(node.input[2])
         co = ctx.prog.spec(b).shape[0]
