@@ -82,3 +82,11 @@ def _not(ctx: Context, node: Any, label: str) -> None:
 def _logical(ctx: Context, node: Any, label: str) -> None:
     _mask(ctx, "logical", {"a": float_operand(ctx, node.input[0]), "b": float_operand(ctx, node.input[1])},
           {"op": _LOGIC[node.op_type]}, node.output[0], label)
+
+
+@handles("IsNaN")
+def _isnan(ctx: Context, node: Any, label: str) -> None:
+    """``x != x``: 1 exactly where ``x`` is NaN (torch's exported attention zeroes the NaN rows of a
+    fully masked softmax with ``Where(IsNaN(p), 0, p)``)."""
+    x = float_operand(ctx, node.input[0])
+    _mask(ctx, "compare", {"a": x, "b": x}, {"op": "ne"}, node.output[0], label)

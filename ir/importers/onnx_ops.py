@@ -151,6 +151,13 @@ class Context:
             self.const[node.output[0]] = shape[start:end]
             return
         feeds = {x: self.const[x] for x in node.input if x}
+        if node.op_type == "GatherElements":  # the reference's np.choose fails past 32-64 source rows
+            data, idx = feeds[node.input[0]], feeds[node.input[1]]
+            axis = attr(node, "axis", 0) % max(data.ndim, 1)
+            if idx.size and (idx.min() < -data.shape[axis] or idx.max() >= data.shape[axis]):
+                raise Unsupported(f"its indices fall outside axis {axis} of length {data.shape[axis]}")
+            self.const[node.output[0]] = np.take_along_axis(data, np.where(idx < 0, idx + data.shape[axis], idx), axis)
+            return
         try:
             outs = ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
         except Exception as e:  # noqa: BLE001  (the reference raises assorted errors)
@@ -642,16 +649,48 @@ def _gather(ctx, node, label):
         ax = axis % len(shape)
         i = ctx.value(idx).astype(np.int64)
         flat = np.where(i < 0, i + shape[ax], i).reshape(-1)
-        if flat.size and np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size)):
-            y = ctx.emit("slice", {"x": x}, {"axis": ax, "start": int(flat[0]), "stop": int(flat[0] + flat.size)},
-                         name=label)
-            out_shape = list(shape[:ax]) + list(i.shape) + list(shape[ax + 1:])
-            if not out_shape:
-                raise Unsupported("gathering one cell (a scalar)")
-            _reshape_to(ctx, y, out_shape, node.output[0], f"{label}.reshape")
-            return
+        if flat.size and (flat.min() < 0 or flat.max() >= shape[ax]):
+            raise Unsupported(f"its constant indices fall outside axis {ax} of length {shape[ax]}")
+        out_shape = list(shape[:ax]) + list(i.shape) + list(shape[ax + 1:])
+        if not out_shape:
+            raise Unsupported("gathering one cell (a scalar)")
+        runs = _index_runs(flat)
+        if not runs or len(runs) > MAX_GATHER_RUNS:
+            raise Unsupported(f"its {flat.size} constant indices form {len(runs)} runs of consecutive or repeated "
+                              f"indices; up to {MAX_GATHER_RUNS} are supported (each is a slice)")
+        y = None
+        for k, (start, length, repeat) in enumerate(runs):
+            tag = label if len(runs) == 1 else f"{label}.{k}"
+            stop = start + (1 if repeat else length)
+            piece = ctx.emit("slice", {"x": x}, {"axis": ax, "start": start, "stop": stop}, name=tag)
+            if repeat and length > 1:  # one row, read ``length`` times: a new dim beside it, then merged
+                piece = ctx.emit("expand", {"x": piece}, {"dim": ax, "size": length}, name=f"{tag}.repeat")
+                wide = list(shape[:ax]) + [length, 1] + list(shape[ax + 1:])
+                piece = ctx.emit("reshape", {"x": piece}, {"shape": wide[:ax + 1] + wide[ax + 2:], "from": wide},
+                                 name=f"{tag}.rows")
+            y = piece if y is None else ctx.emit("concat", {"a": y, "b": piece}, {"axis": ax}, name=f"{tag}.concat")
+        _reshape_to(ctx, y, out_shape, node.output[0], f"{label}.reshape")
+        return
     raise Unsupported("Gather other than an embedding lookup (initializer table, runtime ids, axis 0) or "
-                      "a contiguous constant index range")
+                      "constant indices")
+
+
+MAX_GATHER_RUNS = 32  # a constant-index Gather becomes one slice per run: beyond this, a table lookup would be better
+
+
+def _index_runs(flat: np.ndarray) -> list[tuple[int, int, bool]]:
+    """``(start, length, repeated)`` runs covering ``flat`` in order: consecutive indices
+    ``start, start + 1, ...`` or one index repeated (BERT's all-zero token types)."""
+    runs: list[tuple[int, int, bool]] = []
+    k, n = 0, flat.size
+    while k < n:
+        j = k + 1
+        repeated = j < n and flat[j] == flat[k]
+        while j < n and flat[j] == (flat[k] if repeated else flat[j - 1] + 1):
+            j += 1
+        runs.append((int(flat[k]), j - k, bool(repeated)))
+        k = j
+    return runs
 
 
 def _causal_offset(mask: np.ndarray) -> int | None:

@@ -12,7 +12,8 @@ each one in the module tree is swapped for ``_ElementaryRMSNorm``, the same arit
 elementary ops holding the same ``weight`` Parameter (so its ``state_dict`` name is unchanged),
 and put back afterwards. Over the last dim the importer's RMSNorm pattern makes it ``rmsnorm``;
 over several dims it stays elementary ops (exact, unfused). On float16/bfloat16 inputs it is
-refused (``_elementary_rms_norm`` says why).
+refused (``_elementary_rms_norm`` says why). ``torch.diff``, which Hugging Face decoders call on
+their position ids, gets a symbolic of its own for the export (``ir.importers.torch_symbolics``).
 
 Batch norms export in eval mode (running statistics) unless ``batchnorm="train"``: then the
 ``torch.nn.BatchNorm*d`` submodules alone are put in train mode and the exporter keeps each
@@ -35,6 +36,7 @@ import numpy as np
 from ir.graph import Graph
 from ir.importers.errors import ImportFailure
 from ir.importers.onnx import import_onnx
+from ir.importers.torch_symbolics import extra_symbolics
 
 _TORCH_DTYPES = ("float32", "float16", "int64", "int32")
 BATCHNORM_MODES = ("eval", "train")  # ``import_torch(batchnorm=...)``: running or batch statistics
@@ -180,10 +182,12 @@ def _export(torch: Any, module: Any, example_inputs: Mapping[str, Any], opset: i
             warnings.simplefilter("ignore")
             if dynamic_axes:  # a size traced into a constant is wrong at other sizes: say so
                 warnings.simplefilter("default", torch.jit.TracerWarning)
-            torch.onnx.export(module, args, buf, dynamo=False, input_names=names, output_names=out_names,
-                              opset_version=opset, do_constant_folding=True,
-                              training=torch.onnx.TrainingMode.PRESERVE if preserve else torch.onnx.TrainingMode.EVAL,
-                              dynamic_axes={k: dict(v) for k, v in (dynamic_axes or {}).items()} or None)
+            with extra_symbolics(torch, opset):
+                torch.onnx.export(module, args, buf, dynamo=False, input_names=names, output_names=out_names,
+                                  opset_version=opset, do_constant_folding=True,
+                                  training=(torch.onnx.TrainingMode.PRESERVE if preserve
+                                            else torch.onnx.TrainingMode.EVAL),
+                                  dynamic_axes={k: dict(v) for k, v in (dynamic_axes or {}).items()} or None)
     except Exception as e:  # noqa: BLE001  (the exporter raises many types)
         hint = ""
         if "is_causal" in str(e):  # torch traces a bare nn.TransformerEncoderLayer's fast path with a tensor flag
