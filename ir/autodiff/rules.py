@@ -353,8 +353,9 @@ def _expand(c: VJP, dy: str) -> dict[str, str]:
 
 @rule("embedding")
 def _embedding(c: VJP, dy: str) -> dict[str, str]:
+    pad = {"padding_idx": c.params["padding_idx"]} if c.params.get("padding_idx") is not None else {}
     return {"table": c.emit("embedding_grad", {"ids": c.name("ids"), "dy": dy}, "table",
-                            vocab=c.t("table").shape[0])}
+                            vocab=c.t("table").shape[0], **pad)}
 
 
 @rule("conv2d")

@@ -222,8 +222,8 @@ def _check_declared_shape(vi: Any, shape: tuple[int, ...], params: Mapping[str, 
 
 
 def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
-                what: str = "imported ONNX model", trainable: frozenset[str] = frozenset()
-                ) -> tuple[Graph, dict[str, np.ndarray]]:
+                what: str = "imported ONNX model", trainable: frozenset[str] = frozenset(),
+                padding_rows: Mapping[str, int] | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
     """Import an ONNX model; ``params`` binds its symbolic dims (``{"batch": 8, "seq": 128}``).
 
     Returns the validated graph (every op on one shard of device 0) and the values of its
@@ -232,6 +232,8 @@ def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
     become ops on that parameter, so a training step's gradient reaches it (a folded copy would
     be a parameter of its own). Raises :class:`ImportFailure` for a bad file, unbindable dims,
     unsupported ops, or outputs whose ranks differ from those the model declares.
+    ``padding_rows`` maps an embedding table (initializer name) to its padding row, which gets
+    no gradient (``torch.nn.Embedding(padding_idx=...)``: ONNX does not record it).
     """
     from onnx import numpy_helper  # noqa: PLC0415
 
@@ -246,6 +248,7 @@ def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
     for name, shape, dt in inputs:
         prog.source(name, shape, dt, "input")
     ctx = Context(prog, dict(inits), dtype, opset, frozenset(inits))
+    ctx.padding_rows = dict(padding_rows or {})
     unsupported: dict[str, list[str]] = {}
     unknown: set[str] = set()
     for i, node in enumerate(m.graph.node):

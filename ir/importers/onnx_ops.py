@@ -56,6 +56,7 @@ class Context:
         # Float copies of int32 ids, and their reshapes (``Reshape``, ``Flatten``, ``Squeeze``,
         # ``Unsqueeze``): graph tensor -> the int32 tensor whose cells it holds in row-major order.
         self.id_views: dict[str, str] = {}
+        self.padding_rows: dict[str, int] = {}  # embedding table -> its padding row (``import_onnx``)
 
     # -- values ---------------------------------------------------------------------------
     def is_const(self, name: str) -> bool:
@@ -631,12 +632,13 @@ def _gather(ctx, node, label):
     if ctx.is_const(data) and not ctx.is_const(idx) and axis == 0 and len(ctx.shape(data)) == 2:
         table = ctx.use(data)
         ids = ctx.use(idx)
+        pad = {"padding_idx": ctx.padding_rows[data]} if data in ctx.padding_rows else {}
         if ctx.prog.spec(ids).dtype == "int32":
-            ctx.emit("embedding", {"table": table, "ids": ids}, out=node.output[0], name=label)
+            ctx.emit("embedding", {"table": table, "ids": ids}, pad, out=node.output[0], name=label)
             return
         if ids in ctx.id_views:  # reshaped ids: the lookup of the original ids, reshaped
             shape = list(ctx.prog.spec(ids).shape) + [ctx.shape(data)[1]]
-            y = ctx.emit("embedding", {"table": table, "ids": ctx.id_views[ids]}, name=label)
+            y = ctx.emit("embedding", {"table": table, "ids": ctx.id_views[ids]}, pad, name=label)
             _reshape_to(ctx, y, shape, node.output[0], f"{label}.reshape")
             return
         if ids in ctx.int_valued:

@@ -92,7 +92,16 @@ def import_torch(module: Any, example_inputs: Mapping[str, Any], params: Mapping
                 b.copy_(buffers[k])
     trainable = {n for n, p in module.named_parameters() if p.dtype.is_floating_point}
     model, trainable = _name_folded_weights(buf.getvalue(), module.state_dict(), trainable)
-    return import_onnx(model, params, what="imported PyTorch model", trainable=frozenset(trainable))
+    return import_onnx(model, params, what="imported PyTorch model", trainable=frozenset(trainable),
+                       padding_rows=_padding_rows(torch, module))
+
+
+def _padding_rows(torch: Any, module: Any) -> dict[str, int]:
+    """``{state_dict key: padding_idx}`` of every ``nn.Embedding`` with a padding row, under each
+    name its weight has (a tied weight is one Parameter with several keys)."""
+    pads = {id(m.weight): m.padding_idx for m in module.modules()
+            if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None}
+    return {k: pads[id(v)] for k, v in module.state_dict(keep_vars=True).items() if id(v) in pads}
 
 
 def _elementary_rms_norm(torch: Any) -> type:

@@ -53,3 +53,20 @@ def extra_symbolics(torch: Any, opset: int) -> Iterator[None]:
     finally:
         for name in names:
             torch.onnx.unregister_custom_op_symbolic(name, _OPSET)
+            _drop_empty_group(name)
+
+
+def _drop_empty_group(name: str) -> None:
+    """torch 2.13 leaves an unregistered op's group behind with no function in it, and its exporter
+    then fails on ``min()`` of nothing instead of saying the op is unsupported: drop the group."""
+    try:
+        from torch.onnx._internal.torchscript_exporter.registration import registry  # noqa: PLC0415
+
+        group = registry.get_function_group(name)
+    except (ImportError, AttributeError):  # another torch: its own behaviour stands
+        return
+    try:
+        if group is not None:
+            group.get_min_supported()
+    except ValueError:  # (min() of no opsets)
+        registry._registry.pop(name, None)

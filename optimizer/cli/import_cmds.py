@@ -72,14 +72,27 @@ def import_cmd(
     batchnorm: Annotated[str, typer.Option(
         "--batchnorm", help="PyTorch only: eval (running statistics, default) or train (batch statistics, as "
                             "BatchNorm trains)")] = "eval",
+    train: Annotated[Optional[str], typer.Option(
+        "--train", help="write one training step instead of the forward: its loss, mse (against an input "
+                        "'target') or cross_entropy (logits [..., vocab] against int 'labels')")] = None,
+    optimizer: Annotated[str, typer.Option(
+        "--optimizer", help="with --train: adamw (default) or sgd")] = "adamw",
 ) -> None:
-    """Import an ONNX (or PyTorch) model as a program; its weights are written beside it (.npz)."""
+    """Import an ONNX (or PyTorch) model as a program; its weights are written beside it (.npz).
+    With ``--train LOSS``, the program is one training step of it (forward, loss, backward,
+    optimizer update: ``ir.autodiff.training_step``)."""
     from ir.importers.values import save_values, values_file
     from ir.serialize import dumps
 
     if not out.endswith(".json"):
         raise UserError(f"--out {out!r} must end in .json (the values are written beside it as .npz)")
+    if train is not None and train not in ("mse", "cross_entropy"):
+        raise UserError(f"--train {train!r} must be mse or cross_entropy (the loss of the training step)")
+    if train is None and optimizer != "adamw":
+        raise UserError("--optimizer applies to a training step: add --train mse or --train cross_entropy")
     g, values = import_program(model, parse_settings(set_), example_input, batchnorm)
+    if train is not None:
+        g = _training_step(g, train, optimizer)
     write_text(out, dumps(g) + "\n")
     save_values(values, values_file(out))
     kinds: dict[str, int] = {}
@@ -88,6 +101,17 @@ def import_cmd(
     console.print(f"wrote {out}: {len(g.ops)} ops ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}), "
                   f"{sum(1 for t in g.tensors.values() if t.role == 'parameter')} parameters in "
                   f"{values_file(out)}, digest {g.digest[:12]}")
+
+
+def _training_step(g: Any, loss: str, optimizer: str) -> Any:
+    """The training step of imported program ``g``; the autodiff's refusals are user errors."""
+    from ir.autodiff import training_step
+    from ir.autodiff.errors import AutodiffError
+
+    try:
+        return training_step(g, loss=loss, optimizer=optimizer)
+    except AutodiffError as e:
+        raise UserError(f"--train {loss} --optimizer {optimizer}: {e}") from None
 
 
 def simulated_order(g: Any, hw: Any) -> dict[int, list[tuple[str, int]]]:

@@ -96,3 +96,24 @@ def test_verify_finds_values_beside_the_program(tmp_path, gpt2_file, capsys):
     np.testing.assert_array_equal(vals["ln1.g"], onnx.numpy_helper.to_array(ref.graph.initializer[0]))
     capsys.readouterr()
     assert run_cli("verify", str(prog)) == 0
+
+
+def test_import_train_writes_a_training_step(tmp_path, gpt2_file, capsys):
+    """``--train mse --optimizer sgd``: the program is the step (loss, gradients, updates) of the
+    imported forward, and it verifies with the imported weights; bad values exit 2."""
+    prog = tmp_path / "step.json"
+    assert run_cli("import", str(gpt2_file), "-o", str(prog), "--set", "batch=2", "--set", "seq=4",
+                   "--train", "mse", "--optimizer", "sgd") == 0
+    g = load(prog)
+    assert {"target", "loss", "attn.c_attn.W.next"} <= set(g.tensors)
+    assert {o.kernel for o in g.ops.values()} >= {"mse_loss", "sgd_update"}
+    capsys.readouterr()
+    assert run_cli("verify", str(prog)) == 0 and "PASS" in capsys.readouterr().out
+    out = str(tmp_path / "p.json")
+    assert "mse or cross_entropy" in _expect_error(capsys, "import", str(gpt2_file), "-o", out, "--set", "batch=2",
+                                                   "--set", "seq=4", "--train", "nll")
+    assert "--train" in _expect_error(capsys, "import", str(gpt2_file), "-o", out, "--set", "batch=2",
+                                      "--set", "seq=4", "--optimizer", "sgd")
+    assert "optimizer 'lion'" in _expect_error(capsys, "import", str(gpt2_file), "-o", out, "--set", "batch=2",
+                                               "--set", "seq=4", "--train", "mse", "--optimizer", "lion")
+    assert not Path(out).exists()

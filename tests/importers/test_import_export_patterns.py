@@ -1,0 +1,209 @@
+"""What PyTorch's exporter writes for models of ``transformers`` (the patterns behind
+``test_hf_models.py``, checked without ``transformers``):
+
+- ``torch.diff`` (no ONNX symbolic in torch): exported by ``ir.importers.torch_symbolics`` as
+  Concat/Slice/Sub, equal to torch's forward and autograd; the symbolic is registered only for
+  the export;
+- ``IsNaN`` (torch's attention export zeroes NaN rows: ``Where(IsNaN(p), 0, p)``): ``x != x``,
+  equal to ``onnx.reference`` on inputs holding NaNs;
+- ``GatherElements`` on constants (BERT's buffered token types), folded with NumPy where
+  ``onnx.reference`` fails (more than 32 source rows);
+- ``Gather`` of constant index lists (repeats, runs, negative indices) as slices, equal to the
+  reference, training like central differences; too many runs and out-of-range indices refused;
+- ``nn.Embedding(padding_idx=...)``: the padding row gets no gradient, as in torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto as T  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
+
+import onnx_models  # noqa: E402
+from torch_checks import check_against_torch, needs_torch, torch  # noqa: E402
+from executor import verify  # noqa: E402
+from executor.run import execute  # noqa: E402
+from ir.autodiff import training_step  # noqa: E402
+from ir.graph import Graph  # noqa: E402
+from ir.importers.onnx import import_onnx  # noqa: E402
+from ir.kernels import SignatureError, get_kernel  # noqa: E402
+from ir.kernels.base import TensorSpec  # noqa: E402
+from ir.rewrites import random_walk  # noqa: E402
+from ir.rewrites.reduction import split_reduction  # noqa: E402
+
+N = helper.make_node
+
+
+def _model(nodes, shape, inits=()):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, list(shape))],
+                          [helper.make_tensor_value_info("y", T.FLOAT, None)], list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def _ints(name, values):
+    return numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
+
+
+# -- torch.diff ----------------------------------------------------------------------------------
+
+@needs_torch
+@pytest.mark.parametrize("kw", [{"dim": 1}, {"dim": -1, "prepend": True}, {"dim": 0, "n": 2, "append": True}])
+def test_diff_equals_torch_and_trains(kw):
+    kw = dict(kw)
+    prepend, append = kw.pop("prepend", False), kw.pop("append", False)
+
+    class Diff(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(6, 6)
+
+        def forward(self, x):
+            h = self.fc(x)
+            extra = {}
+            if prepend:
+                extra["prepend"] = h[:, :1] - 1.0
+            if append:
+                extra["append"] = h[:1] * 2.0
+            return torch.diff(h, **kw, **extra)
+
+    x = torch.randn(5, 6, generator=torch.Generator().manual_seed(0))
+    check_against_torch(Diff(), x, {"slice", "sub"})
+
+
+@needs_torch
+def test_diff_symbolic_is_registered_only_for_the_export():
+    from ir.importers.torch_export import import_torch
+
+    class Diff(torch.nn.Module):
+        def forward(self, x):
+            return torch.diff(x, dim=1)
+
+    import io
+    import_torch(Diff(), {"x": torch.randn(2, 5)})
+    with pytest.raises(Exception, match="diff"):  # torch's own exporter still lacks it afterwards
+        torch.onnx.export(Diff(), (torch.randn(2, 5),), io.BytesIO(), dynamo=False, opset_version=17)
+
+
+# -- IsNaN ---------------------------------------------------------------------------------------
+
+def test_isnan_guard_equals_reference_on_nans():
+    """``Where(IsNaN(softmax(x)), 0, softmax(x))``: rows of -inf give NaN, zeroed; others kept."""
+    m = _model([N("Softmax", ["x"], ["p"], axis=-1), N("IsNaN", ["p"], ["nan"]),
+                N("Where", ["nan", "zero", "p"], ["y"])], [3, 4],
+               [numpy_helper.from_array(np.zeros((), np.float32), "zero")])
+    x = np.array([[1, 2, 3, 4], [-np.inf] * 4, [0.5, np.nan, 1, 2]], np.float32)
+    from onnx.reference import ReferenceEvaluator
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    assert np.isnan(want).sum() == 0 and np.all(want[1] == 0)  # the guard does something here
+    g, vals = import_onnx(m, {})
+    got = np.asarray(execute(g, {"x": x, **vals})["y"])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert {"compare", "masked_fill"} <= {o.kernel for o in g.ops.values()}
+
+
+# -- GatherElements on constants -----------------------------------------------------------------
+
+def test_gather_elements_on_constants_folds_past_the_reference_limit():
+    """BERT's ``gather(token_type_ids.expand(b, -1), 1, position_ids)`` with 80 buffered rows:
+    ``onnx.reference`` raises there; the fold equals ``np.take_along_axis``."""
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((2, 80)).astype(np.float32)
+    idx = np.array([[79, 0, 5, -1, 3, 40]], np.int64)
+    m = _model([N("GatherElements", ["t", "i"], ["c"], axis=1), N("Add", ["x", "c"], ["y"])], [2, 6],
+               [numpy_helper.from_array(table, "t"), _ints("i", idx)])
+    x = rng.standard_normal((2, 6)).astype(np.float32)
+    g, vals = import_onnx(m, {})
+    got = np.asarray(execute(g, {"x": x, **vals})["y"])
+    np.testing.assert_allclose(got, x + np.take_along_axis(table, np.where(idx < 0, idx + 80, idx), 1), rtol=1e-6)
+    bad = _model([N("GatherElements", ["t", "i"], ["c"], axis=1), N("Add", ["x", "c"], ["y"])], [2, 6],
+                 [numpy_helper.from_array(table, "t"), _ints("i", [[80, 0, 0, 0, 0, 0]])])
+    onnx_models.check_refused(bad, "GatherElements", "outside axis 1 of length 80")
+
+
+# -- Gather of constant index lists --------------------------------------------------------------
+
+@pytest.mark.parametrize("idx,axis", [
+    ([[3, 4, 5], [0, 0, 0]], 0),  # a run, then one row repeated
+    ([0, 0, 0, 0], 1),  # BERT's all-zero token types: one column read four times
+    ([5, -1, 2, 3, 1, 1], 0),  # negative indices, runs of one
+    ([[2, 1], [0, 3]], 1),
+])
+def test_gather_of_constant_indices_equals_reference_and_trains(idx, axis):
+    """``y = Gather(x * w, idx)``: equal to the reference; ``w``'s gradient is ``x`` times the
+    scatter-add of the output gradient onto the gathered cells."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((6, 4)).astype(np.float32)
+    m = _model([N("Mul", ["x", "w"], ["t"]), N("Gather", ["t", "i"], ["y"], axis=axis)], [6, 4],
+               [numpy_helper.from_array(w, "w"), _ints("i", idx)])
+    g, vals = onnx_models.check_reference(m, {"x": (6, 4)}, kernels={"slice"})
+    step = training_step(g, loss="mse", optimizer="sgd")
+    ii = np.asarray(idx) % w.shape[axis]
+    x = rng.standard_normal((6, 4))
+    y = np.take(x * w, ii, axis=axis)
+    target = rng.standard_normal(y.shape)
+    env = execute(step, {"w": w.astype(np.float64), "x": x, "target": target}, precision="float64")
+    dy = 2.0 * (y - target) / y.size
+    dt = np.zeros((6, 4))
+    for pos in np.ndindex(*ii.shape):  # each gathered row (axis 0) or column (axis 1), added back
+        src = [slice(None)] * 2
+        src[axis] = ii[pos]
+        dt[tuple(src)] += dy[(slice(None),) * axis + pos]
+    np.testing.assert_allclose(env["w.grad"], dt * x, rtol=1e-9, atol=1e-12)
+    assert verify(random_walk(step, np.random.default_rng(2), 4, 20), values=vals).ok
+
+
+def test_gather_of_scattered_indices_and_out_of_range_are_refused():
+    scattered = list(range(0, 80, 2))  # 40 runs of one
+    m = _model([N("Gather", ["x", "i"], ["y"], axis=0)], [80, 2], [_ints("i", scattered)])
+    onnx_models.check_refused(m, "Gather", "40 runs", "up to 32")
+    m = _model([N("Gather", ["x", "i"], ["y"], axis=0)], [80, 2], [_ints("i", [0, 80])])
+    onnx_models.check_refused(m, "Gather", "outside axis 0 of length 80")
+
+
+# -- padding_idx ---------------------------------------------------------------------------------
+
+@needs_torch
+def test_embedding_padding_row_gets_no_gradient_as_in_torch():
+    class Tagger(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.e = torch.nn.Embedding(10, 8, padding_idx=0)
+            self.out = torch.nn.Linear(8, 3)
+
+        def forward(self, ids):
+            return self.out(torch.tanh(self.e(ids)))
+
+    ids = torch.tensor([[0, 3, 0, 7], [1, 0, 9, 3]])
+    g, env = check_against_torch(Tagger(), ids, {"embedding"})
+    assert np.all(env["e.weight.grad"][0] == 0) and np.abs(env["e.weight.grad"][3]).max() > 0
+    step = training_step(g, loss="mse", optimizer="sgd")
+    grads = [o for o in step.ops.values() if o.kernel == "embedding_grad"]
+    assert [o.params["padding_idx"] for o in grads] == [0]
+
+
+def test_padding_row_is_checked_and_survives_a_split_reduction():
+    emb = get_kernel("embedding")
+    with pytest.raises(SignatureError, match="padding_idx must be a row 0..9"):
+        emb.signature({"table": TensorSpec((10, 4), "float32"), "ids": TensorSpec((3,), "int32")}, {"padding_idx": 10})
+    from ir.builder import GraphBuilder
+
+    b = GraphBuilder()
+    b.input("ids", (8,), "int32")
+    b.parameter("table", (10, 4))
+    emb = b.op("embedding", "emb", {"table": "table", "ids": "ids"}, padding_idx=2)
+    b.op("tanh", "act", {"x": emb})
+    g: Graph = training_step(b.build(), loss="mse", optimizer="sgd")
+    ids = np.array([2, 0, 2, 5, 9, 2, 1, 5], np.int32)
+    dy = np.random.default_rng(0).standard_normal((8, 4))
+    (grad_op,) = [n for n, o in g.ops.items() if o.kernel == "embedding_grad"]
+    split = split_reduction(g, grad_op, 4)  # data parallel: the sum over tokens in four blocks
+    for plan in (g, split):
+        env = execute(plan, {"ids": ids, "table": np.ones((10, 4)), "target": dy}, precision="float64")
+        dtable = env[g.ops[grad_op].output]
+        assert np.all(dtable[2] == 0) and np.abs(dtable[5]).max() > 0
+    assert verify(split).ok and verify(random_walk(split, np.random.default_rng(0), 4, 25)).ok
