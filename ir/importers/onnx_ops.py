@@ -57,6 +57,8 @@ class Context:
         # ``Unsqueeze``): graph tensor -> the int32 tensor whose cells it holds in row-major order.
         self.id_views: dict[str, str] = {}
         self.padding_rows: dict[str, int] = {}  # embedding table -> its padding row (``import_onnx``)
+        # ONNX values with no cells (an empty Slice), by shape: not graph tensors; Concat skips them
+        self.empty: dict[str, tuple[int, ...]] = {}
 
     # -- values ---------------------------------------------------------------------------
     def is_const(self, name: str) -> bool:
@@ -70,6 +72,8 @@ class Context:
     def shape(self, name: str) -> tuple[int, ...]:
         if name in self.const:
             return tuple(self.const[name].shape)
+        if name in self.empty:
+            return self.empty[name]
         return self.prog.tensors[self.resolve(name)].shape
 
     def value(self, name: str) -> np.ndarray:
@@ -80,6 +84,9 @@ class Context:
     def use(self, name: str) -> str:
         """The graph tensor holding ONNX value ``name`` (a constant becomes a parameter)."""
         if name not in self.const:
+            if name in self.empty:
+                raise Unsupported(f"it reads {name!r}, an empty slice {list(self.empty[name])}; only a Concat may "
+                                  f"(the IR has no tensors without cells)")
             t = self.resolve(name)
             if t not in self.prog.tensors:
                 raise Unsupported(f"value {name!r} has no producer")
@@ -657,9 +664,16 @@ def _gather(ctx, node, label):
         if not out_shape:
             raise Unsupported("gathering one cell (a scalar)")
         runs = _index_runs(flat)
+        if len(runs) > MAX_GATHER_RUNS and ax == 0 and len(shape) == 2:
+            # a lookup of constant ids (T5's relative-position buckets): an embedding whose ids are
+            # an int32 constant of the program
+            ids = ctx.use(_constant(ctx, f"{label}.ids", np.where(i < 0, i + shape[0], i)))
+            ctx.emit("embedding", {"table": x, "ids": ids}, out=node.output[0], name=label)
+            return
         if not runs or len(runs) > MAX_GATHER_RUNS:
             raise Unsupported(f"its {flat.size} constant indices form {len(runs)} runs of consecutive or repeated "
-                              f"indices; up to {MAX_GATHER_RUNS} are supported (each is a slice)")
+                              f"indices; up to {MAX_GATHER_RUNS} are supported (each is a slice) unless it "
+                              f"gathers rows of a 2-D table (an embedding lookup of constant ids)")
         y = None
         for k, (start, length, repeat) in enumerate(runs):
             tag = label if len(runs) == 1 else f"{label}.{k}"
@@ -677,7 +691,15 @@ def _gather(ctx, node, label):
                       "constant indices")
 
 
-MAX_GATHER_RUNS = 32  # a constant-index Gather becomes one slice per run: beyond this, a table lookup would be better
+MAX_GATHER_RUNS = 32  # a constant-index Gather becomes one slice per run: beyond this, a table lookup
+
+
+def _constant(ctx: Context, name: str, value: np.ndarray) -> str:
+    """Register ``value`` as a new constant under a fresh ONNX-side name; returns the name."""
+    while name in ctx.const:
+        name += "_"
+    ctx.const[name] = value
+    return name
 
 
 def _index_runs(flat: np.ndarray) -> list[tuple[int, int, bool]]:
@@ -782,7 +804,9 @@ def _causal_add(ctx, node, label) -> bool:
 
 @handles("Concat")
 def _concat(ctx, node, label):
-    ins = [x for x in node.input if x]
+    ins = [x for x in node.input if x and x not in ctx.empty]  # empty slices add nothing
+    if not ins:
+        raise Unsupported("every input is empty")
     axis = attr(node, "axis", 0)
     y = ctx.use(ins[0])
     if len(ins) == 1:
@@ -832,8 +856,11 @@ def _slice(ctx, node, label):
             s, e = max(0, min(n, s)), max(0, min(n, e))
         else:  # ... or starts to [0, n - 1] and ends to [-1, n - 1] (steps < 0: walking down)
             s, e = max(0, min(n - 1, s)), max(-1, min(n - 1, e))
-        if (e - s) * st <= 0:
-            raise Unsupported("an empty slice")
+        if (e - s) * st <= 0:  # nothing: only a Concat may read it (Phi-3's rotary pass-through of no dims)
+            out_shape = list(shape)
+            out_shape[a] = 0
+            ctx.empty[node.output[0]] = tuple(out_shape)
+            return
         cuts.append((a, s, e, st))
     _slice_chain(ctx, x, cuts, node.output[0], label)
 
