@@ -20,8 +20,20 @@ The pattern, checked op by op (each refusal names the failing condition):
   letter is the head dim ``e``; its first operand is ``q[*L, s, e]`` and its output ``[*L, s, t]``;
   its second operand is ``k[*Lk, t, e]`` (``Lk`` a prefix of ``L``) or a ``permute`` of it read by
   nothing else;
+- ``scale`` ops on either operand, each read only by the next op of the chain, are absorbed (their
+  factors multiply into the attention's ``scale``): torch's exporter writes
+  ``scaled_dot_product_attention`` as ``bmm(scale(q, √c), scale(permute(k), √c))``. On the k side
+  they may sit before and/or after the permute. When the permute's source is not ``k[*Lk, t, e]``
+  but another layout of it (torch's ``permute(reshape(k_proj), [0, 2, 3, 1])`` from ``[b, t, h, e]``),
+  the fused graph keeps one permute to ``[*Lk, t, e]`` (``<attention>.k``; in a training step its
+  gradient is permuted back by ``<attention>.dk_t``) and ``origin["k_perm"]`` says so;
 - then, each the only reader of the previous tensor: ``scale`` ops (factors multiply into the
   attention's ``scale``), at most one ``causal_mask`` with ``fill`` -inf, and a ``softmax``;
+- optionally torch's NaN guard on the probabilities ``p`` (``Where(IsNaN(p), 0, p)``, imported as
+  ``masked_fill(x=p, c=compare(p, p, op="ne"), value=0)``), ``p`` read by those two only and the
+  test by the ``masked_fill`` only. It is absorbed only when no row can be fully masked (no mask,
+  or a causal mask with offset >= 0): then it is the identity on finite scores; over a fully masked
+  row it turns NaNs into zeros, which the fused attention would not, so the match is refused;
 - the values op contracts exactly ``t``: ``probs[*L, s, t] · v[*Lk, t, ev] -> [*L, s, ev]``
   with ``alpha`` 1;
 - no intermediate is a graph output; every replaced op is plain (unfused, unsplit).
@@ -35,13 +47,17 @@ ops, named ``<op>.d<tag>`` by the VJP rules. They are replaced too: ``attention_
 ``attention_grad_q/k/v`` (scores recomputed, FlashAttention's backward) write the tensors that
 held the gradient contributions of q, k and v, so the rest of the backward is untouched; every
 other backward result must stay inside the set, and the output gradient must come from outside
-it. ``origin["backward"]`` records the replaced backward ops for ``unfuse_attention``.
+it. The gradients of q and k leave through the VJPs of the outermost absorbed op on their side
+(``<q scale>.dx``, ``<k permute or scale>.dx``), else the scores op's (``.da``/``.db``); the
+absorbed scales' and guard's VJPs (``scale``, ``where_grad``; ``compare`` has none) are replaced
+with the rest. ``origin["backward"]`` records the replaced backward ops for ``unfuse_attention``.
 """
 
 from __future__ import annotations
 
 import re
 import weakref
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +102,7 @@ class AttentionMatch:
     backward: tuple[str, ...] = ()  # in a training step: the pattern's backward ops, in data-flow order
     grads: tuple[tuple[str, str], ...] = ()  # (q|k|v, backward op writing that input's gradient contribution)
     dy: str | None = None  # the gradient of the attention's output
+    k_perm: tuple[int, ...] | None = None  # a permute of ``k`` to [*Lk, t, e] the fused graph keeps, if any
 
 
 _BACKWARD = re.compile(r"^(?P<op>.+)\.d[a-z_]+(\.\d+)?$")
@@ -123,6 +140,55 @@ def _sole_reader(g: Graph, t: str) -> tuple[str, str] | str:
     return readers[0]
 
 
+def _plain(o: Op) -> bool:
+    return not o.params.get("split")
+
+
+def _absorb_scales(g: Graph, t: str, role: str, ops: list[tuple[str, str]]) -> tuple[str, float]:
+    """Walk up from ``t`` through ``scale`` ops that nothing else reads (torch's exporter scales q and
+    kᵀ each by √scale), prepending them to ``ops``: the first tensor that is not such a scale's
+    output, and the product of their factors."""
+    factor = 1.0
+    while True:
+        prod = g.producers.get(t)
+        p = g.ops.get(prod) if prod else None
+        if p is None or p.kernel != "scale" or not _plain(p) or isinstance(_sole_reader(g, t), str):
+            return t, factor
+        factor *= float(p.params.get("alpha", 1.0))
+        ops.insert(0, (role, prod))
+        t = p.input_map["x"]
+
+
+def _nan_guard(g: Graph, p: str) -> tuple[str, str, str] | str | None:
+    """torch's guard on the probabilities ``p`` (``Where(IsNaN(p), 0, p)``, imported as
+    ``masked_fill(x=p, c=compare(p, p, op="ne"), value=0)``): ``(compare op, masked_fill op, its
+    output)`` when it is there and ``p`` feeds nothing else; None when ``p`` has a single reader (no
+    guard to look for); the reason when the readers look like the guard but are not exactly it."""
+    if g.tensors[p].role == "output":
+        return f"{p} is a graph output and must stay materialised"
+    readers = [(r, pt) for r, pt in g.consumers.get(p, []) if backward_of(g, r) is None]
+    if len(readers) == 1:
+        return None
+    cmp_ = sorted({r for r, _ in readers if g.ops[r].kernel == "compare"})  # it reads p on both ports
+    fill = [r for r, pt in readers if g.ops[r].kernel == "masked_fill" and pt == "x"]
+    if len(readers) != 3 or len(cmp_) != 1 or len(fill) != 1:
+        return f"{p} is read by {[r for r, _ in readers]}, not by one op (nor by a NaN guard alone)"
+    c, f = g.ops[cmp_[0]], g.ops[fill[0]]
+    if (c.input_map.get("a") != p or c.input_map.get("b") != p or c.params.get("op", "eq") != "ne"
+            or not _plain(c)):
+        return f"{c.name} is not the NaN test compare({p}, {p}, op='ne') of a NaN guard"
+    sole = _sole_reader(g, c.output)
+    if isinstance(sole, str):
+        return f"cannot absorb the NaN guard {c.name}: {sole}"
+    if sole != (f.name, "c"):
+        return f"{c.output} (the NaN test) is read by {sole[0]}, not as the condition of {f.name}"
+    value = f.params.get("value")
+    if (not isinstance(value, (int, float)) or float(value) != 0.0 or f.params.get("fill_where", "nonzero") != "nonzero"
+            or not _plain(f)):
+        return f"{f.name} is not the NaN guard masked_fill(x={p}, c=isnan, value=0, fill_where='nonzero')"
+    return c.name, f.name, f.output
+
+
 def match_attention(g: Graph, op: str) -> AttentionMatch | str:
     """The attention pattern whose scores op is ``op``, or the reason it does not match."""
     o = g.ops.get(op)
@@ -140,9 +206,12 @@ def match_attention(g: Graph, op: str) -> AttentionMatch | str:
     lead = lo[:-2]
     if la != lead + s_ + e:
         return f"{op}'s first operand must be q[*L, s, e] for scores [*L, s, t] = {lo}; its letters are {la}"
-    ops: list[tuple[str, str]] = []
-    k_tensor = o.input_map["b"]
+    q_ops: list[tuple[str, str]] = []
+    q_tensor, q_factor = _absorb_scales(g, o.input_map["a"], "q_scale", q_ops)
+    k_ops: list[tuple[str, str]] = []
+    k_tensor, k_factor = _absorb_scales(g, o.input_map["b"], "k_scale", k_ops)
     k_letters = lb
+    k_perm: list[int] | None = None  # the permute the fused graph keeps to bring k to [*Lk, t, e]
     if not _is_k_layout(k_letters, lead, t_, e):
         prod = g.producers.get(k_tensor)
         p = g.ops.get(prod) if prod else None
@@ -151,17 +220,27 @@ def match_attention(g: Graph, op: str) -> AttentionMatch | str:
         sole = _sole_reader(g, k_tensor)
         if isinstance(sole, str):
             return f"cannot absorb the permute {prod}: {sole}"
+        if not _plain(p):
+            return f"cannot absorb the permute {prod}: its work is split"
         perm = list(p.params["perm"])
         xl = [""] * len(perm)
         for i, src in enumerate(perm):
             xl[src] = lb[i]
         k_letters = "".join(xl)
+        k_ops.insert(0, ("k_t", prod))
+        k_tensor, f = _absorb_scales(g, p.input_map["x"], "k_scale", k_ops)
+        k_factor *= f
         if not _is_k_layout(k_letters, lead, t_, e):
-            return f"{op}'s second operand is a permute of a tensor with letters {k_letters}, not k[*Lk, t, e]"
-        ops.append(("k_t", prod))
-        k_tensor = p.input_map["x"]
-    ops.append(("qk", op))
-    scale, causal, offset = alpha, False, 0
+            # torch's kᵀ of reshape(k_proj) [b, t, h, e] is one permute [0, 2, 3, 1]: the fused graph
+            # keeps a permute to [b, h, t, e] (the attention op reads k in that layout)
+            nk = len(k_letters) - 2
+            want = lead[:nk] + t_ + e
+            if nk < 0 or sorted(k_letters) != sorted(want):
+                return (f"{op}'s second operand is a permute of a tensor with letters {k_letters}, "
+                        f"not a layout of k[*Lk, t, e]")
+            k_perm = [k_letters.index(x) for x in want]
+    ops: list[tuple[str, str]] = q_ops + k_ops + [("qk", op)]
+    scale, causal, offset = alpha * q_factor * k_factor, False, 0
     t = o.output
     while True:
         sole = _sole_reader(g, t)
@@ -184,6 +263,17 @@ def match_attention(g: Graph, op: str) -> AttentionMatch | str:
         else:
             return f"{name} ({c.kernel}) between the scores and the softmax is not a scale or causal_mask"
         t = c.output
+    guard = _nan_guard(g, t)
+    if isinstance(guard, str):
+        return guard
+    if guard is not None:
+        # the guard zeroes the NaN rows of a softmax over a fully masked row; the fused attention
+        # computes the same values only where no row can be fully masked
+        if causal and offset < 0:
+            return (f"the NaN guard {guard[0]} → {guard[1]} after the softmax cannot be absorbed: the causal mask's "
+                    f"offset {offset} masks whole query rows, whose NaNs the guard turns into zeros")
+        ops += [("nan_test", guard[0]), ("nan_guard", guard[1])]
+        t = guard[2]
     sole = _sole_reader(g, t)
     if isinstance(sole, str):
         return sole
@@ -203,14 +293,17 @@ def match_attention(g: Graph, op: str) -> AttentionMatch | str:
         return (f"{av_name} must contract only the key dim: probs[*L, s, t]·v[*Lk, t, ev] -> [*L, s, ev]; "
                 f"its letters are {pa},{pb}->{po}")
     ops.append(("av", av_name))
-    m = AttentionMatch(o.input_map["a"], k_tensor, av.input_map["b" if port == "a" else "a"], scale, causal, offset,
-                       tuple(ops), av.output)
+    m = AttentionMatch(q_tensor, k_tensor, av.input_map["b" if port == "a" else "a"], scale, causal, offset,
+                       tuple(ops), av.output, k_perm=tuple(k_perm) if k_perm is not None else None)
     bwd = _match_backward(g, m, port)
     if isinstance(bwd, str):
         return bwd
     m = bwd
+    k_spec = g.tensors[m.k].spec
+    if m.k_perm is not None:
+        k_spec = type(k_spec)(tuple(k_spec.shape[i] for i in m.k_perm), k_spec.dtype)
     try:
-        get_kernel("attention").signature({"q": g.tensors[m.q].spec, "k": g.tensors[m.k].spec,
+        get_kernel("attention").signature({"q": g.tensors[m.q].spec, "k": k_spec,
                                            "v": g.tensors[m.v].spec}, _params(m, None))
     except SignatureError as err:
         return f"the matched tensors do not make an attention: {err}"
@@ -234,7 +327,13 @@ def _match_backward(g: Graph, m: AttentionMatch, p_port: str) -> AttentionMatch 
     if not backward:
         return m
     v_port = "b" if p_port == "a" else "a"
-    wanted = {"q": f"{roles['qk']}.da", "k": f"{roles['k_t']}.dx" if "k_t" in roles else f"{roles['qk']}.db",
+    # q's and k's gradients leave the set through the VJP of the outermost op on their side (the
+    # first one in data-flow order: a scale torch put on q, the permute or a scale of k), else the
+    # scores op's
+    q_out = next((n for r, n in m.ops if r == "q_scale"), None)
+    k_out = next((n for r, n in m.ops if r in ("k_scale", "k_t")), None)
+    wanted = {"q": f"{q_out}.dx" if q_out else f"{roles['qk']}.da",
+              "k": f"{k_out}.dx" if k_out else f"{roles['qk']}.db",
               "v": f"{roles['av']}.d{v_port}"}
     grads = tuple((x, n) for x, n in wanted.items() if n in backward)
     dp = f"{roles['av']}.d{p_port}"
@@ -258,7 +357,7 @@ def _match_backward(g: Graph, m: AttentionMatch, p_port: str) -> AttentionMatch 
             return f"{g.ops[n].output} (backward of the pattern) is a graph output"
     if dy in {g.ops[n].output for n in backward}:
         return f"the output gradient {dy} is computed inside the pattern's backward"
-    return AttentionMatch(m.q, m.k, m.v, m.scale, m.causal, m.offset, m.ops, m.output, tuple(backward), grads, dy)
+    return dataclasses.replace(m, backward=tuple(backward), grads=grads, dy=dy)
 
 
 def _is_k_layout(letters: str, lead: str, t: str, e: str) -> bool:
@@ -322,6 +421,19 @@ def fuse_attention(g: Graph, op: str) -> Graph:
     gone = {g.ops[n].output: None for _, n in m.ops if n != av.name}
     insert: dict[str, list[Op]] = {}
     tensors: dict[str, Tensor | None] = dict(gone)
+    k_in = m.k  # the tensor the attention reads as k: m.k, or its relayout
+    if m.k_perm is not None:  # k's permute stays, to [*Lk, t, e] (named after the attention op)
+        rel = f"{name}.k"
+        k_in = f"{rel}.out"
+        if rel in g.ops or k_in in g.tensors or f"{name}.dk_t" in g.ops or f"{name}.dk.out" in g.tensors:
+            raise RewriteError(f"cannot fuse attention at {op}: an operation or tensor named {rel}, {k_in}, "
+                               f"{name}.dk_t or {name}.dk.out exists")
+        ks = g.tensors[m.k]
+        shape = tuple(ks.shape[i] for i in m.k_perm)
+        tensors[k_in] = Tensor(k_in, shape, ks.dtype, "intermediate")
+        origin["k_perm"] = list(m.k_perm)
+        drop[dict(m.ops)["k_t"]] = Op(rel, "permute", (("x", m.k),), k_in, {"perm": list(m.k_perm)},
+                                      Shards.whole(shape, int(shards.device[0])))
     if m.backward:  # a training step: the backward recomputes the scores too (attention_grad_*)
         origin["backward"] = [_record(g.ops[n], "backward") for n in m.backward]
         origin["grads"] = [list(x) for x in m.grads]
@@ -332,17 +444,27 @@ def fuse_attention(g: Graph, op: str) -> Graph:
             raise RewriteError(f"cannot fuse attention at {op}: an operation named {lse_name} exists")
         tensors[f"{lse_name}.out"] = Tensor(f"{lse_name}.out", q_spec.shape[:-1], q_spec.dtype, "intermediate")
         dev = int(shards.device[0])
-        lse_op = Op(lse_name, "attention_lse", (("q", m.q), ("k", m.k)), f"{lse_name}.out", p,
+        lse_op = Op(lse_name, "attention_lse", (("q", m.q), ("k", k_in)), f"{lse_name}.out", p,
                     Shards.whole(q_spec.shape[:-1], dev))
         grad_ops = [lse_op]
-        rows = {"q": m.q, "k": m.k, "v": m.v, "o": m.output, "dy": m.dy, "lse": f"{lse_name}.out"}
+        rows = {"q": m.q, "k": k_in, "v": m.v, "o": m.output, "dy": m.dy, "lse": f"{lse_name}.out"}
         for x, n in m.grads:
             kernel = f"attention_grad_{x}"
             ports = get_kernel(kernel).inputs
             ins = tuple((pt, rows[pt]) for pt in ports)
             sig = get_kernel(kernel).signature({pt: (tensors[t] or g.tensors[t]).spec if t in tensors
                                                 else g.tensors[t].spec for pt, t in ins}, p)
-            grad_ops.append(Op(f"{name}.d{x}", kernel, ins, g.ops[n].output, p, Shards.whole(sig.extents, dev)))
+            out = g.ops[n].output
+            if x == "k" and m.k_perm is not None:  # dk in the relayout, permuted back to k's layout
+                out = f"{name}.dk.out"
+                tensors[out] = Tensor(out, sig.out_spec.shape, sig.out_spec.dtype, "intermediate")
+            grad_ops.append(Op(f"{name}.d{x}", kernel, ins, out, p, Shards.whole(sig.extents, dev)))
+            if out != g.ops[n].output:
+                back = [0] * len(m.k_perm)
+                for i, src in enumerate(m.k_perm):
+                    back[src] = i
+                grad_ops.append(Op(f"{name}.dk_t", "permute", (("x", out),), g.ops[n].output, {"perm": back},
+                                   Shards.whole(g.tensors[g.ops[n].output].shape, dev)))
         kept = {g.ops[n].output for _, n in m.grads}
         first = m.backward[0]
         for n in m.backward:
@@ -351,7 +473,7 @@ def fuse_attention(g: Graph, op: str) -> Graph:
                 tensors[g.ops[n].output] = None
         drop[first] = grad_ops[0]
         insert[first] = grad_ops[1:]
-    new = Op(name, "attention", (("q", m.q), ("k", m.k), ("v", m.v)), m.output, _params(m, origin), shards)
+    new = Op(name, "attention", (("q", m.q), ("k", k_in), ("v", m.v)), m.output, _params(m, origin), shards)
     drop[av.name] = new
     return g.with_ops(drop, insert_after=insert, tensors=tensors)
 
@@ -387,6 +509,11 @@ def unfuse_attention(g: Graph, op: str) -> Graph:
              and x.params.get("split")]
     if split:  # the records restore unsplit gradient ops (placed whole): the split ones merged first
         g = _merged(g, split, f"cannot unfuse {op}")
+    if origin.get("k_perm") is not None:  # the relayouts of k fuse_attention added go; fused away, they could not
+        for n in (f"{op}.k", f"{op}.dk_t") if origin.get("backward") else (f"{op}.k",):
+            if g.ops.get(n) is None or g.ops[n].kernel != "permute":
+                raise RewriteError(f"cannot unfuse {op}: its relayout permute {n} is gone (fused into another op? "
+                                   f"unfuse it first)")
     records = origin["ops"]
     for r in records:
         if r["op"] != op and r["op"] in g.ops:
@@ -404,6 +531,9 @@ def unfuse_attention(g: Graph, op: str) -> Graph:
     first, rest = new_ops[0], new_ops[1:]
     replace: dict[str, Op | None] = {op: first}
     insert = {op: rest}
+    if origin.get("k_perm") is not None:  # the relayout of k the fused graph kept (and its gradient's)
+        replace[f"{op}.k"] = None
+        replace[f"{op}.dk_t"] = None
     if bwd:
         lse = f"{op}.dlse"
         grad_ops = [n for n in g.ops if n == lse or (n.startswith(f"{op}.d") and g.ops[n].kernel.startswith(
@@ -447,7 +577,7 @@ def _restored(g: Graph, o: Op) -> tuple[list[Op], list[Op], dict[str, Tensor | N
             made[r["output"]] = sig.out_spec
             new_tensors[r["output"]] = Tensor(r["output"], sig.out_spec.shape, sig.out_spec.dtype, "intermediate")
         n = sh.ndim
-        if r["role"] == "k_t" or tuple(sig.extents[:n]) != tuple(g.signature(o).extents):
+        if r["role"] in ("k_t", "k_scale") or tuple(sig.extents[:n]) != tuple(g.signature(o).extents):
             shards = Shards.whole(sig.extents, int(sh.device[0]))
         else:
             extra = np.array(sig.extents[n:], np.int64)
@@ -455,10 +585,14 @@ def _restored(g: Graph, o: Op) -> tuple[list[Op], list[Op], dict[str, Tensor | N
             hi = np.concatenate([sh.hi, np.tile(extra, (len(sh), 1))], axis=1)
             shards = Shards(lo, hi, sh.device)
         new_ops.append(Op(r["op"], r["kernel"], inputs, r["output"], dict(r["params"]), shards))
+    if origin.get("k_perm") is not None:
+        new_tensors[f"{o.name}.k.out"] = None
     bwd: list[Op] = []
     if origin.get("backward"):
         kept = {dict(origin["grads"])[x] for x in dict(origin["grads"])}
         new_tensors[f"{o.name}.dlse.out"] = None
+        if origin.get("k_perm") is not None:
+            new_tensors[f"{o.name}.dk.out"] = None
         for r in origin["backward"]:
             inputs = tuple((p, t) for p, t in r["inputs"])
             sig = get_kernel(r["kernel"]).signature({p: spec(t) for p, t in inputs}, r["params"])
