@@ -97,7 +97,8 @@ def training_step(g: Graph, loss: str = "mse", optimizer: str = "sgd", output: s
         master_weights = any(t.role == "parameter" and t.dtype in LOW_PRECISION for t in g.tensors.values())
     if master_weights:
         g = _master_weights(g)
-    params = [n for n, t in g.tensors.items() if t.role == "parameter"]
+    # integer parameters are constants (an imported model's constant ids): nothing to train
+    params = [n for n, t in g.tensors.items() if t.role == "parameter" and t.dtype != INDEX_DTYPE]
     if not params:
         raise AutodiffError("the program has no parameters to train")
     b = GraphBuilder.from_graph(g)

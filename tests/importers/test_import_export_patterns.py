@@ -9,7 +9,11 @@
 - ``GatherElements`` on constants (BERT's buffered token types), folded with NumPy where
   ``onnx.reference`` fails (more than 32 source rows);
 - ``Gather`` of constant index lists (repeats, runs, negative indices) as slices, equal to the
-  reference, training like central differences; too many runs and out-of-range indices refused;
+  reference, training like central differences; past 32 runs, rows of a 2-D table are an
+  ``embedding`` of constant ids (T5's relative-position buckets); other scattered lists and
+  out-of-range indices refused;
+- empty slices (Phi-3's rotary pass-through when the rotary dims are the whole head) dropped by
+  the ``Concat`` that reads them, and refused anywhere else;
 - ``nn.Embedding(padding_idx=...)``: the padding row gets no gradient, as in torch.
 """
 
@@ -157,9 +161,44 @@ def test_gather_of_constant_indices_equals_reference_and_trains(idx, axis):
     assert verify(random_walk(step, np.random.default_rng(2), 4, 20), values=vals).ok
 
 
+def test_gather_of_many_constant_ids_is_an_embedding_lookup_that_trains():
+    """T5's bias lookup: ``Gather(table[32, 4], buckets[s, t])`` with scattered bucket ids: an
+    ``embedding`` whose ids are an int32 constant; the table's gradient is the scatter-add, and the
+    ids get none (a training step trains float parameters only)."""
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((32, 4)).astype(np.float32)
+    buckets = rng.integers(0, 32, (6, 6))
+    m = _model([N("Mul", ["x", "w"], ["t"]), N("Gather", ["t", "i"], ["y"], axis=0)], [32, 4],
+               [numpy_helper.from_array(table, "w"), _ints("i", buckets)])
+    g, vals = onnx_models.check_reference(m, {"x": (32, 4)}, kernels={"embedding"})
+    step = training_step(g, loss="mse", optimizer="adamw")
+    ids = [n for n, t in g.tensors.items() if t.role == "parameter" and t.dtype == "int32"]
+    assert len(ids) == 1 and f"{ids[0]}.next" not in step.tensors and f"{ids[0]}.grad" not in step.tensors
+    x = rng.standard_normal((32, 4))
+    y = (x * table)[buckets]
+    target = rng.standard_normal(y.shape)
+    env = execute(training_step(g, loss="mse", optimizer="sgd"),
+                  {"w": table.astype(np.float64), "x": x, "target": target, ids[0]: vals[ids[0]]}, precision="float64")
+    dt = np.zeros((32, 4))
+    np.add.at(dt, buckets.reshape(-1), (2.0 * (y - target) / y.size).reshape(-1, 4))
+    np.testing.assert_allclose(env["w.grad"], dt * x, rtol=1e-9, atol=1e-12)
+    assert verify(random_walk(step, np.random.default_rng(4), 4, 20), values=vals).ok
+
+
+def test_empty_slices_are_dropped_by_concat_and_refused_elsewhere():
+    """``concat(x[..., :4], x[..., 4:4])`` is ``x[..., :4]``; an empty slice read by a Relu is refused."""
+    nodes = [N("Slice", ["x", "s0", "e0", "ax"], ["a"]), N("Slice", ["x", "s1", "e1", "ax"], ["empty"]),
+             N("Concat", ["a", "empty"], ["y"], axis=-1)]
+    inits = [_ints("s0", [0]), _ints("e0", [4]), _ints("s1", [4]), _ints("e1", [4]), _ints("ax", [-1])]
+    g, _ = onnx_models.check_reference(_model(nodes, [3, 6], inits), {"x": (3, 6)}, kernels={"slice"})
+    assert "concat" not in {o.kernel for o in g.ops.values()}
+    nodes[2] = N("Relu", ["empty"], ["y"])
+    onnx_models.check_refused(_model(nodes, [3, 6], inits), "Relu", "empty slice [3, 0]", "only a Concat")
+
+
 def test_gather_of_scattered_indices_and_out_of_range_are_refused():
-    scattered = list(range(0, 80, 2))  # 40 runs of one
-    m = _model([N("Gather", ["x", "i"], ["y"], axis=0)], [80, 2], [_ints("i", scattered)])
+    scattered = list(range(0, 80, 2))  # 40 runs of one, gathering columns: not an embedding lookup
+    m = _model([N("Gather", ["x", "i"], ["y"], axis=1)], [2, 80], [_ints("i", scattered)])
     onnx_models.check_refused(m, "Gather", "40 runs", "up to 32")
     m = _model([N("Gather", ["x", "i"], ["y"], axis=0)], [80, 2], [_ints("i", [0, 80])])
     onnx_models.check_refused(m, "Gather", "outside axis 0 of length 80")
