@@ -3,7 +3,7 @@ configuration of ``transformers.LlamaForCausalLM`` with random weights (grouped-
 RoPE, SwiGLU, RMSNorm), returning the logits. Any ``transformers`` causal LM imports the same
 way: build it (``from_pretrained`` or from a config) and return it wrapped in ``Logits``.
 
-    tapestry import configs/models/hf_llama.py:make_model --example-input "x:int64[8,128]" \\
+    tapestry import configs/models/hf_llama.py:make_model --example-input "x:int64[batch=8,seq=128]" \\
         --train cross_entropy -o out/hf_llama.json
 """
 

@@ -282,6 +282,9 @@ def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
         except SignatureError as e:
             unsupported.setdefault(f"{node.op_type} (cannot map: {e})", []).append(label)
             unknown.update(node.output)
+    for vi in m.graph.output:  # an output with no cells: the IR has no such tensor
+        if vi.name in ctx.empty:
+            unsupported.setdefault("Slice (an empty slice)", []).append(ctx.empty[vi.name][1])
     if unsupported:
         rows = "; ".join(f"{op}: {', '.join(names[:8])}{' …' if len(names) > 8 else ''}"
                          for op, names in sorted(unsupported.items()))

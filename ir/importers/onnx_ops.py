@@ -57,8 +57,8 @@ class Context:
         # ``Unsqueeze``): graph tensor -> the int32 tensor whose cells it holds in row-major order.
         self.id_views: dict[str, str] = {}
         self.padding_rows: dict[str, int] = {}  # embedding table -> its padding row (``import_onnx``)
-        # ONNX values with no cells (an empty Slice), by shape: not graph tensors; Concat skips them
-        self.empty: dict[str, tuple[int, ...]] = {}
+        # ONNX values with no cells (an empty Slice): (shape, node label); not graph tensors, Concat skips them
+        self.empty: dict[str, tuple[tuple[int, ...], str]] = {}
 
     # -- values ---------------------------------------------------------------------------
     def is_const(self, name: str) -> bool:
@@ -73,7 +73,7 @@ class Context:
         if name in self.const:
             return tuple(self.const[name].shape)
         if name in self.empty:
-            return self.empty[name]
+            return self.empty[name][0]
         return self.prog.tensors[self.resolve(name)].shape
 
     def value(self, name: str) -> np.ndarray:
@@ -85,8 +85,8 @@ class Context:
         """The graph tensor holding ONNX value ``name`` (a constant becomes a parameter)."""
         if name not in self.const:
             if name in self.empty:
-                raise Unsupported(f"it reads {name!r}, an empty slice {list(self.empty[name])}; only a Concat may "
-                                  f"(the IR has no tensors without cells)")
+                raise Unsupported(f"it reads {name!r}, an empty slice {list(self.empty[name][0])}; only a Concat "
+                                  f"may (the IR has no tensors without cells)")
             t = self.resolve(name)
             if t not in self.prog.tensors:
                 raise Unsupported(f"value {name!r} has no producer")
@@ -859,7 +859,7 @@ def _slice(ctx, node, label):
         if (e - s) * st <= 0:  # nothing: only a Concat may read it (Phi-3's rotary pass-through of no dims)
             out_shape = list(shape)
             out_shape[a] = 0
-            ctx.empty[node.output[0]] = tuple(out_shape)
+            ctx.empty[node.output[0]] = (tuple(out_shape), label)
             return
         cuts.append((a, s, e, st))
     _slice_chain(ctx, x, cuts, node.output[0], label)

@@ -29,7 +29,7 @@ import importlib.util
 import io
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -53,12 +53,19 @@ def _torch() -> Any:
 
 def import_torch(module: Any, example_inputs: Mapping[str, Any], params: Mapping[str, Any] | None = None,
                  opset: int = 17, dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
-                 batchnorm: str = "eval") -> tuple[Graph, dict[str, np.ndarray]]:
+                 batchnorm: str = "eval", check: Mapping[str, int] | None = None,
+                 run: Callable[[Graph, Mapping[str, np.ndarray]], Mapping[str, Any]] | None = None
+                 ) -> tuple[Graph, dict[str, np.ndarray]]:
     """Import ``module`` (a ``torch.nn.Module``) called on ``example_inputs`` (name -> tensor, in
     the order of its forward arguments). Returns the graph and its parameter values.
 
     ``dynamic_axes`` (``{"x": {0: "batch", 1: "seq"}}``) exports those dims as symbolic; ``params``
-    then binds them, so one export serves any batch and sequence length.
+    then binds them, so one export serves any batch and sequence length. Tracing records Python
+    control flow on sizes as taken at the example's sizes: ``check`` (a second binding of the
+    symbolic dims, small) imports the export at those sizes too, runs it with ``run`` (the
+    executor's ``execute(graph, feed) -> {tensor: array}``, which ``ir`` does not import) and
+    compares it with the module's forward on the same random inputs, refusing the import when
+    they differ.
 
     The module is exported in eval mode (dropout off). ``batchnorm`` says how its batch norms
     (``torch.nn.BatchNorm1d/2d/3d``) normalise: ``"eval"`` on their running statistics,
@@ -68,6 +75,8 @@ def import_torch(module: Any, example_inputs: Mapping[str, Any], params: Mapping
     torch = _torch()
     if not isinstance(module, torch.nn.Module):
         raise ImportFailure(f"expected a torch.nn.Module, got {type(module).__name__}")
+    if check and run is None:
+        raise ImportFailure("check needs run, the function that executes a graph (executor.run.execute)")
     if batchnorm not in BATCHNORM_MODES:
         raise ImportFailure(f"batchnorm={batchnorm!r}: give one of {list(BATCHNORM_MODES)}")
     if batchnorm == "train" and opset < 14:
@@ -82,7 +91,9 @@ def import_torch(module: Any, example_inputs: Mapping[str, Any], params: Mapping
                 m.train()
     root, slots = _swap_rms_norms(torch, module)  # the caller's tree is restored below
     try:
-        buf = _export(torch, root, example_inputs, opset, dynamic_axes, batchnorm == "train")
+        buf = _export(torch, root, example_inputs, opset, dynamic_axes, batchnorm == "train", warn_traced=not check)
+        if check:
+            feed, want = _check_forward(torch, root, example_inputs, dynamic_axes or {}, check)
     finally:
         _restore(slots)
         for m, was in modes.items():
@@ -92,8 +103,62 @@ def import_torch(module: Any, example_inputs: Mapping[str, Any], params: Mapping
                 b.copy_(buffers[k])
     trainable = {n for n, p in module.named_parameters() if p.dtype.is_floating_point}
     model, trainable = _name_folded_weights(buf.getvalue(), module.state_dict(), trainable)
-    return import_onnx(model, params, what="imported PyTorch model", trainable=frozenset(trainable),
-                       padding_rows=_padding_rows(torch, module))
+    kw = {"what": "imported PyTorch model", "trainable": frozenset(trainable),
+          "padding_rows": _padding_rows(torch, module)}
+    g, values = import_onnx(model, params, **kw)
+    if check:
+        _check_sizes(import_onnx(model, {**(params or {}), **check}, **kw), run, feed, want, check)
+    return g, values
+
+
+def _check_forward(torch: Any, module: Any, example_inputs: Mapping[str, Any],
+                   dynamic_axes: Mapping[str, Mapping[int, str]], check: Mapping[str, int]
+                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Random inputs with the symbolic dims at ``check``'s sizes, and the module's outputs on them."""
+    gen = torch.Generator().manual_seed(1)
+    feed = {}
+    for name, x in example_inputs.items():
+        shape = [check.get(dynamic_axes.get(name, {}).get(i), d) for i, d in enumerate(x.shape)]
+        if x.is_floating_point():
+            feed[name] = torch.randn(shape, generator=gen, dtype=x.dtype)
+        else:  # ids in the range the example's own ids use
+            feed[name] = torch.randint(int(x.min()), int(x.max()) + 1, shape, generator=gen, dtype=x.dtype)
+    with torch.no_grad():
+        out = module(*feed.values())
+    return {k: v.numpy() for k, v in feed.items()}, dict(zip(_output_names(out), _leaf_values(out)))
+
+
+def _output_names(out: Any) -> list[str]:
+    """The graph output names the export gives a forward's result ``out`` (``_leaf_paths``)."""
+    leaves = _leaf_paths(out)
+    return ["output"] if len(leaves) == 1 else [f"output_{'_'.join(p)}" for p in leaves]
+
+
+def _leaf_values(out: Any) -> list[np.ndarray]:
+    """The tensors of ``out`` in ``_leaf_paths``' order, as float arrays."""
+    if isinstance(out, dict):
+        return [x for v in out.values() for x in _leaf_values(v)]
+    if isinstance(out, (tuple, list)):
+        return [x for v in out for x in _leaf_values(v)]
+    return [out.float().numpy()] if out is not None else []
+
+
+def _check_sizes(graph_and_values: tuple[Graph, dict[str, np.ndarray]], run: Callable,
+                 feed: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray], check: Mapping[str, int]) -> None:
+    """The export bound at ``check``'s sizes computes what the module does at them."""
+    g, values = graph_and_values
+    ints = {n: v.astype(np.int32) if v.dtype.kind in "iu" else v for n, v in feed.items()}
+    env = run(g, {**values, **ints})
+    sizes = ", ".join(f"{k}={v}" for k, v in check.items())
+    for name, w in want.items():
+        got = np.asarray(env[name], dtype=np.float64)
+        scale = float(np.abs(w).max()) or 1.0
+        if got.shape != w.shape or not np.allclose(got, w, rtol=1e-3, atol=1e-3 * scale):
+            raise ImportFailure(
+                f"the export traced at the example's sizes does not compute the module at other sizes ({sizes}: "
+                f"output {name!r} differs): the model's Python code branches on a size or turns one into a "
+                f"constant, which tracing records as taken; give fixed sizes (x:int64[8,128], not "
+                f"x:int64[batch=8,seq=128]) to import it at exactly those sizes")
 
 
 def _padding_rows(torch: Any, module: Any) -> dict[str, int]:
@@ -167,7 +232,7 @@ def _restore(slots: list[tuple[Any, str, Any]]) -> None:
 
 
 def _export(torch: Any, module: Any, example_inputs: Mapping[str, Any], opset: int,
-            dynamic_axes: Mapping[str, Mapping[int, str]] | None, preserve: bool = False) -> io.BytesIO:
+            dynamic_axes: Mapping[str, Mapping[int, str]] | None, preserve: bool = False, warn_traced: bool = True) -> io.BytesIO:
     """The ONNX bytes of ``module`` on ``example_inputs``; ``preserve``: export each submodule in
     its own mode (train-mode batch norms in an eval-mode module) rather than all in eval mode."""
     names = list(example_inputs)
@@ -183,14 +248,15 @@ def _export(torch: Any, module: Any, example_inputs: Mapping[str, Any], opset: i
         raise ImportFailure(f"the module's forward failed on the example inputs ({shapes}): {type(e).__name__}: "
                             f"{str(e)[:300]}; give inputs of the names, dtypes and shapes its forward "
                             f"takes, in its argument order") from None
-    leaves = _leaf_paths(out)
-    out_names = ["output"] if len(leaves) == 1 else [f"output_{'_'.join(p)}" for p in leaves]
+    out_names = _output_names(out)
     buf = io.BytesIO()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if dynamic_axes:  # a size traced into a constant is wrong at other sizes: say so
+            if dynamic_axes and warn_traced:  # a size traced into a constant is wrong at other sizes: say so
+                # (under ``check`` the comparison at other sizes decides instead)
                 warnings.simplefilter("default", torch.jit.TracerWarning)
+            # (not under no_grad: nn.TransformerEncoderLayer would take its fast path, which cannot export)
             with extra_symbolics(torch, opset):
                 torch.onnx.export(module, args, buf, dynamo=False, input_names=names, output_names=out_names,
                                   opset_version=opset, do_constant_folding=True,
@@ -353,12 +419,22 @@ def _state_entry(arrays: Mapping[str, np.ndarray], a: np.ndarray) -> tuple[str |
     return None, False
 
 
-def import_torch_factory(spec: str, example_inputs: Sequence[tuple[str, str, Sequence[int]]],
-                         params: Mapping[str, Any] | None = None, batchnorm: str = "eval"
-                         ) -> tuple[Graph, dict[str, np.ndarray]]:
+TRACE_SIZES = (2, 3, 5, 7, 11, 13)  # named dims are traced at these (distinct, none 1: no size-1 special case) ...
+CHECK_SIZES = (3, 4, 6, 8, 12, 14)  # ... and checked at these (``import_torch``'s ``check``)
+
+
+def import_torch_factory(spec: str, example_inputs: Sequence[tuple[str, str, Sequence[int | tuple[str, int]]]],
+                         params: Mapping[str, Any] | None = None, batchnorm: str = "eval",
+                         run: Callable | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
     """``"path/module.py:make_model"``: call the factory, import the module it returns on random
     example inputs ``[(name, dtype, shape), ...]`` (ids drawn in ``[0, 2)`` for integer inputs);
-    ``batchnorm`` as for ``import_torch``."""
+    ``batchnorm`` as for ``import_torch``.
+
+    A dim given as ``(name, size)`` (``x:int64[batch=8,seq=4096]`` on the command line) is
+    symbolic: the module is traced at a small size (``TRACE_SIZES``, the k-th named dim at the
+    k-th) and the program bound at ``size``, so the import costs what a tiny forward does,
+    whatever the batch and sequence; the export is checked at other small sizes (``CHECK_SIZES``)
+    against the module with ``run`` (``executor.run.execute``)."""
     torch = _torch()
     path, _, factory = spec.rpartition(":")
     p = Path(path)
@@ -374,17 +450,34 @@ def import_torch_factory(spec: str, example_inputs: Sequence[tuple[str, str, Seq
     if not callable(make):
         raise ImportFailure(f"{path} has no function {factory!r}; give module.py:factory where factory() "
                             f"returns a torch.nn.Module")
+    named: dict[str, int] = {}  # symbolic dim -> the size the program is bound at
+    axes: dict[str, dict[int, str]] = {}
+    for name, _dtype, shape in example_inputs:
+        for i, d in enumerate(shape):
+            if isinstance(d, tuple):
+                dim, size = d
+                if named.setdefault(dim, size) != size:
+                    raise ImportFailure(f"dim {dim!r} is given two sizes, {named[dim]} and {size}; give it one")
+                axes.setdefault(name, {})[i] = dim
+    if len(named) > len(TRACE_SIZES):
+        raise ImportFailure(f"{len(named)} named dims; up to {len(TRACE_SIZES)} are supported")
+    trace = {dim: min(size, TRACE_SIZES[k]) for k, (dim, size) in enumerate(named.items())}
+    check = {dim: min(size, CHECK_SIZES[k]) for k, (dim, size) in enumerate(named.items())}
     g = torch.Generator().manual_seed(0)
     ex = {}
     for name, dtype, shape in example_inputs:
         if dtype not in _TORCH_DTYPES:
             raise ImportFailure(f"example input {name!r} has dtype {dtype!r}; use one of {list(_TORCH_DTYPES)}")
+        dims = tuple(trace[d[0]] if isinstance(d, tuple) else d for d in shape)
         if dtype.startswith("int"):
-            ex[name] = torch.randint(0, 2, tuple(shape), generator=g, dtype=getattr(torch, dtype))
+            ex[name] = torch.randint(0, 2, dims, generator=g, dtype=getattr(torch, dtype))
         else:
-            ex[name] = torch.randn(tuple(shape), generator=g, dtype=getattr(torch, dtype))
+            ex[name] = torch.randn(dims, generator=g, dtype=getattr(torch, dtype))
     try:
         module = make()
     except Exception as e:  # noqa: BLE001  (user code)
         raise ImportFailure(f"{path}:{factory}() failed: {type(e).__name__}: {str(e)[:300]}") from None
-    return import_torch(module, ex, params, batchnorm=batchnorm)
+    if not named:
+        return import_torch(module, ex, params, batchnorm=batchnorm)
+    return import_torch(module, ex, {**(params or {}), **named}, dynamic_axes=axes, batchnorm=batchnorm,
+                        check=check, run=run)

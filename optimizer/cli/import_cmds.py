@@ -18,17 +18,21 @@ from optimizer.cli.common import console, load_plan_document, parse_settings, wr
 from optimizer.cli.errors import UserError
 
 
-def _example_inputs(items: list[str]) -> list[tuple[str, str, list[int]]]:
-    """``["x:float32[8,64]"]`` -> ``[("x", "float32", [8, 64])]``."""
+def _example_inputs(items: list[str]) -> list[tuple[str, str, list[int | tuple[str, int]]]]:
+    """``["x:float32[8,64]"]`` -> ``[("x", "float32", [8, 64])]``; a named dim ``batch=8`` is
+    ``("batch", 8)`` (symbolic: traced small, bound at 8; ``import_torch_factory``)."""
     import re
 
     out = []
     for item in items:
-        m = re.fullmatch(r"\s*([A-Za-z_][\w.]*)\s*:\s*(float32|float16|int64|int32)\s*\[\s*([\d,\s]+)\]\s*", item)
-        if not m:
-            raise UserError(f"--example-input {item!r} must look like NAME:DTYPE[d0,d1,...], e.g. x:float32[8,64] "
-                            f"(dtypes float32, float16, int64, int32)")
-        out.append((m.group(1), m.group(2), [int(d) for d in m.group(3).split(",") if d.strip()]))
+        m = re.fullmatch(r"\s*([A-Za-z_][\w.]*)\s*:\s*(float32|float16|int64|int32)\s*\[([\w=,\s]+)\]\s*", item)
+        dims = [re.fullmatch(r"\s*(?:([A-Za-z_]\w*)\s*=\s*)?(\d+)\s*", d) for d in m.group(3).split(",")] if m else []
+        if not m or not all(dims) or any(int(d.group(2)) < 1 for d in dims):
+            raise UserError(f"--example-input {item!r} must look like NAME:DTYPE[d0,d1,...], e.g. x:float32[8,64], "
+                            f"or with named dims traced small and bound at the size given, x:int64[batch=8,seq=4096] "
+                            f"(dtypes float32, float16, int64, int32; sizes >= 1)")
+        out.append((m.group(1), m.group(2), [(d.group(1), int(d.group(2))) if d.group(1) else int(d.group(2))
+                                             for d in dims]))
     return out
 
 
@@ -48,7 +52,9 @@ def import_program(model: str, params: dict[str, Any], example_inputs: list[str]
             raise UserError(f"--set {', '.join(sorted(params))} binds symbolic dims of an ONNX file; a PyTorch "
                             f"model's dims are the --example-input shapes (give x:float32[8,128] for batch 8, "
                             f"seq 128) and --set has nothing to bind")
-        return import_torch_factory(model, _example_inputs(example_inputs), params, batchnorm=batchnorm)
+        from executor.run import execute
+
+        return import_torch_factory(model, _example_inputs(example_inputs), params, batchnorm=batchnorm, run=execute)
     if model.endswith(".py"):
         raise UserError(f"{model!r} is a Python file; name the function that returns the torch.nn.Module: "
                         f"{model}:make_model")

@@ -10,6 +10,8 @@ folded on constants, then a ``Gather`` of constant indices from the token-type t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -139,3 +141,26 @@ def test_a_sharded_training_plan_verifies():
     step = training_step(g, loss="mse", optimizer="adamw")
     rep = verify(random_walk(step, np.random.default_rng(0), 4, 20), values=values)
     assert rep.ok, rep
+
+
+def test_named_dims_trace_small_and_bind_large():
+    """``configs/models/hf_llama.py`` with ``x:int64[batch=2,seq=40]``: traced at (2, 3), checked at
+    (3, 4) against the model, bound at (2, 40): the program traced at (2, 40) but for the names
+    the exporter numbers (its size computations add nodes): the same kernels with the same
+    params, parameters and outputs."""
+    from executor.run import execute
+    from ir.importers.torch_export import import_torch_factory
+
+    spec = str(Path(__file__).resolve().parents[2] / "configs" / "models" / "hf_llama.py") + ":make_model"
+    full, fv = import_torch_factory(spec, [("x", "int64", [2, 40])])
+    named, nv = import_torch_factory(spec, [("x", "int64", [("batch", 2), ("seq", 40)])], run=execute)
+
+    def ops(g):
+        return sorted((o.kernel, repr(sorted(o.params.items())), g.tensors[o.output].shape) for o in g.ops.values())
+
+    assert ops(named) == ops(full)
+    weights = {n for n in fv if n.startswith("m.")}  # the state_dict's (folded constants are named by node)
+    assert len(weights) > 30 and weights <= set(nv)
+    ids = np.random.default_rng(0).integers(0, 4096, (2, 40)).astype(np.int32)
+    np.testing.assert_allclose(execute(named, {**nv, "x": ids})["output"], execute(full, {**fv, "x": ids})["output"],
+                               rtol=1e-6, atol=1e-6)
