@@ -232,7 +232,8 @@ def _restore(slots: list[tuple[Any, str, Any]]) -> None:
 
 
 def _export(torch: Any, module: Any, example_inputs: Mapping[str, Any], opset: int,
-            dynamic_axes: Mapping[str, Mapping[int, str]] | None, preserve: bool = False, warn_traced: bool = True) -> io.BytesIO:
+            dynamic_axes: Mapping[str, Mapping[int, str]] | None, preserve: bool = False,
+            warn_traced: bool = True) -> io.BytesIO:
     """The ONNX bytes of ``module`` on ``example_inputs``; ``preserve``: export each submodule in
     its own mode (train-mode batch norms in an eval-mode module) rather than all in eval mode."""
     names = list(example_inputs)

@@ -49,7 +49,8 @@ def _models():
         {"rmsnorm", "linear", "causal_mask"}
     yield "gpt2", lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4,
                                                           n_positions=32)), {"layernorm", "causal_mask"}
-    yield "bert", lambda: T.BertModel(T.BertConfig(**SMALL), add_pooling_layer=False), {"layernorm", "gelu_erf", "embedding"}
+    yield "bert", lambda: T.BertModel(T.BertConfig(**SMALL), add_pooling_layer=False), \
+        {"layernorm", "gelu_erf", "embedding"}
     # relative-position buckets: a lookup of constant ids in the bias table
     yield "t5-encoder", lambda: T.T5EncoderModel(T.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2,
                                                             num_heads=4)), {"embedding", "rmsnorm"}
