@@ -53,6 +53,8 @@ def backward(b: GraphBuilder, g: Graph, seeds: dict[str, str], wrt: list[str]) -
         for _, t in o.inputs:  # integers computed from a source (argmax): no gradient passes them
             if t in live and b.tensor(t).dtype == INDEX_DTYPE:
                 src = g.producers[t]
+                if g.ops[src].kernel == "float_to_index":  # integer arithmetic on ids (and integer constants,
+                    continue  # which an import holds as float parameters): a gradient of zero, not a mistake
                 raise AutodiffError(f"op {src!r}: kernel {g.ops[src].kernel!r} has no gradient (its output {t!r} "
                                     f"is integer indices, piecewise constant in its input), and the loss depends "
                                     f"on the trained tensors through it (via op {name!r})")

@@ -180,6 +180,25 @@ _BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", 
                            "GreaterOrEqual", "And", "Or", "Xor"})
 
 
+#: ops whose result holds integers when every input does (a computed integer tensor is held as
+#: floats: ``Context.int_valued``), so a later Cast to an integer type or an embedding lookup is exact
+_INTEGER_CLOSED = frozenset({"Add", "Sub", "Mul", "Neg", "Abs", "CumSum", "ReduceSum", "ReduceMax", "Max", "Min",
+                             "Where"})
+
+
+def _note_integers(ctx: Context, node: Any) -> None:
+    data = [x for x in node.input[:1] if x] if node.op_type in ("CumSum", "ReduceSum", "ReduceMax") else \
+        [x for x in node.input[1:] if x] if node.op_type == "Where" else [x for x in node.input if x]
+    for x in data:
+        if ctx.is_const(x):
+            v = np.asarray(ctx.const[x])
+            if v.dtype.kind == "f" and not np.all(v == np.round(v)):
+                return
+        elif ctx.resolve(x) not in ctx.int_valued and ctx.prog.spec(ctx.resolve(x)).dtype != "int32":
+            return
+    ctx.int_valued.update(ctx.resolve(o) for o in node.output if o)
+
+
 def _broadcast_rank(ctx: Context, node: Any, label: str) -> None:
     """A one-element constant of higher rank than the tensor it meets (``x[2, 3] * c[1, 1, 1]``)
     raises the output's rank in ONNX; the handlers that make it an op's parameter (``scale``,
@@ -275,6 +294,8 @@ def import_onnx(model: Any, params: Mapping[str, Any] | None = None,
                     handler(ctx, node, label)
                 if node.op_type in _BROADCASTING:
                     _broadcast_rank(ctx, node, label)
+                if node.op_type in _INTEGER_CLOSED:
+                    _note_integers(ctx, node)
         except Unsupported as e:
             key = node.op_type + (f" ({e})" if str(e) else "")
             unsupported.setdefault(key, []).append(label)

@@ -22,26 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from ir.importers.onnx_ops import Context, handles
+from ir.importers.onnx_ops import Context, float_operand, handles
 
 _COMPARE = {"Equal": "eq", "Less": "lt", "Greater": "gt", "LessOrEqual": "le", "GreaterOrEqual": "ge"}
 _FLIPPED = {"eq": "eq", "lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}  # c op x  ==  x flipped(op) c
 _LOGIC = {"And": "and", "Or": "or", "Xor": "xor"}
-
-
-def float_operand(ctx: Context, name: str) -> str:
-    """The graph tensor of ONNX value ``name`` as floats: a constant (bool, int or float) becomes a
-    float parameter, a computed ``int32`` tensor its ``index_to_float`` copy."""
-    if ctx.is_const(name):
-        v = ctx.const[name]
-        if v.dtype.kind != "f":
-            ctx.const[f"{name}.float"] = v.astype(np.float32)
-            name = f"{name}.float"
-        return ctx.use(name)
-    t = ctx.use(name)
-    if ctx.prog.spec(t).dtype == "int32":
-        return ctx.use(ctx.float_view(name))
-    return t
 
 
 def _one_value(ctx: Context, name: str) -> float | None:

@@ -175,6 +175,21 @@ class Context:
                 self.const[name] = np.asarray(v)
 
 
+def float_operand(ctx: Context, name: str) -> str:
+    """The graph tensor of ONNX value ``name`` as floats: a constant (bool, int or float) becomes a
+    float parameter, a computed ``int32`` tensor its ``index_to_float`` copy."""
+    if ctx.is_const(name):
+        v = ctx.const[name]
+        if v.dtype.kind != "f":
+            ctx.const[f"{name}.float"] = v.astype(np.float32)
+            name = f"{name}.float"
+        return ctx.use(name)
+    t = ctx.use(name)
+    if ctx.prog.spec(t).dtype == "int32":
+        return ctx.use(ctx.float_view(name))
+    return t
+
+
 def attr(node: Any, name: str, default: Any = None) -> Any:
     from onnx import helper  # noqa: PLC0415
 
@@ -354,7 +369,17 @@ def _binary(ctx, node, label):
         ctx.emit("reciprocal", {"x": ctx.use(b)}, out=node.output[0], name=label)
         return
     kernel = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}[op]
+    if any(_is_integer(ctx, x) for x in (a, b)):  # integers (positions from ids) are computed as floats
+        ctx.emit(kernel, {"a": float_operand(ctx, a), "b": float_operand(ctx, b)}, out=node.output[0], name=label)
+        return
     ctx.emit(kernel, {"a": ctx.use(a), "b": ctx.use(b)}, out=node.output[0], name=label)
+
+
+def _is_integer(ctx: Context, name: str) -> bool:
+    """An integer constant or a computed ``int32`` tensor (not a float, nor a float holding integers)."""
+    if ctx.is_const(name):
+        return ctx.const[name].dtype.kind in "iub"
+    return ctx.prog.spec(ctx.use(name)).dtype == "int32"
 
 
 @handles("Pow")
@@ -648,9 +673,10 @@ def _gather(ctx, node, label):
             y = ctx.emit("embedding", {"table": table, "ids": ctx.id_views[ids]}, pad, name=label)
             _reshape_to(ctx, y, shape, node.output[0], f"{label}.reshape")
             return
-        if ids in ctx.int_valued:
-            raise Unsupported("embedding ids rearranged before the lookup by a Transpose, Slice, Concat or "
-                              "Expand; only reshapes of the ids are supported")
+        if ids in ctx.int_valued:  # ids the model computes (RoBERTa's positions), held as floats: made ids
+            ids = ctx.emit("float_to_index", {"x": ids}, name=f"{label}.ids")
+            ctx.emit("embedding", {"table": table, "ids": ids}, pad, out=node.output[0], name=label)
+            return
         raise Unsupported("embedding ids must be integers (int32 or int64 graph inputs)")
     if ctx.is_const(idx):
         x = ctx.use(data)
@@ -689,6 +715,19 @@ def _gather(ctx, node, label):
         return
     raise Unsupported("Gather other than an embedding lookup (initializer table, runtime ids, axis 0) or "
                       "constant indices")
+
+
+@handles("GatherElements")
+def _gather_elements(ctx, node, label):
+    """Computed indices into a constant whose cells are all equal (RoBERTa's buffered token types,
+    all zero, gathered at its computed positions): that value at every index, folded."""
+    data = node.input[0]
+    if not ctx.is_const(data):
+        raise Unsupported("GatherElements of a computed tensor (only of a constant, on constants or into equal cells)")
+    v = np.asarray(ctx.const[data])
+    if v.size == 0 or not np.all(v == v.reshape(-1)[0]):
+        raise Unsupported("GatherElements into a constant whose cells differ, at computed indices")
+    ctx.const[node.output[0]] = np.full(ctx.shape(node.input[1]), v.reshape(-1)[0], dtype=v.dtype)
 
 
 MAX_GATHER_RUNS = 32  # a constant-index Gather becomes one slice per run: beyond this, a table lookup

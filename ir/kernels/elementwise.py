@@ -132,6 +132,24 @@ class IndexToFloat(Kernel):
         return blocks["x"].astype(exec_dtype(xp, params["dtype"]))
 
 
+class FloatToIndex(Kernel):
+    """Integer-valued floats as ``int32`` (rounded to the nearest, exact below 2^24 in float32):
+    ids an imported model computes from ids (RoBERTa's positions, ``cumsum(ids != pad) * mask +
+    pad``) for an embedding lookup. Nothing differentiates through it (its output is an index)."""
+
+    name = "float_to_index"
+    inputs = ("x",)
+    kernel_class = "elementwise"
+
+    def base_signature(self, ins, params):
+        n = len(ins["x"].shape)
+        return Signature(elementwise_dims(n), ins["x"].shape, {"x": identity_projection(n)}, identity_projection(n),
+                         TensorSpec(ins["x"].shape, "int32"), 0.0)
+
+    def compute(self, xp, blocks, params):
+        return xp.rint(blocks["x"]).astype(xp.int32)
+
+
 def exec_dtype(xp: Any, dtype: str) -> Any:
     # bfloat16 executes as float32 (NumPy and CuPy have no bfloat16), as in ``executor.backend``.
     return xp.float32 if dtype == "bfloat16" else getattr(xp, dtype)
@@ -234,6 +252,7 @@ class TanhGrad(GradBinary):
         return blocks["dy"] * (1.0 - y * y)
 
 
-KERNELS = (Relu, Gelu, Exp, Tanh, Silu, Scale, Cast, IndexToFloat, Add, Sub, Mul, Div, ReluGrad, GeluGrad, SiluGrad, TanhGrad)
+KERNELS = (Relu, Gelu, Exp, Tanh, Silu, Scale, Cast, IndexToFloat, FloatToIndex, Add, Sub, Mul, Div, ReluGrad, GeluGrad,
+           SiluGrad, TanhGrad)
 
 __all__ = ["KERNELS", "broadcast_projection", "elementwise_dims", "SignatureError", "identity_rows"]

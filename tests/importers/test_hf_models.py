@@ -23,6 +23,7 @@ from torch_checks import check_against_torch  # noqa: E402
 from executor import verify  # noqa: E402
 from ir.autodiff import training_step  # noqa: E402
 from ir.importers.torch_export import import_torch  # noqa: E402
+from executor.run import execute  # noqa: E402
 from ir.rewrites import random_walk  # noqa: E402
 
 T = transformers
@@ -51,6 +52,9 @@ def _models():
                                                           n_positions=32)), {"layernorm", "causal_mask"}
     yield "bert", lambda: T.BertModel(T.BertConfig(**SMALL), add_pooling_layer=False), \
         {"layernorm", "gelu_erf", "embedding"}
+    # positions computed from the ids (cumsum of the non-padding tokens): a lookup of computed ids
+    yield "roberta", lambda: T.RobertaModel(T.RobertaConfig(**SMALL), add_pooling_layer=False), \
+        {"float_to_index", "embedding", "layernorm"}
     # relative-position buckets: a lookup of constant ids in the bias table
     yield "t5-encoder", lambda: T.T5EncoderModel(T.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2,
                                                             num_heads=4)), {"embedding", "rmsnorm"}
@@ -70,6 +74,13 @@ def test_forward_and_gradients_match_torch(name, make, kernels):
 
     sites = attention_sites(g)  # torch's exported attention, one per layer, for FlashAttention
     assert len(sites) == (0 if name == "t5-encoder" else 2), name  # T5 adds a position bias to the scores
+    if name == "roberta":  # the padding token's position is the padding row: ids with padding still match torch
+        ids = ids.clone()
+        ids[:, -3:] = m.m.config.pad_token_id
+        with torch.no_grad():
+            want = m(ids).numpy()
+        got = execute(g, {**_env, "x": ids.numpy().astype(np.int32)})["output"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     fused = g
     for op in sites:
         fused = fuse_attention(fused, op)

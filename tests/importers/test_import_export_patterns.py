@@ -14,7 +14,11 @@
   out-of-range indices refused;
 - empty slices (Phi-3's rotary pass-through when the rotary dims are the whole head) dropped by
   the ``Concat`` that reads them, and refused anywhere else;
-- ``nn.Embedding(padding_idx=...)``: the padding row gets no gradient, as in torch.
+- ``nn.Embedding(padding_idx=...)``: the padding row gets no gradient, as in torch;
+- positions computed from the ids (RoBERTa's ``cumsum(ids != pad) * mask + pad``): integer
+  arithmetic tracked through Add/Mul/CumSum, the lookup through ``float_to_index``; a Cast to an
+  integer of a tensor that may hold fractions is still refused; a ``GatherElements`` at computed
+  indices into a constant of equal cells (RoBERTa's token types) is that constant.
 """
 
 from __future__ import annotations
@@ -246,3 +250,70 @@ def test_padding_row_is_checked_and_survives_a_split_reduction():
         dtable = env[g.ops[grad_op].output]
         assert np.all(dtable[2] == 0) and np.abs(dtable[5]).max() > 0
     assert verify(split).ok and verify(random_walk(split, np.random.default_rng(0), 4, 25)).ok
+
+
+# -- ids computed from ids -------------------------------------------------------------------------
+
+def _positions_model(extra_div: bool = False):
+    """RoBERTa's ``create_position_ids_from_input_ids`` (padding 1), then a lookup and an add."""
+    ids = helper.make_tensor_value_info("ids", T.INT64, [2, 7])
+    nodes = [N("Equal", ["ids", "pad"], ["is_pad"]), N("Not", ["is_pad"], ["keep"]),
+             N("Cast", ["keep"], ["mask"], to=T.INT32), N("CumSum", ["mask", "axis"], ["run"]),
+             N("Mul", ["run", "mask"], ["pos32"])]
+    if extra_div:  # a halving: no longer integers
+        nodes.append(N("Div", ["pos32", "two"], ["half"]))
+        nodes.append(N("Cast", ["half"], ["pos64"], to=T.INT64))
+    else:
+        nodes.append(N("Cast", ["pos32"], ["pos64"], to=T.INT64))
+    nodes += [N("Add", ["pos64", "pad"], ["pos"]), N("Gather", ["table", "pos"], ["emb"]),
+              N("Gather", ["words", "ids"], ["w"]), N("Add", ["w", "emb"], ["y"])]
+    rng = np.random.default_rng(5)
+    inits = [_ints("pad", 1), numpy_helper.from_array(np.array(1, np.int32), "axis"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(rng.standard_normal((12, 4)).astype(np.float32), "table"),
+             numpy_helper.from_array(rng.standard_normal((10, 4)).astype(np.float32), "words")]
+    g = helper.make_graph(nodes, "g", [ids], [helper.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_positions_computed_from_the_ids_equal_the_reference():
+    from onnx.reference import ReferenceEvaluator
+
+    m = _positions_model()
+    g, vals = import_onnx(m, {})
+    assert {"float_to_index", "embedding"} <= {o.kernel for o in g.ops.values()}
+    ids = np.array([[5, 3, 9, 1, 1, 1, 1], [2, 1, 7, 8, 4, 1, 1]], np.int64)  # 1 pads (RoBERTa's <pad>)
+    want = ReferenceEvaluator(m).run(None, {"ids": ids})[0]
+    got = np.asarray(execute(g, {**vals, "ids": ids.astype(np.int32)})["y"])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert verify(random_walk(g, np.random.default_rng(0), 4, 15), values=vals).ok
+
+
+def test_a_cast_of_possible_fractions_to_integers_is_still_refused():
+    onnx_models.check_refused(_positions_model(extra_div=True), "Cast", "computed float tensor to integer")
+
+
+def test_gather_elements_at_computed_indices_into_equal_cells_is_the_constant():
+    """RoBERTa's buffered token types (zeros) gathered at its computed positions: zeros; into
+    cells that differ it is refused."""
+    ids = helper.make_tensor_value_info("ids", T.INT64, [2, 5])
+    for cells, ok in ((np.zeros((2, 9), np.int64), True), (np.arange(18, dtype=np.int64).reshape(2, 9), False)):
+        nodes = [N("GatherElements", ["buf", "ids"], ["types"], axis=1), N("Gather", ["table", "types"], ["t"]),
+                 N("Gather", ["words", "ids"], ["w"]), N("Add", ["w", "t"], ["y"])]
+        rng = np.random.default_rng(6)
+        inits = [numpy_helper.from_array(cells, "buf"),
+                 numpy_helper.from_array(rng.standard_normal((18, 3)).astype(np.float32), "table"),
+                 numpy_helper.from_array(rng.standard_normal((9, 3)).astype(np.float32), "words")]
+        m = helper.make_model(helper.make_graph(nodes, "g", [ids], [helper.make_tensor_value_info("y", T.FLOAT, None)],
+                                                inits), opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        if not ok:
+            onnx_models.check_refused(m, "GatherElements into a constant whose cells differ")
+            continue
+        g, vals = import_onnx(m, {})
+        x = np.array([[0, 3, 8, 2, 2], [1, 1, 4, 7, 0]], np.int64)
+        from onnx.reference import ReferenceEvaluator
+        want = ReferenceEvaluator(m).run(None, {"ids": x})[0]
+        np.testing.assert_allclose(np.asarray(execute(g, {**vals, "ids": x.astype(np.int32)})["y"]), want, rtol=1e-6)

@@ -171,7 +171,12 @@ def test_embedding_of_reshaped_ids(view_nodes, out_shape):
     assert sorted(o.kernel for o in g.ops.values()) == ["embedding", "reshape"]
 
 
-def test_embedding_of_transposed_ids_is_refused_by_name():
+def test_embedding_of_transposed_ids_is_a_lookup_of_computed_ids():
+    """Ids rearranged by a Transpose (refused before): held as floats, made ids by
+    ``float_to_index``, looked up; equal to the reference."""
     m = _ids_model([helper.make_node("Transpose", ["x"], ["i"])], [2, 3], [3, 2, 4])
-    with pytest.raises(ImportFailure, match="rearranged before the lookup by a Transpose"):
-        import_onnx(m, {})
+    g, values = import_onnx(m, {})
+    ids = np.random.default_rng(1).integers(0, 10, (2, 3))
+    got = execute(g, {"x": ids.astype(np.int32), **values})["y"]
+    np.testing.assert_array_equal(got, ReferenceEvaluator(m).run(None, {"x": ids})[0])
+    assert {"float_to_index", "embedding", "permute"} <= {o.kernel for o in g.ops.values()}
