@@ -690,11 +690,16 @@ def _gather(ctx, node, label):
         if not out_shape:
             raise Unsupported("gathering one cell (a scalar)")
         runs = _index_runs(flat)
-        if len(runs) > MAX_GATHER_RUNS and ax == 0 and len(shape) == 2:
+        # a table with a padding row (``nn.Embedding(padding_idx=...)``) read at that row: slices would
+        # send the row a gradient, the lookup gets none (position ids held as a buffer)
+        pad = ctx.padding_rows.get(data) if ax == 0 and len(shape) == 2 else None
+        if ax == 0 and len(shape) == 2 and (len(runs) > MAX_GATHER_RUNS or (pad is not None and pad in flat)):
             # a lookup of constant ids (T5's relative-position buckets): an embedding whose ids are
             # an int32 constant of the program
             ids = ctx.use(_constant(ctx, f"{label}.ids", np.where(i < 0, i + shape[0], i)))
-            ctx.emit("embedding", {"table": x, "ids": ids}, out=node.output[0], name=label)
+            y = ctx.emit("embedding", {"table": x, "ids": ids}, {"padding_idx": pad} if pad is not None else {},
+                         name=label)
+            _reshape_to(ctx, y, out_shape, node.output[0], f"{label}.reshape")  # (a scalar index: ids [1])
             return
         if not runs or len(runs) > MAX_GATHER_RUNS:
             raise Unsupported(f"its {flat.size} constant indices form {len(runs)} runs of consecutive or repeated "

@@ -317,3 +317,25 @@ def test_gather_elements_at_computed_indices_into_equal_cells_is_the_constant():
         from onnx.reference import ReferenceEvaluator
         want = ReferenceEvaluator(m).run(None, {"ids": x})[0]
         np.testing.assert_allclose(np.asarray(execute(g, {**vals, "ids": x.astype(np.int32)})["y"]), want, rtol=1e-6)
+
+
+@needs_torch
+@pytest.mark.parametrize("positions", [[[0, 1, 2, 3]], [[3, 0, 2, 0]]])  # [1, seq], as HF holds them
+def test_padding_row_read_at_constant_ids_gets_no_gradient(positions):
+    """Position ids held as a buffer: the Gather's indices are constants, which the importer would
+    read as slices of the table; at the padding row they must stay a lookup with ``padding_idx``."""
+
+    class Pos(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pos = torch.nn.Embedding(6, 8, padding_idx=0)
+            self.register_buffer("position_ids", torch.tensor(positions), persistent=False)
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.fc(x + self.pos(self.position_ids))
+
+    x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0))
+    g, env = check_against_torch(Pos(), x, {"embedding"})
+    assert np.all(env["pos.weight.grad"][0] == 0)
+    assert [o.params.get("padding_idx") for o in g.ops.values() if o.kernel == "embedding"] == [0]
