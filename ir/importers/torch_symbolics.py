@@ -45,7 +45,9 @@ def extra_symbolics(torch: Any, opset: int) -> Iterator[None]:
     """Register :data:`SYMBOLICS` for one export at ``opset`` (10 or later: ``Slice`` takes its
     bounds as inputs from opset 10) and unregister them afterwards, so torch's registry is as
     the caller left it."""
-    names = list(SYMBOLICS) if opset >= 10 else []
+    # a symbolic already there (the caller's own, or torch's) is left alone: registering ours would
+    # replace it for this export and unregistering would delete it
+    names = [n for n in SYMBOLICS if not _registered(n, opset)] if opset >= 10 else []
     for name in names:
         torch.onnx.register_custom_op_symbolic(name, SYMBOLICS[name], _OPSET)
     try:
@@ -70,3 +72,13 @@ def _drop_empty_group(name: str) -> None:
             group.get_min_supported()
     except ValueError:  # (min() of no opsets)
         registry._registry.pop(name, None)
+
+
+def _registered(name: str, opset: int) -> bool:
+    """Whether torch's exporter already has a symbolic for ``name`` at ``opset``."""
+    try:
+        from torch.onnx._internal.torchscript_exporter.registration import registry  # noqa: PLC0415
+
+        return bool(registry.is_registered_op(name, opset))
+    except (ImportError, AttributeError, ValueError):  # another torch (or an emptied group): register ours
+        return False

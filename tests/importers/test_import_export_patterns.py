@@ -339,3 +339,27 @@ def test_padding_row_read_at_constant_ids_gets_no_gradient(positions):
     g, env = check_against_torch(Pos(), x, {"embedding"})
     assert np.all(env["pos.weight.grad"][0] == 0)
     assert [o.params.get("padding_idx") for o in g.ops.values() if o.kernel == "embedding"] == [0]
+
+
+@needs_torch
+def test_a_callers_own_diff_symbolic_is_used_and_kept():
+    from torch.onnx._internal.torchscript_exporter.registration import registry
+
+    from ir.importers.errors import ImportFailure
+    from ir.importers.torch_export import import_torch
+
+    def mine(g, x, n, dim, prepend, append):
+        raise RuntimeError("the caller's symbolic ran")
+
+    class D(torch.nn.Module):
+        def forward(self, x):
+            return torch.diff(x, dim=1)
+
+    torch.onnx.register_custom_op_symbolic("aten::diff", mine, 9)
+    try:
+        with pytest.raises(ImportFailure, match="the caller's symbolic ran"):
+            import_torch(D(), {"x": torch.randn(4, 4)})
+        assert registry.get_function_group("aten::diff").get(17) is mine
+    finally:
+        torch.onnx.unregister_custom_op_symbolic("aten::diff", 9)
+    import_torch(D(), {"x": torch.randn(4, 4)})  # ours again, once the caller's is gone
