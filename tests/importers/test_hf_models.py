@@ -123,6 +123,7 @@ class Hidden(torch.nn.Module):
         return self.m(x).last_hidden_state
 
 
+@pytest.mark.slow  # 20 s of exports: CI's test-slow runs it, make test keeps to its budget
 @pytest.mark.parametrize("name,make,kind", list(_forward_only()), ids=[m[0] for m in _forward_only()])
 def test_forward_matches_the_model(name, make, kind):
     """More architectures, forward only (the exports' patterns are the ones trained above): equal
@@ -155,6 +156,7 @@ def test_a_sharded_training_plan_verifies():
     assert rep.ok, rep
 
 
+@pytest.mark.slow  # two imports of configs/models/hf_llama.py (11 s)
 def test_named_dims_trace_small_and_bind_large():
     """``configs/models/hf_llama.py`` with ``x:int64[batch=2,seq=40]``: traced at (2, 3), checked at
     (3, 4) against the model, bound at (2, 40): the program traced at (2, 40) but for the names
