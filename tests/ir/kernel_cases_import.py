@@ -112,6 +112,7 @@ def import_cases(Case):
     return [
         Case("index_to_float", "index_to_float", {"x": (3, 4)}, {"dtype": "float32"},
              lambda i: i["x"].astype(np.float64), ints={"x": 7}),
+        Case("float_to_index", "float_to_index", {"x": (3, 4)}, {}, lambda i: np.rint(i["x"])),
         Case("sigmoid", "sigmoid", {"x": (4, 5)}, {}, lambda i: scipy.special.expit(i["x"])),
         Case("sqrt", "sqrt", {"x": (4, 5)}, {}, lambda i: np.sqrt(i["x"]), positive=("x",)),
         Case("reciprocal", "reciprocal", {"x": (3, 4)}, {}, lambda i: 1.0 / i["x"], positive=("x",)),
