@@ -180,16 +180,16 @@ _BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", 
                            "GreaterOrEqual", "And", "Or", "Xor"})
 
 
-#: ops whose result holds integers when every input does (a computed integer tensor is held as
-#: floats: ``Context.int_valued``), so a later Cast to an integer type or an embedding lookup is exact
-_INTEGER_CLOSED = frozenset({"Add", "Sub", "Mul", "Neg", "Abs", "CumSum", "ReduceSum", "ReduceMax", "Max", "Min",
-                             "Where"})
+#: ops whose result holds integers when every data input does (a computed integer tensor is held
+#: as floats: ``Context.int_valued``), so a later Cast to an integer type or an embedding lookup is
+#: exact; by op, its data inputs (the others are axes, or Where's condition)
+_INTEGER_CLOSED = {"Add": slice(None), "Sub": slice(None), "Mul": slice(None), "Neg": slice(None),
+                   "Abs": slice(None), "Max": slice(None), "Min": slice(None), "CumSum": slice(0, 1),
+                   "ReduceSum": slice(0, 1), "ReduceMax": slice(0, 1), "Where": slice(1, None)}
 
 
 def _note_integers(ctx: Context, node: Any) -> None:
-    data = [x for x in node.input[:1] if x] if node.op_type in ("CumSum", "ReduceSum", "ReduceMax") else \
-        [x for x in node.input[1:] if x] if node.op_type == "Where" else [x for x in node.input if x]
-    for x in data:
+    for x in (x for x in node.input[_INTEGER_CLOSED[node.op_type]] if x):
         if ctx.is_const(x):
             v = np.asarray(ctx.const[x])
             if v.dtype.kind == "f" and not np.all(v == np.round(v)):

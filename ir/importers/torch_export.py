@@ -123,8 +123,14 @@ def _check_forward(torch: Any, module: Any, example_inputs: Mapping[str, Any],
             feed[name] = torch.randn(shape, generator=gen, dtype=x.dtype)
         else:  # ids in the range the example's own ids use
             feed[name] = torch.randint(int(x.min()), int(x.max()) + 1, shape, generator=gen, dtype=x.dtype)
-    with torch.no_grad():
-        out = module(*feed.values())
+    try:
+        with torch.no_grad():
+            out = module(*feed.values())
+    except Exception as e:  # noqa: BLE001  (user code)
+        sizes = ", ".join(f"{k}={v}" for k, v in check.items())
+        raise ImportFailure(f"the module's forward fails at other sizes of its named dims ({sizes}), where the "
+                            f"export is checked: {type(e).__name__}: {str(e)[:200]}; give fixed sizes "
+                            f"(x:int64[8,128], not x:int64[batch=8,seq=128])") from None
     return {k: v.numpy() for k, v in feed.items()}, dict(zip(_output_names(out), _leaf_values(out)))
 
 

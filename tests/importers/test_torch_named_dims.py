@@ -46,6 +46,18 @@ def make():
     torch.manual_seed(0)
     return Block()
 
+def make_fixed():
+    torch.manual_seed(0)
+    block = Block()
+    forward = block.forward
+
+    def only_seq_3(ids):
+        assert ids.shape[1] == 3, "this model takes sequences of 3"
+        return forward(ids)
+
+    block.forward = only_seq_3
+    return block
+
 def make_branching():
     torch.manual_seed(0)
     return Block(branch=True)
@@ -77,6 +89,8 @@ def test_a_size_made_a_constant_is_refused(block_file):
     assert g.tensors["x"].shape == (4, 9)
     with pytest.raises(ImportFailure, match="two sizes"):
         import_torch_factory(f"{block_file}:make", [("x", "int64", [("n", 4), ("n", 9)])], run=execute)
+    with pytest.raises(ImportFailure, match="forward fails at other sizes of its named dims"):  # asserts seq 3
+        import_torch_factory(f"{block_file}:make_fixed", [("x", "int64", [("batch", 4), ("seq", 9)])], run=execute)
 
 
 def test_the_command_line_parses_named_dims(block_file, tmp_path, capsys):
