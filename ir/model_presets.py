@@ -7,7 +7,9 @@ d_model, n_heads, d_head; context 2048); Llama 2 (Touvron et al. 2023, "Llama 2:
 and Fine-Tuned Chat Models", Table 1 and the released ``config.json`` files: hidden size,
 intermediate size, heads, key/value heads (GQA for 70B), vocabulary 32000, context 4096);
 Llama 3 (Meta, "The Llama 3 Herd of Models", 2024, Table 3, and the released configs:
-vocabulary 128256, context 8192, GQA with 8 key/value heads).
+vocabulary 128256, context 8192, GQA with 8 key/value heads); Mixtral 8x7B (Jiang et al. 2024,
+"Mixtral of Experts", Table 1, and the released ``config.json``: 8 experts, 2 per token,
+context 32768).
 
 ``seq`` defaults to the model's context length and ``batch`` to 1; campaigns set both.
 """
@@ -27,10 +29,13 @@ class ModelPreset:
     d_ff: int
     vocab: int
     seq: int
+    experts: int | None = None  # a mixture of this many experts per MLP (llama only)
+    top_k: int = 2  # experts per token
 
     def sizes(self) -> dict[str, int]:
+        moe = {"experts": self.experts, "top_k": self.top_k} if self.experts else {}
         return {"layers": self.layers, "d_model": self.d_model, "heads": self.heads, "kv_heads": self.kv_heads,
-                "d_ff": self.d_ff, "vocab": self.vocab, "seq": self.seq, "batch": 1}
+                "d_ff": self.d_ff, "vocab": self.vocab, "seq": self.seq, "batch": 1, **moe}
 
 
 PRESETS: dict[str, ModelPreset] = {
@@ -45,4 +50,5 @@ PRESETS: dict[str, ModelPreset] = {
     "llama2-70b": ModelPreset("llama", 80, 8192, 64, 8, 28672, 32000, 4096),
     "llama3-8b": ModelPreset("llama", 32, 4096, 32, 8, 14336, 128256, 8192),
     "llama3-70b": ModelPreset("llama", 80, 8192, 64, 8, 28672, 128256, 8192),
+    "mixtral-8x7b": ModelPreset("llama", 32, 4096, 32, 8, 14336, 32000, 32768, experts=8, top_k=2),
 }

@@ -163,16 +163,72 @@ def gpt(layers: int = 2, d_model: int = 32, heads: int = 4, kv_heads: int | None
     return b.build()
 
 
+def _swiglu(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int) -> str:
+    """Llama's SwiGLU MLP: ``W_down (silu(x W_gate) * x W_up)``."""
+    gate = b.einsum(x, b.parameter(f"{pp}W_gate", (d_model, d_ff)), name=f"{pre}ff_gate", equation="bsd,df->bsf")
+    up = b.einsum(x, b.parameter(f"{pp}W_up", (d_model, d_ff)), name=f"{pre}ff_up", equation="bsd,df->bsf")
+    x = b.mul(b.silu(gate, name=f"{pre}ff_act"), up, name=f"{pre}ff_glu")
+    return b.einsum(x, b.parameter(f"{pp}W_down", (d_ff, d_model)), name=f"{pre}ff_down", equation="bsf,fd->bsd")
+
+
+def _moe(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int, experts: int, top_k: int,
+         batch: int, seq: int) -> str:
+    """A Mixtral-style mixture of SwiGLU experts (Jiang et al. 2024, "Mixtral of Experts", §2.1)
+    with *balanced routing*: token ``s``'s ``j``-th choice (``j < top_k``) is expert
+    ``(s·top_k + j) mod experts``, the assignment of a perfectly balanced router (every expert gets
+    ``batch·seq·top_k / experts`` tokens, capacity factor 1). The gates are Mixtral's: the softmax
+    of the router's logits over the token's chosen experts. Data-dependent top-k routing has no
+    affine projection, so the choice is fixed; what a plan pays for it is exact: the dispatch and
+    combine are layout ops (``expand``, ``reshape``, ``permute``), so an expert-parallel layout
+    (the experts' dim split over devices) turns them into all-to-all exchanges, and each expert's
+    GEMMs see its share of the tokens.
+
+    Shapes: ``x[b, s, d]`` -> copies ``[b, s, k, d]`` -> ``[b, c, e, d]`` (``c = s·k/e``: the
+    row-major order puts copy ``(s, j)`` on expert ``(s·k + j) mod e``) -> ``[e, b, c, d]``
+    (dispatch) -> the experts' SwiGLU with weights ``[e, d, f]`` -> back to ``[b, s, k, d]`` ->
+    the gate-weighted sum over ``k``. The router's weight ``[d, e]`` is read per expert on the
+    dispatched tokens (``ebcd,de->ebc``), the logit of each chosen expert."""
+    c = seq * top_k // experts
+    xk = b.expand(x, name=f"{pre}moe_copies", dim=2, size=top_k)
+    xe = b.reshape(xk, name=f"{pre}moe_slots", shape=[batch, c, experts, d_model],
+                   **{"from": [batch, seq, top_k, d_model]})
+    xe = b.permute(xe, name=f"{pre}moe_dispatch", perm=[2, 0, 1, 3])
+    logits = b.einsum(xe, b.parameter(f"{pp}W_router", (d_model, experts)), name=f"{pre}moe_router",
+                      equation="ebcd,de->ebc")
+    logits = b.permute(logits, name=f"{pre}moe_router_t", perm=[1, 2, 0])
+    logits = b.reshape(logits, name=f"{pre}moe_router_k", shape=[batch, seq, top_k], **{"from": [batch, c, experts]})
+    gates = b.softmax(logits, name=f"{pre}moe_gates")
+    gate = b.einsum(xe, b.parameter(f"{pp}W_gate", (experts, d_model, d_ff)), name=f"{pre}ff_gate",
+                    equation="ebcd,edf->ebcf")
+    up = b.einsum(xe, b.parameter(f"{pp}W_up", (experts, d_model, d_ff)), name=f"{pre}ff_up",
+                  equation="ebcd,edf->ebcf")
+    y = b.mul(b.silu(gate, name=f"{pre}ff_act"), up, name=f"{pre}ff_glu")
+    y = b.einsum(y, b.parameter(f"{pp}W_down", (experts, d_ff, d_model)), name=f"{pre}ff_down",
+                 equation="ebcf,efd->ebcd")
+    y = b.permute(y, name=f"{pre}moe_combine", perm=[1, 2, 0, 3])
+    y = b.reshape(y, name=f"{pre}moe_unslot", shape=[batch, seq, top_k, d_model],
+                  **{"from": [batch, c, experts, d_model]})
+    return b.einsum(gates, y, name=f"{pre}moe_mix", equation="bsk,bskd->bsd")
+
+
 def llama(layers: int = 2, d_model: int = 32, heads: int = 4, kv_heads: int | None = None, d_ff: int | None = None,
-          vocab: int = 64, seq: int = 16, batch: int = 2, rope: bool = True, dtype: str = "float32") -> Graph:
+          vocab: int = 64, seq: int = 16, batch: int = 2, rope: bool = True, experts: int | None = None,
+          top_k: int = 2, dtype: str = "float32") -> Graph:
     """Llama-style decoder (Touvron et al. 2023): RMSNorm, causal attention with grouped-query heads
     and rotary position embeddings (exact: ``rope`` kernel, rotate-half pairing), SwiGLU MLP, untied
-    head; no biases."""
+    head; no biases. With ``experts`` (Mixtral), each MLP is a mixture of that many SwiGLU experts,
+    ``top_k`` per token, balanced routing (``_moe``): ``seq·top_k`` must be a multiple of ``experts``."""
     kv_heads = kv_heads or heads
     d_ff = d_ff or 4 * d_model
     _check_lm(layers, d_model, heads, kv_heads, d_ff, vocab, seq, batch)
     if (d_model // heads) % 2:
         raise WorkloadError(f"llama needs an even head dimension for rotary embeddings, got {d_model // heads}")
+    if experts is not None:
+        if not 1 <= top_k <= experts:
+            raise WorkloadError(f"top_k {top_k} must be between 1 and experts {experts} (each token's experts)")
+        if (seq * top_k) % experts:
+            raise WorkloadError(f"seq * top_k = {seq * top_k} must be a multiple of experts {experts} (balanced "
+                                f"routing gives every expert as many tokens); change seq or top_k")
     b = GraphBuilder(dtype)
     h = b.embedding(b.parameter("tok_emb", (vocab, d_model)), b.input("ids", (batch, seq), "int32"), name="tok_emb")
     for i in range(layers):
@@ -180,10 +236,10 @@ def llama(layers: int = 2, d_model: int = 32, heads: int = 4, kv_heads: int | No
         x = b.rmsnorm(h, b.parameter(f"{pp}attn_norm", (d_model,)), name=f"{pre}attn_norm")
         h = b.add(h, _attention(b, x, pre, pp, d_model, heads, kv_heads, rope=rope), name=f"{pre}resid1")
         x = b.rmsnorm(h, b.parameter(f"{pp}ffn_norm", (d_model,)), name=f"{pre}ffn_norm")
-        gate = b.einsum(x, b.parameter(f"{pp}W_gate", (d_model, d_ff)), name=f"{pre}ff_gate", equation="bsd,df->bsf")
-        up = b.einsum(x, b.parameter(f"{pp}W_up", (d_model, d_ff)), name=f"{pre}ff_up", equation="bsd,df->bsf")
-        x = b.mul(b.silu(gate, name=f"{pre}ff_act"), up, name=f"{pre}ff_glu")
-        x = b.einsum(x, b.parameter(f"{pp}W_down", (d_ff, d_model)), name=f"{pre}ff_down", equation="bsf,fd->bsd")
+        if experts is None:
+            x = _swiglu(b, x, pre, pp, d_model, d_ff)
+        else:
+            x = _moe(b, x, pre, pp, d_model, d_ff, experts, top_k, batch, seq)
         h = b.add(h, x, name=f"{pre}resid2")
     h = b.rmsnorm(h, b.parameter("final_norm", (d_model,)), name="final_norm")
     b.einsum(h, b.parameter("W_head", (d_model, vocab)), name="lm_head", equation="bsd,dv->bsv")

@@ -1,0 +1,105 @@
+"""The Mixtral-style mixture-of-experts layers of ``workloads.llama(experts=...)``.
+
+The MoE block against a token-by-token NumPy formula of Mixtral's layer (Jiang et al. 2024, §2.1)
+with the balanced routing the workload fixes; its training step's gradients against central
+differences; sharded plans, expert-parallel ones included, against the unsharded program; and the
+parameters that make no balanced routing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.special
+
+from test_vjp_finite_differences import fd_check
+
+from executor import verify
+from executor.run import execute, random_inputs
+from ir import workloads
+from ir.mesh import Mesh
+from ir.rewrites import random_walk
+from ir.rewrites.layout import layout
+
+SMALL = dict(layers=2, d_model=16, heads=2, d_ff=24, vocab=20, seq=8, batch=2)
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def moe_formula(x, w_router, w_gate, w_up, w_down, top_k):
+    """Mixtral's layer, one token at a time: token ``s`` of each sequence picks experts
+    ``(s·k + j) mod E``; its gates are the softmax of the router's logits over those experts."""
+    b, s, _ = x.shape
+    experts = w_router.shape[1]
+    y = np.zeros_like(x)
+    for i in range(b):
+        for t in range(s):
+            chosen = [(t * top_k + j) % experts for j in range(top_k)]
+            logits = np.array([x[i, t] @ w_router[:, e] for e in chosen])
+            gates = scipy.special.softmax(logits)
+            for gate, e in zip(gates, chosen):
+                y[i, t] += gate * ((silu(x[i, t] @ w_gate[e]) * (x[i, t] @ w_up[e])) @ w_down[e])
+    return y
+
+
+@pytest.mark.parametrize("experts,top_k,seq", [(4, 2, 8), (8, 2, 4), (3, 1, 6), (4, 4, 2)])
+def test_moe_block_matches_mixtral_formula(experts, top_k, seq):
+    g = workloads.build("llama", **{**SMALL, "seq": seq}, experts=experts, top_k=top_k)
+    ins = {k: (v.astype(np.float64) if v.dtype.kind == "f" else v) for k, v in random_inputs(g, 0).items()}
+    env = execute(g, ins, precision="float64")
+    for layer in (0, 1):
+        x = np.asarray(env[f"l{layer}.ffn_norm.out"])
+        want = moe_formula(x, ins[f"l{layer}_W_router"], ins[f"l{layer}_W_gate"], ins[f"l{layer}_W_up"],
+                           ins[f"l{layer}_W_down"], top_k)
+        np.testing.assert_allclose(np.asarray(env[f"l{layer}.moe_mix.out"]), want, rtol=1e-10, atol=1e-12)
+
+
+def test_every_expert_gets_as_many_tokens():
+    """The dispatched tensor ``[e, b, c, d]`` holds each token ``top_k`` times, ``c`` per expert
+    and sequence: the balanced load."""
+    g = workloads.build("llama", **SMALL, experts=4, top_k=2)
+    assert g.tensors["l0.moe_dispatch.out"].shape == (4, 2, 4, 16)
+    env = execute(g, random_inputs(g, 0), precision="float64")
+    x, xe = np.asarray(env["l0.ffn_norm.out"]), np.asarray(env["l0.moe_dispatch.out"])
+    for t in range(8):
+        for j in range(2):
+            e, slot = (t * 2 + j) % 4, (t * 2 + j) // 4
+            np.testing.assert_array_equal(xe[e, :, slot], x[:, t])
+
+
+def test_training_gradients_match_finite_differences():
+    g = workloads.build("llama", layers=1, d_model=8, heads=2, d_ff=6, vocab=7, seq=4, batch=1, experts=4, top_k=2)
+    assert fd_check(g, loss="cross_entropy") > 500
+
+
+def test_sharded_and_expert_parallel_plans_verify():
+    step = workloads.build("llama", **SMALL, mode="train", experts=4, top_k=2)
+    assert verify(random_walk(step, np.random.default_rng(0), 4, 25)).ok
+    # the experts' dim split over a mesh axis: each device holds two experts' weights
+    ep = layout(step, "all", Mesh((2, 2), 2), ("b", "e"))
+    assert verify(ep).ok
+    shards = ep.ops["l0.ff_gate"].shards
+    assert len(shards) == 4 and {int(b[0].start) for b in shards.boxes()} == {0, 2}
+
+
+@pytest.mark.parametrize("params,field", [
+    (dict(experts=3, top_k=2, seq=8), "seq * top_k"),  # 16 tokens' choices over 3 experts
+    (dict(experts=4, top_k=5), "top_k"),
+    (dict(experts=0), "experts"),
+])
+def test_parameters_without_balanced_routing_are_refused(params, field):
+    with pytest.raises(workloads.WorkloadError, match=field.replace("*", r"\*")):
+        workloads.build("llama", **{**SMALL, **params})
+
+
+def test_mixtral_preset():
+    from ir.model_presets import PRESETS
+
+    p = PRESETS["mixtral-8x7b"]
+    assert (p.layers, p.d_model, p.heads, p.kv_heads, p.d_ff, p.experts, p.top_k) == (32, 4096, 32, 8, 14336, 8, 2)
+    g = workloads.build("llama", preset="mixtral-8x7b", layers=2, seq=64, batch=1)
+    n = sum(int(np.prod(t.shape)) for t in g.tensors.values() if t.role == "parameter")
+    # 2 layers of 8 experts' 3 x 4096 x 14336 weights, attention (GQA 8 kv heads), router, norms, embeddings
+    per_layer = 8 * 3 * 4096 * 14336 + 4096 * (4096 + 2 * 1024 + 4096) + 4096 * 8 + 2 * 4096
+    assert n == 2 * per_layer + 2 * 32000 * 4096 + 4096
