@@ -5,7 +5,10 @@ mesh axis, see STYLE.md §7). ``layout(g, ops, mesh, use)`` sets it for every op
 propagation, as GSPMD and DTensor propagate shardings:
 
 1. **Seeds.** Each mesh axis has a *use*: ``b`` (batch: dim 0 of the activations entering the
-   region), ``s`` (sequence: dim 1), ``t`` (tensor parallel: the dims of the weights). Tensors
+   region), ``s`` (sequence: dim 1), ``t`` (tensor parallel: the dims of the weights), ``e``
+   (expert parallel: the experts' dim of a mixture of experts' weights ``[e, d, f]``, which the
+   dispatched tokens ``[e, ...]`` share; elsewhere as ``b``, so attention is data parallel over
+   the expert ranks, as in Mixtral's and DeepSpeed-MoE's training). Tensors
    that enter the region and are not parameters or state are seeded: ``b`` axes split their
    dim 0, ``s`` axes their dim 1 (where long enough).
 2. **Propagation**, op by op in dependency order. An input tensor split on tensor dim ``r`` over
@@ -13,9 +16,12 @@ propagation, as GSPMD and DTensor propagate shardings:
    ``r`` one-to-one (``Shard(r) -> Shard(c)``). When ``r`` is a hidden reduction of the op
    (matmul's ``k``), the axis splits that reduction instead: ``split_reduction`` with the block
    dim on ``a``, and an ``accumulate`` after it (``S(1)·S(0) -> Partial``). One-to-one maps are
-   taken before reductions, so an all-gather is preferred to a partial sum.
+   taken before reductions, so an all-gather is preferred to a partial sum. An expert axis
+   arriving on another dim of an op with an experts' dim is dropped there (the tokens move to
+   their experts: the all-to-all of expert parallelism).
 3. **Free axes** (no input decided them) go to a dim chosen by the axis's use: ``t``: a dim that
-   only the weights see (output columns, heads); ``b``/``s``: the dim that writes output dim 0/1;
+   only the weights see (output columns, heads); ``e``: the experts' dim, else as ``b``;
+   ``b``/``s``: the dim that writes output dim 0/1;
    then any long enough dim. An accumulate whose block axis is freed so takes the output apart
    (reduce-scatter rather than all-reduce: sequence parallelism after a row-parallel layer).
    An axis that fits nowhere leaves the op on coordinate 0 of that axis.
@@ -34,6 +40,7 @@ any plan of the region is one move away from any layout of it::
     layout{ops=all,mesh=8x8,use=b.t}       # DP over nodes x Megatron TP inside each node
     layout{ops=all,mesh=8x8,use=b.s}       # DP x context parallel
     layout{ops=all,mesh=8x8,use=b.b}       # 64-way data parallel
+    layout{ops=all,mesh=8x8,use=b.e}       # DP over nodes x expert parallel inside each node
     layout{ops=l3.*,mesh=2x4,use=b.t}      # one layer's ops (a glob), 8 devices
     layout{ops=ln1:ff2,mesh=8,use=t}       # a topological range of ops
 """
@@ -56,7 +63,7 @@ from ir.rewrites.hierarchical import block_owners, split_dim, stage_one_shards
 from ir.rewrites.reduction import acc_name, merge_reduction, split_reduction
 from ir.zspace import Projection, split_points
 
-USES = ("b", "s", "t")
+USES = ("b", "s", "t", "e")
 
 
 def select_ops(g: Graph, sel: str) -> list[str]:
@@ -146,6 +153,46 @@ def _param_dims(sig: Signature, inputs: Sequence[tuple[str, bool]]) -> list[int]
     return sorted(seen_by_w - seen_by_act)  # in index order: heads before head dims
 
 
+def _expert_dims(sig: Signature, inputs: Sequence[tuple[str, bool]]) -> list[int]:
+    """The experts' dim of a mixture of experts' GEMM (``ebcd,edf->ebcf``): an index dim that a
+    weight-like input's dim 0 and an activation's dim 0 both copy one-to-one, in an op that
+    reduces (so an element-wise op on a weight and its gradient has none)."""
+    if not sig.reductions:
+        return []
+    first: dict[bool, set[int]] = {True: set(), False: set()}
+    for port, is_weight in inputs:
+        cols = _unit_cols(sig.inputs[port])
+        if cols and cols[0] is not None:
+            first[is_weight].add(cols[0])
+    return sorted(first[True] & first[False])
+
+
+@lru_cache(maxsize=1024)
+def _batched_operands(equation: str) -> tuple[int, ...]:
+    """Operands of an einsum whose leading letter another operand leads with too and the output
+    keeps (``ebcd,edf->ebcf``: both; ``bsd,df->bsf``: none)."""
+    ins, _, out = equation.partition("->")
+    ops = ins.split(",")
+    return tuple(i for i, x in enumerate(ops) if x and x[0] in out
+                 and any(y[:1] == x[0] for j, y in enumerate(ops) if j != i))
+
+
+def has_experts(g: Graph) -> bool:
+    """Whether some einsum batches a weight over its leading dim together with the activations (a
+    mixture of experts' weights ``[e, d, f]``): the programs where the ``e`` use differs from ``b``."""
+    roles = g.tensors
+    prods = g.producers
+    for o in g.ops.values():
+        if o.kernel != "einsum":
+            continue
+        for i in _batched_operands(o.params.get("equation", "")):
+            t = o.inputs[i][1]
+            src = [t] if t not in prods else [x for _, x in g.ops[prods[t]].inputs]  # a weight's cast
+            if all(roles[x].role in STATE_ROLES for x in src):
+                return True
+    return False
+
+
 def _out_dim_col(sig: Signature, r: int) -> int | None:
     cols = _unit_cols(sig.output)
     return cols[r] if r < len(cols) else None
@@ -197,6 +244,7 @@ def _assign(sig: Signature, kernel: str, inputs: tuple[tuple[str, Sharding, bool
     input (steps 2 and 3 of the module doc)."""
     asg = _Assign(sig, mesh)
     wdims = _param_dims(sig, [(port, is_weight) for port, _, is_weight in inputs])
+    edims = _expert_dims(sig, [(port, is_weight) for port, _, is_weight in inputs]) if "e" in use else []
     # 1. one-to-one inheritance from the inputs' shardings; a tensor-parallel axis arriving on a
     #    dim the weights do not see is dropped where the op has weight-only dims (Megatron: the
     #    activations are gathered, the weights stay split)
@@ -210,6 +258,8 @@ def _assign(sig: Signature, kernel: str, inputs: tuple[tuple[str, Sharding, bool
             for a in axes:
                 if use[a] == "t" and wdims and c not in wdims and any(asg.fits(w, a) for w in wdims):
                     continue
+                if use[a] == "e" and edims and c not in edims:
+                    continue  # the tokens go to their experts' devices
                 asg.give(c, a)
     # 2. a sharded tensor dim that is a hidden reduction of the op: split it over those axes
     if kernel not in ("fused", "accumulate", COMBINE_KERNEL) and sig.reductions:
@@ -233,8 +283,10 @@ def _assign(sig: Signature, kernel: str, inputs: tuple[tuple[str, Sharding, bool
         pref: list[int] = []
         if use[a] == "t":
             pref = wdims
-        elif use[a] in ("b", "s"):
-            c = _out_dim_col(sig, 0 if use[a] == "b" else 1)
+        elif use[a] == "e" and edims:
+            pref = edims
+        elif use[a] in ("b", "s", "e"):
+            c = _out_dim_col(sig, 1 if use[a] == "s" else 0)
             pref = [c] if c is not None else []
         rest = sorted((c for c in range(len(sig.dims)) if c not in pref), key=lambda c: (c in asg.dims, c))
         for c in pref + rest:
@@ -486,4 +538,4 @@ def _two_level_view(v: _View, acc: str, group: int, producer_shards: Shards) -> 
     v.ops[acc_name(acc)] = v.ops[acc_name(acc)].replace(shards=old)
 
 
-__all__ = ["USES", "layout", "select_ops"]
+__all__ = ["USES", "has_experts", "layout", "select_ops"]

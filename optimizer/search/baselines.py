@@ -10,7 +10,10 @@
 - ``megatron`` (Megatron-LM tensor parallelism inside each node x data parallel across nodes;
   ``megatron_mlp`` is the hand-written MLP form);
 - ``dp_cp`` (data parallel across nodes x context parallel inside a node: sequence split, keys
-  and values gathered), for programs with a sequence (attention).
+  and values gathered), for programs with a sequence (attention);
+- ``expert_parallel`` (data parallel across nodes x expert parallel inside a node: each device
+  holds its experts, the tokens reach them by all-to-all; the rest data parallel over all
+  devices), for programs with a mixture of experts (``workloads.llama(experts=...)``).
 
 The mesh recipes are ``ir.rewrites.layout`` layouts, so each is one ``layout`` move away from any
 plan. They seed the search's first population (unless ``search.seed_baselines: false``) and are
@@ -22,7 +25,7 @@ from __future__ import annotations
 from ir.graph import Graph
 from ir.mesh import Mesh
 from ir.rewrites import RewriteError, place, retile, split_reduction, unshard
-from ir.rewrites.layout import layout
+from ir.rewrites.layout import has_experts, layout
 
 
 def single_device(g: Graph) -> Graph:
@@ -127,6 +130,14 @@ def dp_cp(g: Graph, n: int, per_node: int = 8) -> Graph:
     return layout(unshard(g), "all", mesh, use)
 
 
+def expert_parallel(g: Graph, n: int, per_node: int = 8) -> Graph:
+    """Data parallelism across nodes x expert parallelism inside a node (DeepSpeed-MoE's and
+    Megatron-LM's EP): the experts' weights, gradients and states split over a node's devices,
+    the dispatched tokens moved to them (all-to-all), the other ops batch-parallel."""
+    mesh, use = _mesh(n, per_node, "e", "b")
+    return layout(unshard(g), "all", mesh, use)
+
+
 def megatron_3d(g: Graph, n: int, per_node: int = 8, pp: int | None = None, m: int | None = None) -> Graph:
     """Megatron-LM's 3D parallelism (Narayanan et al. 2021): tensor parallelism inside a node x
     data parallelism x ``pp`` pipeline stages of contiguous layers, the batch in ``m``
@@ -192,7 +203,7 @@ def _has_sequence(g: Graph) -> bool:
 def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> dict[str, Graph]:
     """The baselines that apply to ``g`` on ``n_devices`` (nodes of ``devices_per_node``, 8 where
     it divides): single device, data parallel, ZeRO-3 (training steps), Megatron TP x DP,
-    DP x CP (programs with attention), Megatron-LM 3D TP x PP x DP (training steps of layered
+    DP x CP (programs with attention), DP x EP (mixtures of experts), Megatron-LM 3D TP x PP x DP (training steps of layered
     models), ZeRO-3 and 3D with full activation recomputation (``…-recompute``, layered training
     steps), and the hand-written Megatron MLP (MLPs)."""
     per = devices_per_node or (8 if n_devices % 8 == 0 else n_devices)
@@ -203,6 +214,7 @@ def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> 
     recipes = [(f"zero3-{n_devices}", zero3, train),
                (f"megatron-tp{min(per, n_devices)}-dp{nodes}", megatron, True),
                (f"dp{nodes}-cp{min(per, n_devices)}", dp_cp, _has_sequence(g)),
+               (f"dp{nodes}-ep{min(per, n_devices)}", expert_parallel, has_experts(g)),
                ("megatron-3d", megatron_3d, train and n_devices >= 4 and _has_layers(g))]
     for name, build, valid in recipes:
         if n_devices > 1 and valid:
@@ -222,5 +234,5 @@ def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> 
     return out
 
 
-__all__ = ["baselines", "data_parallel", "data_parallel_step", "dp_cp", "megatron", "megatron_3d", "megatron_mlp", "place",
+__all__ = ["baselines", "data_parallel", "data_parallel_step", "dp_cp", "expert_parallel", "megatron", "megatron_3d", "megatron_mlp", "place",
            "recompute_layers", "single_device", "zero3"]

@@ -23,7 +23,7 @@ from ir.graph import Graph
 from ir.mesh import Mesh, enumerate_meshes
 from ir.rewrites import RewriteError
 from ir.rewrites import moves as M
-from ir.rewrites.layout import USES
+from ir.rewrites.layout import USES, has_experts
 from ir.rewrites.pipeline import op_layers
 
 _LAYER = re.compile(r"^(l\d+)\.")
@@ -59,13 +59,17 @@ def draw_layout(g: Graph, rng: np.random.Generator, n_devices: int, per_node: in
     full = [m for m in meshes if m.size == n_devices]
     pool = full if (full and rng.random() < 0.7) else list(meshes)
     mesh = pool[int(rng.integers(len(pool)))]
+    # the expert-parallel use only where the program has experts (elsewhere it is ``b``)
+    uses = USES if has_experts(g) else tuple(u for u in USES if u != "e")
     if rng.random() < TEMPLATE_P:
-        # an expert's shape: batch across nodes and one of batch / tensor / sequence inside a
-        # node (FSDP, Megatron TP x DP, DP x CP), so those plans are one likely move away
-        inner = "bts"[int(rng.integers(3))]
+        # an expert's shape: batch across nodes and one of batch / tensor / sequence (/ experts)
+        # inside a node (FSDP, Megatron TP x DP, DP x CP, EP x DP), so those plans are one likely
+        # move away
+        inners = "bts" + ("e" if "e" in uses else "")
+        inner = inners[int(rng.integers(len(inners)))]
         use = tuple("b" if mesh.crosses_nodes(a) else inner for a in range(mesh.ndim))
     else:
-        use = tuple(USES[int(rng.integers(len(USES)))] for _ in range(mesh.ndim))
+        use = tuple(uses[int(rng.integers(len(uses)))] for _ in range(mesh.ndim))
     r = rng.random()
     layers = _layers(g)
     if r < 0.6:

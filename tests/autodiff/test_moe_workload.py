@@ -79,8 +79,17 @@ def test_sharded_and_expert_parallel_plans_verify():
     # the experts' dim split over a mesh axis: each device holds two experts' weights
     ep = layout(step, "all", Mesh((2, 2), 2), ("b", "e"))
     assert verify(ep).ok
-    shards = ep.ops["l0.ff_gate"].shards
-    assert len(shards) == 4 and {int(b[0].start) for b in shards.boxes()} == {0, 2}
+    for name in ("l0.ff_gate", "l1.ff_down"):  # [e, b, c, f]: experts over axis 1, batch over axis 0
+        sh = ep.ops[name].shards
+        got = {(int(d), int(lo[0]), int(lo[1])) for d, lo in zip(sh.device, sh.lo)}
+        assert got == {(0, 0, 0), (1, 2, 0), (2, 0, 1), (3, 2, 1)}, name
+    # the experts' optimizer states: one expert a device (dim 0 over both axes, as ZeRO shards them)
+    sh = ep.ops["l0_W_gate.update"].shards
+    assert {(int(d), int(lo[0])) for d, lo in zip(sh.device, sh.lo)} == {(0, 0), (1, 1), (2, 2), (3, 3)}
+    # attention: the expert axis acts as a batch axis; the batch of 2 is split already, so the
+    # sequence takes it (q_proj's index [b, k, g, s, e])
+    sh = ep.ops["l0.q_proj"].shards
+    assert {(int(lo[0]), int(lo[3])) for lo in sh.lo} == {(0, 0), (0, 4), (1, 0), (1, 4)}
 
 
 @pytest.mark.parametrize("params,field", [
@@ -103,3 +112,16 @@ def test_mixtral_preset():
     # 2 layers of 8 experts' 3 x 4096 x 14336 weights, attention (GQA 8 kv heads), router, norms, embeddings
     per_layer = 8 * 3 * 4096 * 14336 + 4096 * (4096 + 2 * 1024 + 4096) + 4096 * 8 + 2 * 4096
     assert n == 2 * per_layer + 2 * 32000 * 4096 + 4096
+
+
+def test_expert_parallel_baseline_only_for_experts():
+    from optimizer.search.baselines import baselines
+
+    moe = workloads.build("llama", **SMALL, mode="train", experts=4, top_k=2)
+    dense = workloads.build("llama", **SMALL, mode="train")
+    got = baselines(moe, 8, 4)
+    assert "dp2-ep4" in got and "dp2-ep4" not in baselines(dense, 8, 4)
+    assert verify(got["dp2-ep4"]).ok
+    # inside each node of 4, every device holds one expert's GEMMs, both nodes alike
+    sh = got["dp2-ep4"].ops["l1.ff_up"].shards
+    assert sorted((int(d), int(lo[0])) for d, lo in zip(sh.device, sh.lo)) == [(i, i % 4) for i in range(8)]
