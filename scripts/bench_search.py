@@ -96,6 +96,9 @@ CASES = [
          "h100-sxm-64", True, PROXY),
     Case("llama70b-train-512", "llama", dict(preset="llama2-70b", batch=512, seq=4096, dtype="bfloat16"),
          "h100-sxm-512", True, PROXY, report_layers="repeat", proxy="tied"),
+    # a mixture of experts (balanced routing): expert parallelism's all-to-all against the dense recipes
+    Case("mixtral-train-64", "llama", dict(preset="mixtral-8x7b", batch=32, seq=4096, dtype="bfloat16"),
+         "h100-sxm-64", True, PROXY, report_layers="repeat"),
 ]
 
 
