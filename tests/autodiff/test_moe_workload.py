@@ -125,3 +125,29 @@ def test_expert_parallel_baseline_only_for_experts():
     # inside each node of 4, every device holds one expert's GEMMs, both nodes alike
     sh = got["dp2-ep4"].ops["l1.ff_up"].shards
     assert sorted((int(d), int(lo[0])) for d, lo in zip(sh.device, sh.lo)) == [(i, i % 4) for i in range(8)]
+
+
+def test_layout_draws_take_the_expert_use_only_for_experts():
+    """Dense programs draw ``b``/``s``/``t`` exactly as before (same random stream); mixtures
+    draw ``e`` too."""
+    from optimizer.search.layouts import draw_layout
+
+    dense = workloads.build("llama", **SMALL, mode="train")
+    moe = workloads.build("llama", **SMALL, mode="train", experts=4, top_k=2)
+    uses = {name: set() for name in ("dense", "moe")}
+    for name, g in (("dense", dense), ("moe", moe)):
+        rng = np.random.default_rng(0)
+        for _ in range(200):
+            uses[name].update(draw_layout(g, rng, 16, 8).use.split("."))
+    assert uses["dense"] == {"b", "s", "t"} and uses["moe"] == {"b", "s", "t", "e"}
+
+
+def test_mixtral_campaign_config_builds():
+    from pathlib import Path
+
+    from optimizer.campaign.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "mixtral-train-h100x64.yaml")
+    params = {**cfg.workload.params, "layers": 2, "seq": 64, "batch": 1, "dtype": "float32"}
+    g = workloads.build(cfg.workload.name, **params)
+    assert g.tensors["l1_W_gate"].shape == (8, 4096, 14336) and "l1_W_gate.m.next" in g.tensors
