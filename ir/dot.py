@@ -12,6 +12,7 @@ import subprocess
 from collections import Counter
 
 from ir.graph import Graph
+from ir.rewrites.substitute_attention import K_RELAYOUTS
 from ir.zspace import ZRange
 
 # ColorBrewer "Set3" (12 qualitative colours), repeated beyond 12 devices.
@@ -88,7 +89,7 @@ def attention_label(params: dict) -> str:
     label = "attention" + (f"[{', '.join(flags)}]" if flags else "")
     origin = params.get("origin")
     if origin:
-        label += "  (was " + " → ".join(r["kernel"] for r in origin["ops"] if r["role"] != "k_t") + ")"
+        label += "  (was " + " → ".join(r["kernel"] for r in origin["ops"] if r["role"] not in K_RELAYOUTS) + ")"
     return label
 
 

@@ -10,23 +10,27 @@
 
 and on the einsum form of the gpt/llama workloads (``einsum(q, k) → [scale] → [causal_mask] →
 softmax → einsum(·, v)``, grouped-query heads included: ``q[b, kvh, g, s, e]`` with
-``k[b, kvh, t, e]``). The scores, probabilities and the transposed k disappear; the attention
-op's ``origin`` param records the replaced ops (names, kernels, params, inputs, outputs) so
-``unfuse_attention`` restores them exactly (``unshard`` does, so a plan's logical program is the
-program the user wrote).
+``k[b, kvh, t, e]``; multi-query heads: ``q[b, h, s, e]`` with ``k[b, t, e]``). The scores,
+probabilities and the transposed k disappear; the attention op's ``origin`` param records the
+replaced ops (names, kernels, params, inputs, outputs) so ``unfuse_attention`` restores them exactly
+(``unshard`` does, so a plan's logical program is the program the user wrote).
 
 The pattern, checked op by op (each refusal names the failing condition):
 - the scores op is an einsum/matmul/bmm (not fused, reduction not split) whose only contracted
   letter is the head dim ``e``; its first operand is ``q[*L, s, e]`` and its output ``[*L, s, t]``;
-  its second operand is ``k[*Lk, t, e]`` (``Lk`` a prefix of ``L``) or a ``permute`` of it read by
-  nothing else;
+  its second operand is ``k[*Lk, t, e]`` (``Lk`` a prefix of ``L``) or a relayout of it: ``permute``
+  ops and ``reshape`` ops that only drop size-1 dims (squeezes), each read by nothing else;
 - ``scale`` ops on either operand, each read only by the next op of the chain, are absorbed (their
   factors multiply into the attention's ``scale``): torch's exporter writes
   ``scaled_dot_product_attention`` as ``bmm(scale(q, √c), scale(permute(k), √c))``. On the k side
-  they may sit before and/or after the permute. When the permute's source is not ``k[*Lk, t, e]``
-  but another layout of it (torch's ``permute(reshape(k_proj), [0, 2, 3, 1])`` from ``[b, t, h, e]``),
-  the fused graph keeps one permute to ``[*Lk, t, e]`` (``<attention>.k``; in a training step its
-  gradient is permuted back by ``<attention>.dk_t``) and ``origin["k_perm"]`` says so;
+  they may sit anywhere between the relayouts. The k side is walked up until k is ``[*Lk, t, e]``
+  or, once a relayout is absorbed, one op brings it there; then the fused graph keeps that op
+  (``<attention>.k``; in a training step its inverse brings k's gradient back, ``<attention>.dk_t``),
+  and ``origin`` records it: ``origin["k_perm"]``, the permute to ``[*Lk, t, e]`` of torch's
+  ``permute(reshape(k_proj), [0, 2, 3, 1])`` from ``[b, t, h, e]``; ``origin["k_shape"]``, the
+  squeeze of multi-query attention's single k head (Falcon: kᵀ ``[b, 1, e, t]`` is squeezed to
+  ``[b, e, t]`` for ``einsum(q[b, h, s, e], ·)``, so a squeeze of k ``[b, 1, t, e]`` to ``[b, t, e]``
+  stays). A k that only a permute and a squeeze together bring to ``[*Lk, t, e]`` is refused;
 - then, each the only reader of the previous tensor: ``scale`` ops (factors multiply into the
   attention's ``scale``), at most one ``causal_mask`` with ``fill`` -inf, and a ``softmax``;
 - optionally torch's NaN guard on the probabilities ``p`` (``Where(IsNaN(p), 0, p)``, imported as
@@ -35,7 +39,7 @@ The pattern, checked op by op (each refusal names the failing condition):
   or a causal mask with offset >= 0): then it is the identity on finite scores; over a fully masked
   row it turns NaNs into zeros, which the fused attention would not, so the match is refused;
 - the values op contracts exactly ``t``: ``probs[*L, s, t] · v[*Lk, t, ev] -> [*L, s, ev]``
-  with ``alpha`` 1;
+  with ``alpha`` 1 (v is read as it is: Falcon's squeeze of its single v head stays outside);
 - no intermediate is a graph output; every replaced op is plain (unfused, unsplit).
 
 The attention op takes the values op's shards when they keep ``ev`` whole (its index dims are
@@ -48,7 +52,7 @@ ops, named ``<op>.d<tag>`` by the VJP rules. They are replaced too: ``attention_
 held the gradient contributions of q, k and v, so the rest of the backward is untouched; every
 other backward result must stay inside the set, and the output gradient must come from outside
 it. The gradients of q and k leave through the VJPs of the outermost absorbed op on their side
-(``<q scale>.dx``, ``<k permute or scale>.dx``), else the scores op's (``.da``/``.db``); the
+(``<q scale>.dx``, ``<k permute, squeeze or scale>.dx``), else the scores op's (``.da``/``.db``); the
 absorbed scales' and guard's VJPs (``scale``, ``where_grad``; ``compare`` has none) are replaced
 with the rest. ``origin["backward"]`` records the replaced backward ops for ``unfuse_attention``.
 """
@@ -102,8 +106,21 @@ class AttentionMatch:
     backward: tuple[str, ...] = ()  # in a training step: the pattern's backward ops, in data-flow order
     grads: tuple[tuple[str, str], ...] = ()  # (q|k|v, backward op writing that input's gradient contribution)
     dy: str | None = None  # the gradient of the attention's output
-    k_perm: tuple[int, ...] | None = None  # a permute of ``k`` to [*Lk, t, e] the fused graph keeps, if any
+    # the one relayout of ``k`` to [*Lk, t, e] the fused graph keeps, if any: ("permute", perm) or ("reshape", shape)
+    k_relayout: tuple[str, tuple[int, ...]] | None = None
 
+    @property
+    def k_perm(self) -> tuple[int, ...] | None:
+        """The kept relayout's ``perm`` when it is a permute."""
+        return self.k_relayout[1] if self.k_relayout is not None and self.k_relayout[0] == "permute" else None
+
+
+#: roles of the absorbed ops on k's side: the relayouts (kᵀ, the squeeze of a single k head) and the scales
+K_RELAYOUTS = ("k_t", "k_squeeze")
+_K_SIDE = ("k_scale",) + K_RELAYOUTS
+#: the kernels of the relayout of k a fused graph may keep, and the ``origin`` key that records its argument
+_KEPT_ORIGIN = {"permute": "k_perm", "reshape": "k_shape"}
+_UNIT = "1"  # the letter of a size-1 dim of k that a squeeze drops
 
 _BACKWARD = re.compile(r"^(?P<op>.+)\.d[a-z_]+(\.\d+)?$")
 
@@ -189,6 +206,106 @@ def _nan_guard(g: Graph, p: str) -> tuple[str, str, str] | str | None:
     return c.name, f.name, f.output
 
 
+def _unsqueezed(letters: str, src: tuple[int, ...], dst: tuple[int, ...]) -> str | None:
+    """The letters of the input ``[src]`` of a reshape whose output ``[dst]`` has ``letters``, when the
+    reshape only drops size-1 dims (a squeeze; each dropped dim is ``_UNIT``), else None."""
+    out, j = [], 0
+    for n in src:  # the kept dims in order; a size-1 dim matched greedily (size-1 dims hold the same data)
+        if j < len(dst) and n == dst[j]:
+            out.append(letters[j])
+            j += 1
+        elif n == 1:
+            out.append(_UNIT)
+        else:
+            return None
+    return "".join(out) if j == len(dst) else None
+
+
+def _kept_relayout(letters: str, shape: tuple[int, ...], lead: str, t: str, e: str
+                   ) -> tuple[str, tuple[int, ...]] | str | None:
+    """The one op bringing a k with dims ``letters`` (``_UNIT``: a size-1 dim a squeeze dropped) and
+    ``shape`` to ``[*Lk, t, e]``: None when it is in that layout already, ``("permute", perm)``, or
+    ``("reshape", shape)`` dropping its size-1 dims; else why no single op does."""
+    if _is_k_layout(letters, lead, t, e):
+        return None
+    dims = letters.replace(_UNIT, "")
+    nk = len(dims) - 2
+    want = lead[:nk] + t + e
+    if nk < 0 or sorted(dims) != sorted(want):
+        return f"letters {letters}, not a layout of k[*Lk, t, e] with Lk a prefix of {lead}"
+    if dims == letters:
+        return "permute", tuple(letters.index(x) for x in want)
+    if dims == want:
+        return "reshape", tuple(n for x, n in zip(letters, shape) if x != _UNIT)
+    return f"letters {letters}, which no single permute or squeeze brings to k[*Lk, t, e]"
+
+
+def _relayout(kernel: str, arg: tuple[int, ...] | list[int], src: tuple[int, ...]
+              ) -> tuple[dict, tuple[int, ...], dict]:
+    """``(params, output shape, params of the inverse)`` of the kept relayout ``(kernel, arg)`` of a
+    k of shape ``src`` (``_kept_relayout``)."""
+    if kernel == "permute":
+        back = [0] * len(arg)
+        for i, x in enumerate(arg):
+            back[x] = i
+        return {"perm": list(arg)}, tuple(src[i] for i in arg), {"perm": back}
+    return {"shape": list(arg), "from": list(src)}, tuple(arg), {"shape": list(src), "from": list(arg)}
+
+
+def _whole(kernel: str, params: dict, x: Any, device: int) -> Shards:
+    """One shard on ``device`` of a one-input op reading ``x`` (a reshape's index space is not its output's shape)."""
+    return Shards.whole(get_kernel(kernel).signature({"x": x}, params).extents, device)
+
+
+def _origin_relayout(origin: dict) -> tuple[str, list[int]] | None:
+    """The relayout of k the fused graph kept, as the attention op's ``origin`` records it."""
+    return next(((kernel, origin[key]) for kernel, key in _KEPT_ORIGIN.items() if origin.get(key) is not None), None)
+
+
+def _match_k(g: Graph, op: str, lb: str, lead: str, t: str, e: str, ops: list[tuple[str, str]]
+             ) -> tuple[str, float, tuple[str, tuple[int, ...]] | None, int] | str:
+    """The k side of scores op ``op`` (second operand letters ``lb``, scores ``[*lead, s, t]``):
+    ``(k, product of the absorbed scales, the relayout of k the fused graph keeps, len(Lk))``,
+    the absorbed ops prepended to ``ops``; or why it is not ``k[*Lk, t, e]``. Walks up through
+    scales, permutes and squeezes (each read by the next op only) until k is in that layout or,
+    after at least one relayout, one kept op brings it there: torch's kᵀ of ``reshape(k_proj)``
+    ``[b, t, h, e]`` is one permute ``[0, 2, 3, 1]`` (a permute to ``[b, h, t, e]`` stays), a
+    multi-query kᵀ ``[b, 1, e, t]`` is squeezed to ``[b, e, t]`` (a squeeze of ``[b, 1, t, e]`` stays)."""
+    k, factor = _absorb_scales(g, g.ops[op].input_map["b"], "k_scale", ops)
+    letters, moved = lb, False
+    while True:
+        kept = _kept_relayout(letters, g.tensors[k].shape, lead, t, e)
+        if kept is None or (moved and not isinstance(kept, str)):
+            break
+        prod = g.producers.get(k)
+        p = g.ops.get(prod) if prod else None
+        if p is not None and p.kernel == "permute" and p.params.get("perm") is not None:
+            xl = [""] * len(p.params["perm"])
+            for i, src in enumerate(p.params["perm"]):
+                xl[src] = letters[i]
+            up, role = "".join(xl), "k_t"
+        elif p is not None and p.kernel == "reshape":
+            up, role = _unsqueezed(letters, g.tensors[p.input_map["x"]].shape, g.tensors[k].shape), "k_squeeze"
+            if up is None:
+                break
+        else:
+            break
+        sole = _sole_reader(g, k)
+        if isinstance(sole, str):
+            return f"cannot absorb the {p.kernel} {prod}: {sole}"
+        if not _plain(p):
+            return f"cannot absorb the {p.kernel} {prod}: its work is split"
+        letters, moved = up, True
+        ops.insert(0, (role, prod))
+        k, f = _absorb_scales(g, p.input_map["x"], "k_scale", ops)
+        factor *= f
+    if not moved and kept is not None:
+        return f"{op}'s second operand must be k[*Lk, t, e] or a permute or squeeze of it; its letters are {lb}"
+    if isinstance(kept, str):
+        return f"{op}'s second operand is a permute or squeeze of a tensor with {kept}"
+    return k, factor, kept, len(letters.replace(_UNIT, "")) - 2
+
+
 def match_attention(g: Graph, op: str) -> AttentionMatch | str:
     """The attention pattern whose scores op is ``op``, or the reason it does not match."""
     o = g.ops.get(op)
@@ -209,36 +326,10 @@ def match_attention(g: Graph, op: str) -> AttentionMatch | str:
     q_ops: list[tuple[str, str]] = []
     q_tensor, q_factor = _absorb_scales(g, o.input_map["a"], "q_scale", q_ops)
     k_ops: list[tuple[str, str]] = []
-    k_tensor, k_factor = _absorb_scales(g, o.input_map["b"], "k_scale", k_ops)
-    k_letters = lb
-    k_perm: list[int] | None = None  # the permute the fused graph keeps to bring k to [*Lk, t, e]
-    if not _is_k_layout(k_letters, lead, t_, e):
-        prod = g.producers.get(k_tensor)
-        p = g.ops.get(prod) if prod else None
-        if p is None or p.kernel != "permute" or p.params.get("perm") is None:
-            return f"{op}'s second operand must be k[*Lk, t, e] or a permute of it; its letters are {lb}"
-        sole = _sole_reader(g, k_tensor)
-        if isinstance(sole, str):
-            return f"cannot absorb the permute {prod}: {sole}"
-        if not _plain(p):
-            return f"cannot absorb the permute {prod}: its work is split"
-        perm = list(p.params["perm"])
-        xl = [""] * len(perm)
-        for i, src in enumerate(perm):
-            xl[src] = lb[i]
-        k_letters = "".join(xl)
-        k_ops.insert(0, ("k_t", prod))
-        k_tensor, f = _absorb_scales(g, p.input_map["x"], "k_scale", k_ops)
-        k_factor *= f
-        if not _is_k_layout(k_letters, lead, t_, e):
-            # torch's kᵀ of reshape(k_proj) [b, t, h, e] is one permute [0, 2, 3, 1]: the fused graph
-            # keeps a permute to [b, h, t, e] (the attention op reads k in that layout)
-            nk = len(k_letters) - 2
-            want = lead[:nk] + t_ + e
-            if nk < 0 or sorted(k_letters) != sorted(want):
-                return (f"{op}'s second operand is a permute of a tensor with letters {k_letters}, "
-                        f"not a layout of k[*Lk, t, e]")
-            k_perm = [k_letters.index(x) for x in want]
+    k_side = _match_k(g, op, lb, lead, t_, e, k_ops)
+    if isinstance(k_side, str):
+        return k_side
+    k_tensor, k_factor, k_relayout, nk = k_side
     ops: list[tuple[str, str]] = q_ops + k_ops + [("qk", op)]
     scale, causal, offset = alpha * q_factor * k_factor, False, 0
     t = o.output
@@ -286,7 +377,6 @@ def match_attention(g: Graph, op: str) -> AttentionMatch | str:
     lp, lv = (pa, pb) if port == "a" else (pb, pa)
     if av_alpha != 1.0:
         return f"{av_name} scales its output by {av_alpha}; the attention pattern needs alpha 1"
-    nk = len(k_letters) - 2
     ev = [x for x in lv if x not in lp]
     if (len(lp) != len(lo) or len(ev) != 1 or set(lp + lv) - set(po) != {lp[-1]}
             or lv != lp[:nk] + lp[-1] + ev[0] or po != lp[:-1] + ev[0]):
@@ -294,14 +384,14 @@ def match_attention(g: Graph, op: str) -> AttentionMatch | str:
                 f"its letters are {pa},{pb}->{po}")
     ops.append(("av", av_name))
     m = AttentionMatch(q_tensor, k_tensor, av.input_map["b" if port == "a" else "a"], scale, causal, offset,
-                       tuple(ops), av.output, k_perm=tuple(k_perm) if k_perm is not None else None)
+                       tuple(ops), av.output, k_relayout=k_relayout)
     bwd = _match_backward(g, m, port)
     if isinstance(bwd, str):
         return bwd
     m = bwd
     k_spec = g.tensors[m.k].spec
-    if m.k_perm is not None:
-        k_spec = type(k_spec)(tuple(k_spec.shape[i] for i in m.k_perm), k_spec.dtype)
+    if m.k_relayout is not None:
+        k_spec = type(k_spec)(_relayout(*m.k_relayout, k_spec.shape)[1], k_spec.dtype)
     try:
         get_kernel("attention").signature({"q": g.tensors[m.q].spec, "k": k_spec,
                                            "v": g.tensors[m.v].spec}, _params(m, None))
@@ -331,7 +421,7 @@ def _match_backward(g: Graph, m: AttentionMatch, p_port: str) -> AttentionMatch 
     # first one in data-flow order: a scale torch put on q, the permute or a scale of k), else the
     # scores op's
     q_out = next((n for r, n in m.ops if r == "q_scale"), None)
-    k_out = next((n for r, n in m.ops if r in ("k_scale", "k_t")), None)
+    k_out = next((n for r, n in m.ops if r in _K_SIDE), None)
     wanted = {"q": f"{q_out}.dx" if q_out else f"{roles['qk']}.da",
               "k": f"{k_out}.dx" if k_out else f"{roles['qk']}.db",
               "v": f"{roles['av']}.d{v_port}"}
@@ -422,18 +512,22 @@ def fuse_attention(g: Graph, op: str) -> Graph:
     insert: dict[str, list[Op]] = {}
     tensors: dict[str, Tensor | None] = dict(gone)
     k_in = m.k  # the tensor the attention reads as k: m.k, or its relayout
-    if m.k_perm is not None:  # k's permute stays, to [*Lk, t, e] (named after the attention op)
+    back: dict = {}  # the params of the kept relayout's inverse (dk back to k's layout)
+    if m.k_relayout is not None:  # one relayout of k stays, to [*Lk, t, e] (named after the attention op)
         rel = f"{name}.k"
         k_in = f"{rel}.out"
         if rel in g.ops or k_in in g.tensors or f"{name}.dk_t" in g.ops or f"{name}.dk.out" in g.tensors:
             raise RewriteError(f"cannot fuse attention at {op}: an operation or tensor named {rel}, {k_in}, "
                                f"{name}.dk_t or {name}.dk.out exists")
+        kernel, arg = m.k_relayout
         ks = g.tensors[m.k]
-        shape = tuple(ks.shape[i] for i in m.k_perm)
+        params, shape, back = _relayout(kernel, arg, ks.shape)
         tensors[k_in] = Tensor(k_in, shape, ks.dtype, "intermediate")
-        origin["k_perm"] = list(m.k_perm)
-        drop[dict(m.ops)["k_t"]] = Op(rel, "permute", (("x", m.k),), k_in, {"perm": list(m.k_perm)},
-                                      Shards.whole(shape, int(shards.device[0])))
+        origin[_KEPT_ORIGIN[kernel]] = list(arg)
+        # in place of the outermost absorbed relayout (it reads k, or a scale of it, so comes after k)
+        outer = next(n for r, n in m.ops if r in K_RELAYOUTS)
+        drop[outer] = Op(rel, kernel, (("x", m.k),), k_in, params,
+                         _whole(kernel, params, ks.spec, int(shards.device[0])))
     if m.backward:  # a training step: the backward recomputes the scores too (attention_grad_*)
         origin["backward"] = [_record(g.ops[n], "backward") for n in m.backward]
         origin["grads"] = [list(x) for x in m.grads]
@@ -455,16 +549,13 @@ def fuse_attention(g: Graph, op: str) -> Graph:
             sig = get_kernel(kernel).signature({pt: (tensors[t] or g.tensors[t]).spec if t in tensors
                                                 else g.tensors[t].spec for pt, t in ins}, p)
             out = g.ops[n].output
-            if x == "k" and m.k_perm is not None:  # dk in the relayout, permuted back to k's layout
+            if x == "k" and m.k_relayout is not None:  # dk in the relayout, brought back to k's layout
                 out = f"{name}.dk.out"
                 tensors[out] = Tensor(out, sig.out_spec.shape, sig.out_spec.dtype, "intermediate")
             grad_ops.append(Op(f"{name}.d{x}", kernel, ins, out, p, Shards.whole(sig.extents, dev)))
             if out != g.ops[n].output:
-                back = [0] * len(m.k_perm)
-                for i, src in enumerate(m.k_perm):
-                    back[src] = i
-                grad_ops.append(Op(f"{name}.dk_t", "permute", (("x", out),), g.ops[n].output, {"perm": back},
-                                   Shards.whole(g.tensors[g.ops[n].output].shape, dev)))
+                grad_ops.append(Op(f"{name}.dk_t", m.k_relayout[0], (("x", out),), g.ops[n].output, back,
+                                   _whole(m.k_relayout[0], back, sig.out_spec, dev)))
         kept = {g.ops[n].output for _, n in m.grads}
         first = m.backward[0]
         for n in m.backward:
@@ -509,10 +600,11 @@ def unfuse_attention(g: Graph, op: str) -> Graph:
              and x.params.get("split")]
     if split:  # the records restore unsplit gradient ops (placed whole): the split ones merged first
         g = _merged(g, split, f"cannot unfuse {op}")
-    if origin.get("k_perm") is not None:  # the relayouts of k fuse_attention added go; fused away, they could not
+    kept = _origin_relayout(origin)
+    if kept is not None:  # the relayouts of k fuse_attention added go; fused away, they could not
         for n in (f"{op}.k", f"{op}.dk_t") if origin.get("backward") else (f"{op}.k",):
-            if g.ops.get(n) is None or g.ops[n].kernel != "permute":
-                raise RewriteError(f"cannot unfuse {op}: its relayout permute {n} is gone (fused into another op? "
+            if g.ops.get(n) is None or g.ops[n].kernel != kept[0]:
+                raise RewriteError(f"cannot unfuse {op}: its relayout {kept[0]} {n} is gone (fused into another op? "
                                    f"unfuse it first)")
     records = origin["ops"]
     for r in records:
@@ -531,7 +623,7 @@ def unfuse_attention(g: Graph, op: str) -> Graph:
     first, rest = new_ops[0], new_ops[1:]
     replace: dict[str, Op | None] = {op: first}
     insert = {op: rest}
-    if origin.get("k_perm") is not None:  # the relayout of k the fused graph kept (and its gradient's)
+    if kept is not None:  # the relayout of k the fused graph kept (and its gradient's)
         replace[f"{op}.k"] = None
         replace[f"{op}.dk_t"] = None
     if bwd:
@@ -577,7 +669,7 @@ def _restored(g: Graph, o: Op) -> tuple[list[Op], list[Op], dict[str, Tensor | N
             made[r["output"]] = sig.out_spec
             new_tensors[r["output"]] = Tensor(r["output"], sig.out_spec.shape, sig.out_spec.dtype, "intermediate")
         n = sh.ndim
-        if r["role"] in ("k_t", "k_scale") or tuple(sig.extents[:n]) != tuple(g.signature(o).extents):
+        if r["role"] in _K_SIDE or tuple(sig.extents[:n]) != tuple(g.signature(o).extents):
             shards = Shards.whole(sig.extents, int(sh.device[0]))
         else:
             extra = np.array(sig.extents[n:], np.int64)
@@ -585,13 +677,14 @@ def _restored(g: Graph, o: Op) -> tuple[list[Op], list[Op], dict[str, Tensor | N
             hi = np.concatenate([sh.hi, np.tile(extra, (len(sh), 1))], axis=1)
             shards = Shards(lo, hi, sh.device)
         new_ops.append(Op(r["op"], r["kernel"], inputs, r["output"], dict(r["params"]), shards))
-    if origin.get("k_perm") is not None:
+    relayout = _origin_relayout(origin) is not None
+    if relayout:
         new_tensors[f"{o.name}.k.out"] = None
     bwd: list[Op] = []
     if origin.get("backward"):
         kept = {dict(origin["grads"])[x] for x in dict(origin["grads"])}
         new_tensors[f"{o.name}.dlse.out"] = None
-        if origin.get("k_perm") is not None:
+        if relayout:
             new_tensors[f"{o.name}.dk.out"] = None
         for r in origin["backward"]:
             inputs = tuple((p, t) for p, t in r["inputs"])

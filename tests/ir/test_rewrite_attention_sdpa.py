@@ -5,7 +5,8 @@ kᵀ as one permute of ``reshape(k_proj)`` ([0, 2, 3, 1]) or of a materialised k
 rotary embeddings), and with a boolean mask guards the softmax with ``Where(IsNaN(p), 0, p)``. The
 tests import small torch modules, fuse every site and check the fused program against the torch
 module itself and the unfused program, forward and in a training step, and that ``unfuse_attention``
-restores every absorbed op exactly.
+restores every absorbed op exactly. Multi-query attention (Falcon's single k and v head) is built by
+hand as the exporter writes it: kᵀ of k ``[b, 1, t, e]`` scaled and squeezed to ``[b, e, t]``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import pytest
 from executor import verify
 from executor.run import execute
 from ir.autodiff import training_step
+from ir.builder import GraphBuilder
 from ir.graph import Graph
-from ir.rewrites import RewriteError, fuse_attention, match_attention, random_walk, unfuse_attention
+from ir.rewrites import (RewriteError, fuse_attention, match_attention, place, random_walk, split, split_reduction,
+                         unfuse_attention, unshard)
 from ir.rewrites.substitute_attention import attention_sites, fused_attentions
 
 torch = pytest.importorskip("torch")
@@ -234,3 +237,98 @@ def test_tiny_llama_grouped_query_heads():
     got = execute(h, {"x": x.numpy(), **values})[out]
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
     assert_same_ops(unfuse_all(h), g)
+
+
+def multi_query(b: int = 2, h: int = 3, s: int = 6, e: int = 4, k_perm: tuple[int, ...] = (0, 1, 3, 2),
+                parts: int = 1) -> Graph:
+    """Multi-query attention as torch exports Falcon's: ``q[b, h, s, e]`` scaled by √scale; kᵀ
+    ``[b, parts, e, s / parts] = permute(k, k_perm)`` scaled by √scale and reshaped to ``[b, e, s]``
+    (a squeeze when ``parts`` is 1); v ``[b, s, 1, e]`` permuted and squeezed to ``[b, s, e]``; both
+    einsums ``abmk,akn->abmn``; a residual add so the attention output is an intermediate."""
+    gb = GraphBuilder()
+    kt = (b, parts, e, s // parts)
+    src = [0] * 4
+    for i, x in enumerate(k_perm):
+        src[x] = kt[i]
+    q, k, v = gb.parameter("q", (b, h, s, e)), gb.parameter("k", src), gb.parameter("v", (b, s, 1, e))
+    root = e ** -0.25
+    k2 = gb.scale(gb.permute(k, name="k_t", perm=list(k_perm)), name="k_scale", alpha=root)
+    k3 = gb.reshape(k2, name="qk.b_squeeze", shape=[b, e, s], **{"from": list(kt)})
+    scores = gb.einsum(gb.scale(q, name="q_scale", alpha=root), k3, name="qk", equation="abmk,akn->abmn")
+    probs = gb.softmax(gb.causal_mask(scores, name="mask"), name="softmax")
+    v3 = gb.reshape(gb.permute(v, name="v_t", perm=[0, 2, 1, 3]), name="av.b_squeeze", shape=[b, s, e],
+                    **{"from": [b, 1, s, e]})
+    gb.add(gb.einsum(probs, v3, name="av", equation="abmk,akn->abmn"), q, name="resid")
+    return gb.build()
+
+
+MQA = "qk+av"
+
+
+def test_multi_query_keeps_one_squeeze_of_k():
+    """k ``[b, 1, t, e]`` → permute → scale → squeeze → scores: the permute, scale and squeeze are
+    absorbed, the fused graph keeps one squeeze of k to ``[b, t, e]``; v's squeeze stays outside."""
+    g = multi_query()
+    m = match_attention(g, "qk")
+    assert not isinstance(m, str), m
+    assert [r for r, _ in m.ops][:5] == ["q_scale", "k_t", "k_scale", "k_squeeze", "qk"]
+    assert (m.q, m.k, m.v) == ("q", "k", "av.b_squeeze.out")
+    assert m.k_relayout == ("reshape", (2, 6, 4)) and m.k_perm is None
+    assert m.scale == pytest.approx(0.5) and m.causal
+    h = fuse_attention(g, "qk")
+    assert dict(h.ops[MQA].inputs)["k"] == f"{MQA}.k.out"
+    kept = h.ops[f"{MQA}.k"]
+    assert (kept.kernel, kept.inputs, kept.params) == ("reshape", (("x", "k"),), {"shape": [2, 6, 4],
+                                                                                  "from": [2, 1, 6, 4]})
+    assert h.ops[MQA].params["origin"]["k_shape"] == [2, 6, 4]
+    assert not {"k_t", "k_scale", "qk.b_squeeze", "q_scale", "softmax"} & set(h.ops)
+    assert "av.b_squeeze" in h.ops and "v_t" in h.ops
+    rep = verify(h, reference=g)
+    assert rep.ok, str(rep)
+    assert_same_ops(unfuse_attention(h, MQA), g)
+    # sharded over heads and query rows, the key reduction split and spread: it computes the same
+    p = place(split_reduction(split(split(h, MQA, "h", 3), MQA, "s", 2), MQA, 2), MQA, [0, 1, 2, 3])
+    rep = verify(p, reference=g)
+    assert rep.ok, str(rep)
+    assert unshard(p).digest == g.digest
+    for seed in range(3):
+        rep = verify(random_walk(h, np.random.default_rng(seed), 4, 15), reference=g)
+        assert rep.ok, str(rep)
+
+
+def test_multi_query_training_step_reshapes_dk_back():
+    """In a training step the gradient of k leaves through the permute's VJP: attention_grad_k writes
+    dk ``[b, t, e]`` and the inverse of the kept squeeze (``.dk_t``) brings it back to ``[b, 1, t, e]``."""
+    step = training_step(multi_query(), loss="mse", optimizer="sgd")
+    m = match_attention(step, "qk")
+    assert not isinstance(m, str), m
+    assert dict(m.grads) == {"q": "q_scale.dx", "k": "k_t.dx", "v": "av.db"}
+    h = fuse_attention(step, "qk")
+    dk_t = h.ops[f"{MQA}.dk_t"]
+    assert (dk_t.kernel, dk_t.inputs, dk_t.output) == ("reshape", (("x", f"{MQA}.dk.out"),), step.ops["k_t.dx"].output)
+    assert dk_t.params == {"shape": [2, 1, 6, 4], "from": [2, 6, 4]}
+    relayouts = {n for n, o in h.ops.items() if o.kernel in ("permute", "reshape", "scale", "softmax", "softmax_grad")}
+    assert relayouts == {f"{MQA}.k", f"{MQA}.dk_t", "v_t", "v_t.dx", "av.b_squeeze", "av.b_squeeze.dx"}
+    rep = verify(h, reference=step)
+    assert rep.ok, str(rep)
+    assert_same_ops(unfuse_attention(h, MQA), step)
+    for seed in range(3):
+        rep = verify(random_walk(h, np.random.default_rng(seed), 4, 15), reference=step)
+        assert rep.ok, str(rep)
+
+
+def test_multi_query_refusals_name_the_reason():
+    """A reshape that is not a pure squeeze, a squeezed kᵀ read by another op, and a k that only a
+    permute and a squeeze together bring to ``[b, t, e]`` keep the pattern unfused."""
+    why = match_attention(multi_query(parts=2), "qk")  # [b, 2, e, t/2] -> [b, e, t]: not a squeeze
+    assert isinstance(why, str) and "permute or squeeze" in why and "akn" in why
+    gb = GraphBuilder.from_graph(multi_query())
+    gb.reduce_sum("qk.b_squeeze.out", name="peek", dim=-1)
+    why = match_attention(gb.build(), "qk")
+    assert isinstance(why, str) and "cannot absorb the reshape qk.b_squeeze" in why and "peek" in why
+    bad = multi_query(k_perm=(0, 2, 1, 3))  # k [b, e, 1, t]: [b, t, e] is a permute and a squeeze away
+    why = match_attention(bad, "qk")
+    assert isinstance(why, str) and "no single permute or squeeze" in why
+    assert attention_sites(bad) == []
+    with pytest.raises(RewriteError, match="no single permute or squeeze"):
+        fuse_attention(bad, "qk")
