@@ -43,6 +43,12 @@ class Logits(torch.nn.Module):
         return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
 
 
+def _falcon():
+    """Falcon: multi-query attention (one k and v head, which the export squeezes for the einsums)."""
+    return T.FalconForCausalLM(T.FalconConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+                                              num_attention_heads=4))
+
+
 def _models():
     yield "llama-gqa", lambda: T.LlamaForCausalLM(T.LlamaConfig(**SMALL, num_key_value_heads=2)), \
         {"rmsnorm", "silu", "causal_mask", "embedding"}
@@ -61,6 +67,7 @@ def _models():
     # an empty rotary pass-through slice, concatenated
     yield "phi3", lambda: T.Phi3ForCausalLM(T.Phi3Config(**SMALL, num_key_value_heads=2, pad_token_id=0,
                                                          eos_token_id=1, bos_token_id=1)), {"rmsnorm", "concat"}
+    yield "falcon", _falcon, {"layernorm", "gelu_erf", "concat"}
 
 
 @pytest.mark.parametrize("name,make,kernels", list(_models()), ids=[m[0] for m in _models()])
@@ -98,8 +105,7 @@ def _forward_only():
                                                       num_attention_heads=4, max_position_embeddings=32,
                                                       word_embed_proj_dim=32)), "ids"
     yield "bloom", lambda: T.BloomForCausalLM(T.BloomConfig(vocab_size=96, hidden_size=32, n_layer=2, n_head=4)), "ids"
-    yield "falcon", lambda: T.FalconForCausalLM(T.FalconConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2,
-                                                               num_attention_heads=4)), "ids"
+    yield "falcon", _falcon, "ids"
     yield "gpt-j", lambda: T.GPTJForCausalLM(T.GPTJConfig(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=32,
                                                           rotary_dim=4)), "ids"
     yield "distilbert", lambda: T.DistilBertModel(T.DistilBertConfig(vocab_size=96, dim=32, hidden_dim=64, n_layers=2,
@@ -140,9 +146,30 @@ def test_forward_matches_the_model(name, make, kind):
         want = m(x).numpy()
     got = execute(g, {**values, "x": x.numpy()})["output"]
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
-    # (falcon: multi-query attention, whose single k head the export squeezes, is not matched)
-    if name in ("mistral", "gemma", "phi", "gpt-neox", "opt", "gpt-j", "distilbert", "vit", "clip-vision"):
+    if name in ("mistral", "gemma", "phi", "gpt-neox", "opt", "falcon", "gpt-j", "distilbert", "vit", "clip-vision"):
         assert len(attention_sites(g)) == 2, name
+
+
+def test_falcon_training_step_fuses_multi_query_attention():
+    """Falcon's training step: each layer's attention fuses through the squeeze of its single k head
+    (kept as one reshape of k, whose inverse brings dk back), computes what the unfused step does,
+    and unfuses to it exactly."""
+    from ir.rewrites.substitute_attention import attention_sites, fuse_attention, fused_attentions, unfuse_attention
+
+    torch.manual_seed(0)
+    g, values = import_torch(Logits(_falcon().eval()), {"x": torch.randint(0, 96, (2, 8))})
+    step = training_step(g, loss="mse", optimizer="sgd")
+    fused = step
+    for op in attention_sites(step):
+        fused = fuse_attention(fused, op)
+    kept = [o for n, o in fused.ops.items() if n.endswith((".k", ".dk_t")) and "+" in n]
+    assert len(kept) == 4 and {o.kernel for o in kept} == {"reshape"}
+    rep = verify(fused, reference=step, values=values)
+    assert rep.ok, rep
+    back = fused
+    for op in fused_attentions(fused):
+        back = unfuse_attention(back, op)
+    assert back.digest == step.digest
 
 
 def test_a_sharded_training_plan_verifies():
