@@ -36,6 +36,7 @@ import numpy as np
 from ir.graph import Graph
 from ir.importers.errors import ImportFailure
 from ir.importers.onnx import import_onnx
+from ir.importers.torch_moe import balanced_moe_twin, moe_block_kind
 from ir.importers.torch_symbolics import extra_symbolics
 
 _TORCH_DTYPES = ("float32", "float16", "int64", "int32")
@@ -89,7 +90,7 @@ def import_torch(module: Any, example_inputs: Mapping[str, Any], params: Mapping
         for m in module.modules():
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
                 m.train()
-    root, slots = _swap_rms_norms(torch, module)  # the caller's tree is restored below
+    root, slots = _swap_for_export(torch, module)  # the caller's tree is restored below
     try:
         buf = _export(torch, root, example_inputs, opset, dynamic_axes, batchnorm == "train", warn_traced=not check)
         if check:
@@ -208,31 +209,34 @@ def _elementary_rms_norm(torch: Any) -> type:
     return _ElementaryRMSNorm
 
 
-def _swap_rms_norms(torch: Any, module: Any) -> tuple[Any, list[tuple[Any, str, Any]]]:
-    """Replace every ``torch.nn.RMSNorm`` under ``module`` by its elementary twin, in place (a
-    norm reached twice gets one twin). Returns the module to export (the twin when ``module`` is
-    itself a norm) and the ``(parent, child name, original)`` slots ``_restore`` puts back."""
+def _swap_for_export(torch: Any, module: Any) -> tuple[Any, list[tuple[Any, str, Any]]]:
+    """Replace, in place, every ``torch.nn.RMSNorm`` under ``module`` by its elementary twin and
+    every known sparse mixture-of-experts block (``ir.importers.torch_moe``) by its balanced-routing
+    twin (a module reached twice gets one twin). Returns the module to export (the twin when
+    ``module`` is itself swapped) and the ``(parent, child name, original)`` slots ``_restore``
+    puts back."""
     norm_cls = getattr(torch.nn, "RMSNorm", None)
-    if norm_cls is None:
-        return module, []
     twins: dict[int, Any] = {}
-    slots = []
 
-    def twin(norm: Any) -> Any:
-        if id(norm) not in twins:
-            twins[id(norm)] = _elementary_rms_norm(torch)(norm)
-        return twins[id(norm)]
+    def twin(m: Any) -> Any | None:
+        if id(m) not in twins:
+            if norm_cls is not None and isinstance(m, norm_cls):
+                twins[id(m)] = _elementary_rms_norm(torch)(m)
+            else:
+                twins[id(m)] = balanced_moe_twin(torch, m) if moe_block_kind(m) else None
+        return twins[id(m)]
 
-    for parent in list(module.modules()):
-        for name, child in list(parent._modules.items()):
-            if isinstance(child, norm_cls):
-                parent._modules[name] = twin(child)
-                slots.append((parent, name, child))
-    return (twin(module) if isinstance(module, norm_cls) else module), slots
+    # every twin made before the tree changes: a refused block leaves the caller's tree as it was
+    slots = [(parent, name, child) for parent in list(module.modules())
+             for name, child in list(parent._modules.items()) if child is not None and twin(child) is not None]
+    root = twin(module) or module
+    for parent, name, child in slots:
+        parent._modules[name] = twins[id(child)]
+    return root, slots
 
 
 def _restore(slots: list[tuple[Any, str, Any]]) -> None:
-    """Put the original norms back where ``_swap_rms_norms`` took them from."""
+    """Put the original modules back where ``_swap_for_export`` took them from."""
     for parent, name, original in reversed(slots):
         parent._modules[name] = original
 
