@@ -45,18 +45,21 @@ def torch_grads(m, loss_of) -> dict[str, np.ndarray]:
 
 
 def check_against_torch(m, x, kernels, loss: str = "mse", labels=None, opset: int = 17,
-                        batchnorm: str = "eval") -> tuple[Any, dict]:
+                        batchnorm: str = "eval", reference=None) -> tuple[Any, dict]:
     """Forward equals the module's; the training step's gradients equal ``torch.autograd``'s for
     every parameter (``mse`` against a random target, or ``cross_entropy`` on given ``labels``,
     against ``nll_loss`` of the module's log-probabilities). ``batchnorm`` is ``import_torch``'s
     (``"train"``: give ``m`` in train mode, so torch's own forward uses batch statistics too).
-    Returns the graph and the step's values."""
+    ``reference``: the module torch computes the forward and gradients with, when the import is
+    meant to compute another than ``m`` (``m`` with its MoE blocks' balanced twins); its parameters
+    must have ``m``'s names. Returns the graph and the step's values."""
     from ir.importers.torch_export import import_torch
 
+    ref_m = m if reference is None else reference
     g, vals = import_torch(m, {"x": x}, opset=opset, batchnorm=batchnorm)
     assert set(kernels) <= set(kernels_of(g)), kernels_of(g)
     with torch.no_grad():
-        ref = m(x).numpy()
+        ref = ref_m(x).numpy()
     got = execute(g, {**vals, "x": x.numpy()})["output"]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
     step = training_step(g, loss=loss, optimizer="sgd")
@@ -64,11 +67,11 @@ def check_against_torch(m, x, kernels, loss: str = "mse", labels=None, opset: in
     if loss == "mse":
         target = torch.randn(ref.shape, generator=torch.Generator().manual_seed(7))
         feed["target"] = target.numpy()
-        want = torch_grads(m, lambda mod: torch.nn.functional.mse_loss(mod(x), target))
+        want = torch_grads(ref_m, lambda mod: torch.nn.functional.mse_loss(mod(x), target))
     else:
         feed["labels"] = labels.numpy().astype(np.int32)
-        want = torch_grads(m, lambda mod: torch.nn.functional.nll_loss(mod(x).reshape(-1, ref.shape[-1]),
-                                                                        labels.reshape(-1)))
+        want = torch_grads(ref_m, lambda mod: torch.nn.functional.nll_loss(mod(x).reshape(-1, ref.shape[-1]),
+                                                                            labels.reshape(-1)))
     env = execute(step, feed, precision="float64")
     for name, w in want.items():
         got_grad = env[f"{name}.grad"] if f"{name}.grad" in env else env[f"{name}.T.grad"].T
