@@ -15,6 +15,17 @@ over several dims it stays elementary ops (exact, unfused). On float16/bfloat16 
 refused (``_elementary_rms_norm`` says why). ``torch.diff``, which Hugging Face decoders call on
 their position ids, gets a symbolic of its own for the export (``ir.importers.torch_symbolics``).
 
+Hugging Face sparse mixture-of-experts blocks (``MixtralSparseMoeBlock``, ``Qwen2MoeSparseMoeBlock``)
+route tokens by a data-dependent top-k, which neither exports to ops the importer maps nor has
+an affine projection. For the export each is swapped, like the norms, for a twin with *balanced
+routing* (``ir.importers.torch_moe``): token ``s``'s ``j``-th expert is ``(s·top_k + j) mod E``,
+as in ``workloads.llama(experts=...)``, with the block's gates and experts on the block's own
+weights (same ``state_dict`` names). A plan of the program prices an even load over the experts;
+the model's learned routing is not reproduced, so the imported forward equals the twin's, not
+the original block's. ``seq·top_k`` must be a multiple of the experts (the twin refuses
+otherwise). The experts' GEMMs are einsums on the stacked ``[E, ., .]`` weights with the
+experts' dim leading, which the expert-parallel layout splits.
+
 Batch norms export in eval mode (running statistics) unless ``batchnorm="train"``: then the
 ``torch.nn.BatchNorm*d`` submodules alone are put in train mode and the exporter keeps each
 submodule's mode (``TrainingMode.PRESERVE``), so they export as ``BatchNormalization`` with

@@ -9,8 +9,9 @@ routes as ``workloads.llama(experts=E, top_k=k)`` does (``ir.workloads._moe``): 
 plan prices an even load; the model's learned routing is not reproduced. What the twin computes
 with that choice is the block's arithmetic on the block's own weights: the router's logits of
 the chosen experts, the block's gates over them (Mixtral: their softmax, which equals the
-renormalised top-k of the softmax over all experts; Qwen2-MoE without ``norm_topk_prob``: the
-softmax over all experts, taken at the chosen ones), and each expert's gated MLP on its tokens
+renormalised top-k of the softmax over all experts; Qwen2-MoE, Qwen3-MoE and OLMoE without
+``norm_topk_prob``: the softmax over all experts, taken at the chosen ones; Qwen2-MoE adds its
+shared expert, gated by a sigmoid), and each expert's gated MLP on its tokens
 (``experts._apply_gate``: ``silu(gate) * up``), gate-weighted and summed over the token's copies.
 
 Shapes (``b, s, d``: batch, sequence, model width; ``c = s·k / E``): ``x[b, s, d]`` -> copies
@@ -34,10 +35,13 @@ from typing import Any
 from ir.importers.errors import ImportFailure
 
 # block class -> (gates renormalised over the chosen experts, shared expert gated by a sigmoid).
-# Qwen2-MoE's renormalisation is its config's ``norm_topk_prob`` (read per block), hence None.
+# None: the router's ``norm_topk_prob`` (its config's) says. Each block here routes by the softmax
+# over all experts' logits, top-k, and stores its experts as ``MixtralExperts`` does.
 _BLOCKS: dict[str, tuple[bool | None, bool]] = {
     "MixtralSparseMoeBlock": (True, False),
     "Qwen2MoeSparseMoeBlock": (None, True),
+    "Qwen3MoeSparseMoeBlock": (None, False),
+    "OlmoeSparseMoeBlock": (None, False),
 }
 
 
@@ -84,7 +88,7 @@ def _balanced_moe(torch: Any) -> type:
                     f"{type(self).__name__} routes a mixture of experts evenly (token s's j-th expert is "
                     f"(s*top_k + j) mod experts), so seq * top_k must be a multiple of the experts: seq {s} * "
                     f"top_k {k} = {s * k} over {e} experts; give a sequence length whose seq * top_k is a "
-                    f"multiple of {e}")
+                    f"multiple of {e} (and fixed sizes, x:int64[8,128]: named dims are traced at small sizes)")
             # [b, s, k, d] -> [b, c, E, d] -> [E, b, c, d]: copy (s, j) on expert (s*k + j) mod E
             xe = x.unsqueeze(2).expand(b, s, k, d).reshape(b, -1, e, d).permute(2, 0, 1, 3)
             # the router's logit of each slot's expert, back in token order [b, s, k]

@@ -21,6 +21,7 @@ from test_hf_models import Logits  # noqa: E402
 from torch_checks import check_against_torch  # noqa: E402
 
 from executor import verify  # noqa: E402
+from executor.run import execute  # noqa: E402
 from ir.autodiff import training_step  # noqa: E402
 from ir.importers.errors import ImportFailure  # noqa: E402
 from ir.importers.torch_export import _swap_for_export, import_torch  # noqa: E402
@@ -41,6 +42,16 @@ def _qwen2_moe(norm_topk_prob: bool = False):
     return T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(**TINY, moe_intermediate_size=16, shared_expert_intermediate_size=24,
                                                   num_experts=4, num_experts_per_tok=2,
                                                   norm_topk_prob=norm_topk_prob))
+
+
+def _qwen3_moe():
+    return T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(**TINY, moe_intermediate_size=16, num_experts=4,
+                                                  num_experts_per_tok=2))
+
+
+def _olmoe():
+    return T.OlmoeForCausalLM(T.OlmoeConfig(**TINY, num_experts=4, num_experts_per_tok=2, pad_token_id=0,
+                                            eos_token_id=1))
 
 
 def silu(x):
@@ -77,8 +88,8 @@ def balanced_formula(block, x: np.ndarray) -> np.ndarray:
     return y
 
 
-@pytest.mark.parametrize("make", [_mixtral, _qwen2_moe, lambda: _qwen2_moe(norm_topk_prob=True)],
-                         ids=["mixtral", "qwen2-moe", "qwen2-moe-normalised"])
+@pytest.mark.parametrize("make", [_mixtral, _qwen2_moe, lambda: _qwen2_moe(norm_topk_prob=True), _qwen3_moe, _olmoe],
+                         ids=["mixtral", "qwen2-moe", "qwen2-moe-normalised", "qwen3-moe", "olmoe"])
 def test_twin_is_balanced_routing_of_the_blocks_layer(make):
     torch.manual_seed(0)
     block = make().model.layers[0].mlp
@@ -129,3 +140,16 @@ def test_uneven_routing_is_refused_and_the_model_kept():
     with pytest.raises(ImportFailure, match=r"sequence length whose seq \* top_k is a multiple of 4"):
         import_torch(Logits(model), {"x": torch.randint(0, 96, (2, 7))})
     assert all(type(layer.mlp).__name__ == "MixtralSparseMoeBlock" for layer in model.model.layers)
+
+
+@pytest.mark.parametrize("make", [_qwen3_moe, _olmoe], ids=["qwen3-moe", "olmoe"])
+def test_more_decoders_import_as_their_twins(make):
+    """Qwen3-MoE and OLMoE (Mixtral's experts, the router's ``norm_topk_prob``), forward only."""
+    torch.manual_seed(0)
+    m = Logits(make().eval())
+    ids = torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(1))
+    g, values = import_torch(m, {"x": ids})
+    with torch.no_grad():
+        want = _twinned(m)(ids).numpy()
+    np.testing.assert_allclose(execute(g, {**values, "x": ids.numpy()})["output"], want, rtol=1e-5, atol=1e-6)
+    assert has_experts(g)
