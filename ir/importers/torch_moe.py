@@ -12,7 +12,7 @@ the chosen experts, the block's gates over them (Mixtral: their softmax, which e
 renormalised top-k of the softmax over all experts; Qwen2-MoE, Qwen3-MoE and OLMoE without
 ``norm_topk_prob``: the softmax over all experts, taken at the chosen ones; Qwen2-MoE adds its
 shared expert, gated by a sigmoid), and each expert's gated MLP on its tokens
-(``experts._apply_gate``: ``silu(gate) * up``), gate-weighted and summed over the token's copies.
+(``experts._apply_gate``: ``act(gate) * up``, SiLU in these models), gate-weighted and summed over the token's copies.
 
 Shapes (``b, s, d``: batch, sequence, model width; ``c = s·k / E``): ``x[b, s, d]`` -> copies
 ``[b, s, k, d]`` -> ``[b, c, E, d]`` (row-major, copy ``(s, j)`` lands on expert ``(s·k + j) mod
