@@ -203,8 +203,8 @@ def _has_sequence(g: Graph) -> bool:
 def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> dict[str, Graph]:
     """The baselines that apply to ``g`` on ``n_devices`` (nodes of ``devices_per_node``, 8 where
     it divides): single device, data parallel, ZeRO-3 (training steps), Megatron TP x DP,
-    DP x CP (programs with attention), DP x EP (mixtures of experts), Megatron-LM 3D TP x PP x DP (training steps of layered
-    models), ZeRO-3 and 3D with full activation recomputation (``…-recompute``, layered training
+    DP x CP (programs with attention), DP x EP (mixtures of experts), Megatron-LM 3D TP x PP x DP
+    (training steps of layered models), ZeRO-3 and 3D with full activation recomputation (``…-recompute``, layered training
     steps), and the hand-written Megatron MLP (MLPs)."""
     per = devices_per_node or (8 if n_devices % 8 == 0 else n_devices)
     nodes = max(1, n_devices // per)
@@ -234,5 +234,5 @@ def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> 
     return out
 
 
-__all__ = ["baselines", "data_parallel", "data_parallel_step", "dp_cp", "expert_parallel", "megatron", "megatron_3d", "megatron_mlp", "place",
-           "recompute_layers", "single_device", "zero3"]
+__all__ = ["baselines", "data_parallel", "data_parallel_step", "dp_cp", "expert_parallel", "megatron", "megatron_3d",
+           "megatron_mlp", "place", "recompute_layers", "single_device", "zero3"]

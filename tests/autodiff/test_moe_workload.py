@@ -68,7 +68,7 @@ def test_every_expert_gets_as_many_tokens():
             np.testing.assert_array_equal(xe[e, :, slot], x[:, t])
 
 
-@pytest.mark.slow  # 11 s of central differences: CI's test-slow runs it (the experts' VJPs are each checked in make test)
+@pytest.mark.slow  # 11 s of central differences: CI's test-slow runs it (each VJP is checked in make test)
 def test_training_gradients_match_finite_differences():
     g = workloads.build("llama", layers=1, d_model=4, heads=2, d_ff=3, vocab=5, seq=4, batch=1, experts=4, top_k=2)
     assert fd_check(g, loss="cross_entropy") > 250  # every element of every parameter, the experts' included
