@@ -79,7 +79,7 @@ class GraphBuilder:
         specs = {p: self._tensors[t].spec for p, t in inputs.items()}
         sig = k.signature(specs, params)
         out = self._add_tensor(Tensor(out or f"{name}.out", sig.out_spec.shape, sig.out_spec.dtype, "intermediate"))
-        ports = tuple((p, inputs[p]) for p in k.inputs)
+        ports = tuple((p, inputs[p]) for p in k.inputs if p in inputs)  # optional ports may be absent
         self._ops[name] = Op(name, kernel, ports, out, dict(params), Shards.whole(sig.extents))
         return out
 

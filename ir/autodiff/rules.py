@@ -284,12 +284,15 @@ def _rope(c: VJP, dy: str) -> dict[str, str]:
 def _attention(c: VJP, dy: str) -> dict[str, str]:
     # FlashAttention's backward (Dao et al. 2022, Alg. 4): recompute the scores from q, k and each
     # row's log-sum-exp; kernels in ir/kernels/attention.py.
+    # The bias (optional) is read again to recompute the scores; its gradient is dS summed to its shape.
     p = {k: c.params[k] for k in ("scale", "causal", "offset") if k in c.params}
     q, k, v, o = c.name("q"), c.name("k"), c.name("v"), c.name("y")
-    lse = c.emit("attention_lse", {"q": q, "k": k}, "lse", **p)
-    rows = {"q": q, "k": k, "v": v, "o": o, "dy": dy, "lse": lse}
+    bias = {"bias": c.name("bias")} if "bias" in c.op.input_map else {}
+    lse = c.emit("attention_lse", {"q": q, "k": k, **bias}, "lse", **p)
+    rows = {"q": q, "k": k, "v": v, "o": o, "dy": dy, "lse": lse, **bias}
     grads = {"q": ("attention_grad_q", rows), "k": ("attention_grad_k", rows),
-             "v": ("attention_grad_v", {"q": q, "k": k, "dy": dy, "lse": lse})}
+             "v": ("attention_grad_v", {"q": q, "k": k, "dy": dy, "lse": lse, **bias}),
+             "bias": ("attention_grad_bias", rows)}
     return {port: c.emit(kernel, ins, port, **p) for port, (kernel, ins) in grads.items() if port in c.need}
 
 

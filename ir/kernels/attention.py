@@ -12,8 +12,16 @@ Params: ``scale``; ``causal`` with ``offset``: query row ``i`` sees key ``j`` if
 index box, so ``run`` is overridden); ``origin``: the unfused ops a substitution replaced
 (``ir.rewrites.substitute_attention`` restores them), ``None`` for an attention written as such.
 
+``bias`` (optional): an additive bias on the scores, ``softmax(scale · q·kᵀ + bias + mask)``: T5's
+relative-position bias ``[1, h, s, t]``, ALiBi ``[b·h, 1, t]``, a padding mask ``[b, 1, 1, t]``. Its
+dims broadcast onto the scores ``[*L, s, t]`` as NumPy's do (right-aligned, each dim the scores'
+size or 1, leading dims may be missing), except its key dim, which must be ``t``: a bias constant
+over the keys cancels in the softmax (refused rather than read for nothing). As xformers'
+``attn_bias``: the kernel reads the bias tile of its rows and keys from HBM (bytes ∝ s·t per bias
+head, what the projection says) and still never writes the probabilities.
+
 Index space: the leading dims of ``q`` and its query rows (``b, h[, g], s``). The key dim ``t``
-hides in the projections of ``k`` and ``v`` and is the splittable reduction, with the softmax
+hides in the projections of ``k``, ``v`` and ``bias`` and is the splittable reduction, with the softmax
 monoid: ``split_reduction`` gives a partial op writing ``p[kb, *L, s, ev + 1]`` (per key block,
 the block-normalised output and its log-sum-exp) and an ``attention_combine`` op that merges the
 partials. The pair (o_k / l_k, m_k + log l_k) carries exactly the (running max m, sum of exponents
@@ -24,7 +32,8 @@ One extra channel instead of two, and no unnormalised sums to overflow in 16-bit
 
 Cost (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with
 IO-Awareness", Alg. 1 and Thm 2). FLOPs per query row: ``2·t·e`` (scores) + ``2·t·ev`` (P·V) +
-``5·t`` (scale, max, exp, sum, divide: the same count as the unfused softmax kernel), times the
+``5·t`` (scale, max, exp, sum, divide: the same count as the unfused softmax kernel) [+ ``t``: the
+bias add], times the
 fraction of keys a causal row sees (the whole index space's mean, so totals are exact; shards of
 early rows are charged a little more than they do, late rows a little less). Bytes: Thm 2 counts
 ``Θ(N²·d²/M)`` HBM accesses for on-chip memory ``M``; once a head's K and V fit in the cache that
@@ -63,6 +72,36 @@ def visible_keys(s: int, t: int, causal: bool, offset: int) -> int:
     return int(rows.sum())
 
 
+def _proj(cols: tuple[int | None, ...], sizes: tuple[int, ...], n: int) -> Projection:
+    """A projection reading one cell along index column ``cols[i]`` per point, or where None the whole dim."""
+    return Projection(tuple(unit_row(n, c) if c is not None else zero_row(n) for c in cols), (0,) * len(cols),
+                      tuple(1 if c is not None else z for c, z in zip(cols, sizes)))
+
+
+def bias_cols(bias: tuple[int, ...], scores: tuple[int, ...]) -> tuple[int | None, ...]:
+    """For each dim of ``bias``, the dim of the scores ``[*L, s, t]`` it runs along, None where it
+    broadcasts (size 1 against a larger dim); or ``SignatureError`` saying why it is not a bias."""
+    off = len(scores) - len(bias)
+    if off < 0 or any(z not in (1, x) for z, x in zip(bias, scores[off:])):
+        raise SignatureError(f"attention bias{list(bias)} must broadcast onto the scores [*L, s, t] = {list(scores)}: "
+                             f"right-aligned, each dim the scores' size or 1")
+    if bias[-1] != scores[-1]:
+        raise SignatureError(f"attention bias{list(bias)} must run along the keys (last dim {scores[-1]}): a bias "
+                             f"constant over the keys cancels in the softmax")
+    return tuple(c + off if z == scores[c + off] else None for c, z in enumerate(bias))
+
+
+def bias_projection(bias: tuple[int, ...], scores: tuple[int, ...], index: dict[int, int], n: int) -> Projection:
+    """The bias box a point reads: along the scores dims in ``index`` (scores dim -> index column) one
+    cell, unless the bias broadcasts there; the whole bias dim along the others (hidden or broadcast)."""
+    return _proj(tuple(index.get(c) if c is not None else None for c in bias_cols(bias, scores)), bias, n)
+
+
+def bias_flops(ins: Mapping[str, TensorSpec]) -> float:
+    """One add per score when the op reads a bias."""
+    return 1.0 if "bias" in ins else 0.0
+
+
 def attention_shapes(ins: Mapping[str, TensorSpec]) -> tuple[tuple[int, ...], int, int, int, int, int]:
     """``(L, len(Lk), s, e, t, ev)`` of attention inputs, or ``SignatureError`` naming the mismatch."""
     q, k, v = ins["q"].shape, ins["k"].shape, ins["v"].shape
@@ -83,7 +122,8 @@ class Attention(Kernel):
     """``softmax(scale · q kᵀ [+ causal mask]) v`` without materialising the scores (see module doc)."""
 
     name = "attention"
-    inputs = ("q", "k", "v")
+    inputs = ("q", "k", "v", "bias")
+    optional_inputs = ("bias",)
     # tensor-core bound like a GEMM (FlashAttention-2 reaches 50-73 % of peak); its own subclass
     # because NumPy runs it as scores, softmax and a second product (costmodel.hardware: a
     # hardware without a "matmul.attention" entry charges it as "matmul")
@@ -105,10 +145,15 @@ class Attention(Kernel):
             "k": Projection(tuple(kv_rows), (0,) * (nk + 2), (1,) * nk + (t, e)),
             "v": Projection(tuple(kv_rows), (0,) * (nk + 2), (1,) * nk + (t, ev)),
         }
+        spans = (("k", nk), ("v", nk))
+        if "bias" in ins:
+            scores = lead + (s, t)
+            inputs["bias"] = bias_projection(ins["bias"].shape, scores, {c: c for c in range(n)}, n)
+            spans += (("bias", len(ins["bias"].shape) - 1),)
         out = Projection(tuple(q_rows), (0,) * (n + 1), (1,) * n + (ev,))
         seen = visible_keys(s, t, params["causal"], params["offset"]) / s
-        flops = seen * (2.0 * e + 2.0 * ev + SOFTMAX_FLOPS)
-        red = Reduction("t", t, SOFTMAX_MONOID, (("k", nk), ("v", nk)))
+        flops = seen * (2.0 * e + 2.0 * ev + SOFTMAX_FLOPS + bias_flops(ins))
+        red = Reduction("t", t, SOFTMAX_MONOID, spans)
         return Signature(lead_dim_names(len(lead)) + ("s",), lead + (s,), inputs, out,
                          TensorSpec(lead + (s, ev), ins["q"].dtype), flops, (red,))
 
@@ -129,16 +174,17 @@ class Attention(Kernel):
     def compute(self, xp, blocks, params):
         if params["causal"]:
             raise SignatureError("causal attention needs its index box (absolute query rows): call run()")
-        o, _ = flash_forward(xp, blocks["q"], blocks["k"], blocks["v"], params["scale"], False, 0, 0, 0)
+        o, _ = flash_forward(xp, blocks["q"], blocks["k"], blocks["v"], params["scale"], False, 0, 0, 0,
+                             bias=blocks.get("bias"))
         return o.astype(blocks["q"].dtype)
 
     def run(self, xp: Any, blocks: Mapping[str, Any], params: Mapping[str, Any], box: ZRange,
             sig: Signature) -> Any:
-        q, k, v = blocks["q"], blocks["k"], blocks["v"]
+        q, k, v, bias = blocks["q"], blocks["k"], blocks["v"], blocks.get("bias")
         q0 = box.start[-1]  # absolute position of the block's first query row
         split = params.get("split")
         if not split:
-            o, _ = flash_forward(xp, q, k, v, params["scale"], params["causal"], q0, 0, params["offset"])
+            o, _ = flash_forward(xp, q, k, v, params["scale"], params["causal"], q0, 0, params["offset"], bias=bias)
             return o.astype(q.dtype)
         chunk = sig.split_from.extent // split["parts"]
         parts = []
@@ -146,7 +192,7 @@ class Attention(Kernel):
             local = slice((j - box.start[0]) * chunk, (j - box.start[0] + 1) * chunk)
             kj, vj = k[..., local, :], v[..., local, :]
             o, lse = flash_forward(xp, q, kj, vj, params["scale"], params["causal"], q0, j * chunk,
-                                   params["offset"])
+                                   params["offset"], bias=None if bias is None else bias[..., local])
             parts.append(xp.concatenate([o, lse[..., None]], axis=-1).astype(q.dtype))
         return xp.stack(parts, axis=0)
 
@@ -158,10 +204,11 @@ def _broadcast_kv(x: Any, q_rank: int) -> Any:
 
 
 def flash_forward(xp: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, q0: int, k0: int, offset: int,
-                  block: int = KEY_BLOCK) -> tuple[Any, Any]:
+                  block: int = KEY_BLOCK, bias: Any = None) -> tuple[Any, Any]:
     """Online-softmax attention over key blocks (Dao et al. 2022, Alg. 1, lines 9-12).
 
-    ``q0``/``k0`` are the absolute positions of the first query row and key. Returns the
+    ``q0``/``k0`` are the absolute positions of the first query row and key; ``bias`` (or None)
+    broadcasts onto the scores of these rows and keys. Returns the
     normalised output ``o[*L, s, ev]`` and the log-sum-exp ``lse[*L, s]`` of the scaled (masked)
     scores, both in float32 or wider; rows that see no key give ``o = 0`` and ``lse = -inf``.
     """
@@ -177,6 +224,8 @@ def flash_forward(xp: Any, q: Any, k: Any, v: Any, scale: float, causal: bool, q
     for j in range(0, t, block):
         kb, vb = k[..., j:j + block, :], v[..., j:j + block, :]
         S = qs @ xp.swapaxes(kb, -1, -2)
+        if bias is not None:
+            S = S + bias[..., j:j + block].astype(f32)
         if causal:
             cols = k0 + j + xp.arange(kb.shape[-2])
             visible = cols[None, :] <= rows[:, None] + offset
@@ -239,19 +288,24 @@ class AttentionCombine(Kernel):
 #
 # ``attention_lse`` recomputes each query row's log-sum-exp L = m + log l (FlashAttention keeps it
 # from the forward; here the forward writes only its output, so the backward pays one more
-# q·kᵀ); then P = exp(scale·q·kᵀ − L) block by block, D = rowsum(dy ∘ o), dS = P ∘ (dy·vᵀ − D) and
+# q·kᵀ); then P = exp(scale·q·kᵀ [+ bias] − L) block by block, D = rowsum(dy ∘ o),
+# dS = P ∘ (dy·vᵀ − D) and
 #
 #     dq = scale · dS · k    (index: query rows, like the forward),
 #     dk = scale · dSᵀ · q   (index: key rows; sums over query rows and groups),
-#     dv = Pᵀ · dy           (index: key rows).
+#     dv = Pᵀ · dy           (index: key rows),
+#     dbias = dS summed over the dims the bias broadcasts along (index: the bias's cells).
 #
-# dk and dv declare the query rows a splittable ``sum`` reduction, dq the keys: their partial sums
-# over query or key blocks are sequence-parallel (ring) attention's backward.
+# Each takes the forward's bias (optional, as the forward's) to recompute P. dk and dv declare the
+# query rows a splittable ``sum`` reduction, dq the keys: their partial sums over query or key blocks
+# are sequence-parallel (ring) attention's backward. dbias declares none (the dims it sums are the
+# broadcast ones, not one named reduction): a plan shards it over the bias's own dims.
 
 
 class _GradBase(Kernel):
     kernel_class = "matmul"
     params_defaults = {"scale": 1.0, "causal": False, "offset": 0}
+    optional_inputs = ("bias",)
 
     def _shapes(self, ins):
         """Forward shapes; a kernel without a ``v`` port takes ``ev`` from ``dy`` (or ``e``)."""
@@ -260,6 +314,14 @@ class _GradBase(Kernel):
             ev = ins["dy"].shape[-1] if "dy" in ins else ins["k"].shape[-1]
             v = TensorSpec(tuple(ins["k"].shape[:-1]) + (ev,), ins["k"].dtype)
         return attention_shapes({"q": ins["q"], "k": ins["k"], "v": v})
+
+    @staticmethod
+    def _row_bias(ins: Mapping[str, TensorSpec], lead: tuple[int, ...], s: int, t: int) -> dict[str, Projection]:
+        """The bias projection of a kernel indexed like the forward (``*L, s``), if it reads a bias."""
+        if "bias" not in ins:
+            return {}
+        n = len(lead) + 1
+        return {"bias": bias_projection(ins["bias"].shape, lead + (s, t), {c: c for c in range(n)}, n)}
 
     def _check_rows(self, ins, lead, s, ev):
         for port, want in (("o", lead + (s, ev)), ("dy", lead + (s, ev)), ("lse", lead + (s,))):
@@ -272,7 +334,7 @@ class AttentionLse(_GradBase):
     """``L[*L, s] = log Σ_t exp(scale · q·kᵀ + mask)``: each query row's log-sum-exp."""
 
     name = "attention_lse"
-    inputs = ("q", "k")
+    inputs = ("q", "k", "bias")
 
     def base_signature(self, ins, params):
         lead, nk, s, e, t, _ = self._shapes(ins)
@@ -282,30 +344,49 @@ class AttentionLse(_GradBase):
         seen = visible_keys(s, t, params["causal"], params["offset"]) / s
         return Signature(lead_dim_names(len(lead)) + ("s",), lead + (s,),
                          {"q": Projection(rows + (zero_row(n),), (0,) * (n + 1), (1,) * n + (e,)),
-                          "k": Projection(kv, (0,) * (nk + 2), (1,) * nk + (t, e))},
+                          "k": Projection(kv, (0,) * (nk + 2), (1,) * nk + (t, e)), **self._row_bias(ins, lead, s, t)},
                          Projection(rows, (0,) * n, (1,) * n), TensorSpec(lead + (s,), ins["q"].dtype),
-                         seen * (2.0 * e + 3.0))
+                         seen * (2.0 * e + 3.0 + bias_flops(ins)))
 
     def run(self, xp, blocks, params, box, sig):
         q, k = blocks["q"], blocks["k"]
         v = xp.zeros(k.shape[:-1] + (1,), dtype=k.dtype)  # the loop's P·v is one column: negligible
-        _, lse = flash_forward(xp, q, k, v, params["scale"], params["causal"], box.start[-1], 0, params["offset"])
+        _, lse = flash_forward(xp, q, k, v, params["scale"], params["causal"], box.start[-1], 0, params["offset"],
+                               bias=blocks.get("bias"))
         return lse.astype(q.dtype)
 
     def compute(self, xp, blocks, params):
         raise SignatureError("attention_lse needs its index box (absolute query rows): call run()")
 
 
-def _probs(xp: Any, q: Any, k: Any, lse: Any, scale: float, causal: bool, q0: int, k0: int, offset: int) -> Any:
-    """``P = exp(scale·q·kᵀ − L)`` (masked) for these query rows and keys; rows that see no key give 0."""
+def _probs(xp: Any, q: Any, k: Any, lse: Any, scale: float, causal: bool, q0: int, k0: int, offset: int,
+           bias: Any = None) -> Any:
+    """``P = exp(scale·q·kᵀ [+ bias] − L)`` (masked) for these query rows and keys; rows seeing no key give 0."""
     ct = xp.promote_types(q.dtype, xp.float32)
     S = (q.astype(ct) * ct.type(scale)) @ xp.swapaxes(_broadcast_kv(k.astype(ct), q.ndim), -1, -2)
+    if bias is not None:
+        S = S + bias.astype(ct)
     if causal:
         rows = q0 + xp.arange(q.shape[-2])
         cols = k0 + xp.arange(k.shape[-2])
         S = xp.where(cols[None, :] <= rows[:, None] + offset, S, -xp.inf)
     lse = lse.astype(ct)
     return xp.exp(S - xp.where(xp.isfinite(lse), lse, ct.type(0))[..., None])
+
+
+def _block_probs(xp: Any, b: Mapping[str, Any], params: Mapping[str, Any], q0: int, k0: int) -> Any:
+    """``P`` of blocks ``b`` (``q``, ``k``, ``lse``, optional ``bias``) whose first row and key are ``q0``, ``k0``."""
+    return _probs(xp, b["q"], b["k"], b["lse"], params["scale"], params["causal"], q0, k0, params["offset"],
+                  b.get("bias"))
+
+
+def _block_dS(xp: Any, b: Mapping[str, Any], params: Mapping[str, Any], q0: int, k0: int) -> Any:
+    """``dS = P ∘ (dy·vᵀ − rowsum(dy ∘ o))``: the gradient of the (biased, masked) scaled scores."""
+    P = _block_probs(xp, b, params, q0, k0)
+    ct = P.dtype
+    dy = b["dy"].astype(ct)
+    D = (dy * b["o"].astype(ct)).sum(axis=-1)
+    return P * (dy @ xp.swapaxes(_broadcast_kv(b["v"].astype(ct), b["q"].ndim), -1, -2) - D[..., None])
 
 
 def _sum_groups(x: Any, nk: int, n_lead: int) -> Any:
@@ -317,7 +398,7 @@ class AttentionGradQ(_GradBase):
     """``dq = scale · (P ∘ (dy·vᵀ − rowsum(dy ∘ o))) · k`` over query rows."""
 
     name = "attention_grad_q"
-    inputs = ("q", "k", "v", "o", "dy", "lse")
+    inputs = ("q", "k", "v", "o", "dy", "lse", "bias")
 
     def base_signature(self, ins, params):
         lead, nk, s, e, t, ev = attention_shapes(ins)
@@ -333,11 +414,12 @@ class AttentionGradQ(_GradBase):
                           "v": Projection(kv, (0,) * (nk + 2), (1,) * nk + (t, ev)),
                           "o": Projection(rows + (zero_row(n),), zb, (1,) * n + (ev,)),
                           "dy": Projection(rows + (zero_row(n),), zb, (1,) * n + (ev,)),
-                          "lse": Projection(rows, (0,) * n, (1,) * n)},
+                          "lse": Projection(rows, (0,) * n, (1,) * n), **self._row_bias(ins, lead, s, t)},
                          Projection(rows + (zero_row(n),), zb, (1,) * n + (e,)),
                          TensorSpec(lead + (s, e), ins["q"].dtype),
-                         seen * (4.0 * e + 2.0 * ev + 5.0) + 2.0 * ev,
-                         (Reduction("t", t, "sum", (("k", nk), ("v", nk))),))
+                         seen * (4.0 * e + 2.0 * ev + 5.0 + bias_flops(ins)) + 2.0 * ev,
+                         (Reduction("t", t, "sum", (("k", nk), ("v", nk))
+                                    + ((("bias", len(ins["bias"].shape) - 1),) if "bias" in ins else ())),))
 
     def run(self, xp, blocks, params, box, sig):
         q0 = box.start[-1]
@@ -350,17 +432,15 @@ class AttentionGradQ(_GradBase):
         for j in range(box.start[0], box.end[0]):
             local = slice((j - box.start[0]) * chunk, (j - box.start[0] + 1) * chunk)
             sub = {**blocks, "k": blocks["k"][..., local, :], "v": blocks["v"][..., local, :]}
+            if "bias" in blocks:
+                sub["bias"] = blocks["bias"][..., local]
             parts.append(self._grad(xp, sub, params, q0, j * chunk).astype(blocks["q"].dtype))
         return xp.stack(parts, axis=0)
 
     def _grad(self, xp, b, params, q0, k0):
-        q, k, v, o, dy = (b[p] for p in ("q", "k", "v", "o", "dy"))
-        P = _probs(xp, q, k, b["lse"], params["scale"], params["causal"], q0, k0, params["offset"])
-        ct = P.dtype
-        dy32 = dy.astype(ct)
-        D = (dy32 * o.astype(ct)).sum(axis=-1)
-        dS = P * (dy32 @ xp.swapaxes(_broadcast_kv(v.astype(ct), q.ndim), -1, -2) - D[..., None])
-        return ct.type(params["scale"]) * (dS @ _broadcast_kv(k.astype(ct), q.ndim))
+        dS = _block_dS(xp, b, params, q0, k0)
+        ct = dS.dtype
+        return ct.type(params["scale"]) * (dS @ _broadcast_kv(b["k"].astype(ct), b["q"].ndim))
 
     def compute(self, xp, blocks, params):
         raise SignatureError("attention_grad_q needs its index box (absolute query rows): call run()")
@@ -389,11 +469,18 @@ class _GradKV(_GradBase):
 
         inputs = {"q": q_like(e), "k": key_rows(e), "v": key_rows(ev), "o": q_like(ev), "dy": q_like(ev),
                   "lse": Projection(lk + groups + (zero_row(n),), (0,) * (nL + 1), (1,) * nk + g_ext + (s,))}
-        inputs = {p: inputs[p] for p in self.inputs}
+        spans = [(p, nL) for p in ("q", "o", "dy", "lse") if p in self.inputs]
+        if "bias" in ins:  # all query rows and groups of these heads, these keys
+            bias = ins["bias"].shape
+            inputs["bias"] = bias_projection(bias, lead + (s, t), {**{c: c for c in range(nk)}, nL + 1: nk}, n)
+            if len(bias) >= 2 and bias[-2] == s:  # a bias broadcast over the query rows is read whole by every block
+                spans.append(("bias", len(bias) - 2))
+        inputs = {p: inputs[p] for p in self.inputs if p in inputs}
         width = e if self.out_port == "k" else ev
         per_pair = (4.0 * e + 2.0 * ev + 5.0) if self.out_port == "k" else (2.0 * e + 2.0 * ev + 3.0)
         seen = visible_keys(s, t, params["causal"], params["offset"]) / t * float(np.prod(g_ext, dtype=np.int64))
-        red = Reduction("s", s, "sum", tuple((p, nL) for p in ("q", "o", "dy", "lse") if p in self.inputs))
+        per_pair += bias_flops(ins)
+        red = Reduction("s", s, "sum", tuple(spans))
         return Signature(lead_dim_names(nk) + ("t",), tuple(lead[:nk]) + (t,), inputs, key_rows(width),
                          TensorSpec(tuple(lead[:nk]) + (t, width), ins["q"].dtype), seen * per_pair, (red,))
 
@@ -425,32 +512,80 @@ class AttentionGradK(_GradKV):
     """``dk = scale · Σ_(groups, s) dSᵀ · q`` over key rows."""
 
     name = "attention_grad_k"
-    inputs = ("q", "k", "v", "o", "dy", "lse")
+    inputs = ("q", "k", "v", "o", "dy", "lse", "bias")
     out_port = "k"
 
     def _grad(self, xp, b, params, q0, k0):
-        q, k, v = b["q"], b["k"], b["v"]
-        P = _probs(xp, q, k, b["lse"], params["scale"], params["causal"], q0, k0, params["offset"])
-        ct = P.dtype
-        dy = b["dy"].astype(ct)
-        D = (dy * b["o"].astype(ct)).sum(axis=-1)
-        dS = P * (dy @ xp.swapaxes(_broadcast_kv(v.astype(ct), q.ndim), -1, -2) - D[..., None])
-        dk = ct.type(params["scale"]) * (xp.swapaxes(dS, -1, -2) @ q.astype(ct))
-        return _sum_groups(dk, k.ndim - 2, q.ndim - 2)
+        dS = _block_dS(xp, b, params, q0, k0)
+        ct = dS.dtype
+        dk = ct.type(params["scale"]) * (xp.swapaxes(dS, -1, -2) @ b["q"].astype(ct))
+        return _sum_groups(dk, b["k"].ndim - 2, b["q"].ndim - 2)
 
 
 class AttentionGradV(_GradKV):
     """``dv = Σ_(groups, s) Pᵀ · dy`` over key rows."""
 
     name = "attention_grad_v"
-    inputs = ("q", "k", "dy", "lse")
+    inputs = ("q", "k", "dy", "lse", "bias")
     out_port = "v"
 
     def _grad(self, xp, b, params, q0, k0):
-        q, k = b["q"], b["k"]
-        P = _probs(xp, q, k, b["lse"], params["scale"], params["causal"], q0, k0, params["offset"])
+        P = _block_probs(xp, b, params, q0, k0)
         dv = xp.swapaxes(P, -1, -2) @ b["dy"].astype(P.dtype)
-        return _sum_groups(dv, k.ndim - 2, q.ndim - 2)
+        return _sum_groups(dv, b["k"].ndim - 2, b["q"].ndim - 2)
 
 
-KERNELS = (Attention, AttentionCombine, AttentionLse, AttentionGradQ, AttentionGradK, AttentionGradV)
+class AttentionGradBias(_GradBase):
+    """``dbias = dS`` summed over the dims the bias broadcasts along: index space = the bias's shape,
+    each point reading the query rows, keys and heads its cell's scores cover."""
+
+    name = "attention_grad_bias"
+    inputs = ("q", "k", "v", "o", "dy", "lse", "bias")
+    optional_inputs = ()
+
+    def base_signature(self, ins, params):
+        lead, nk, s, e, t, ev = attention_shapes(ins)
+        self._check_rows(ins, lead, s, ev)
+        bias = tuple(ins["bias"].shape)
+        scores = lead + (s, t)
+        cols = bias_cols(bias, scores)
+        n = len(bias)
+        at = {c: i for i, c in enumerate(cols) if c is not None}  # scores dim -> index column
+        nL = len(lead)
+        q_cols = tuple(at.get(c) for c in range(nL + 1))  # [*L, s]
+        k_cols = tuple(at.get(c) for c in range(nk)) + (at.get(nL + 1),)  # [*Lk, t]
+        inputs = {"q": _proj(q_cols + (None,), tuple(ins["q"].shape), n),
+                  "k": _proj(k_cols + (None,), tuple(ins["k"].shape), n),
+                  "v": _proj(k_cols + (None,), tuple(ins["v"].shape), n),
+                  "o": _proj(q_cols + (None,), tuple(ins["o"].shape), n),
+                  "dy": _proj(q_cols + (None,), tuple(ins["dy"].shape), n),
+                  "lse": _proj(q_cols, tuple(ins["lse"].shape), n),
+                  "bias": _proj(tuple(range(n)), bias, n)}
+        per_score = 2.0 * e + 2.0 * ev + 7.0  # P (with the bias add and exp), dy·vᵀ, the difference and product
+        scores_per_cell = float(np.prod(scores, dtype=np.int64)) / float(np.prod(bias, dtype=np.int64))
+        seen = visible_keys(s, t, params["causal"], params["offset"]) / (s * t)
+        return Signature(tuple(f"d{i}" for i in range(n)), bias, inputs, _proj(tuple(range(n)), bias, n),
+                         TensorSpec(bias, ins["q"].dtype), seen * scores_per_cell * per_score)
+
+    def run(self, xp, blocks, params, box, sig):
+        bias = sig.in_specs["bias"].shape
+        rows, keys = len(bias) - 2, len(bias) - 1  # the bias dims along s and t
+        q0 = box.start[rows] if rows >= 0 and bias[rows] > 1 else 0  # broadcast over s: the block holds every row
+        dS = _block_dS(xp, blocks, params, q0, box.start[keys])
+        return _sum_to(dS, blocks["bias"].shape).astype(blocks["q"].dtype)
+
+    def compute(self, xp, blocks, params):
+        raise SignatureError("attention_grad_bias needs its index box (absolute rows and keys): call run()")
+
+
+def _sum_to(x: Any, shape: tuple[int, ...]) -> Any:
+    """``x`` summed down to ``shape`` (right-aligned broadcasting's adjoint)."""
+    extra = x.ndim - len(shape)
+    if extra:
+        x = x.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, z in enumerate(shape) if z == 1 and x.shape[i] != 1)
+    return x.sum(axis=axes, keepdims=True) if axes else x
+
+
+KERNELS = (Attention, AttentionCombine, AttentionLse, AttentionGradQ, AttentionGradK, AttentionGradV,
+           AttentionGradBias)

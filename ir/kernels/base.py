@@ -116,6 +116,8 @@ class Kernel:
     # Ports that take integer indices (int32: token ids, labels); every other port takes floats of
     # one dtype. An index port's values are checked against ``value_range`` by the executor.
     index_ports: ClassVar[tuple[str, ...]] = ()
+    # Ports of ``inputs`` an op may leave unconnected (attention's ``bias``): the kernel reads them when given.
+    optional_inputs: ClassVar[tuple[str, ...]] = ()
 
     # -- to implement -------------------------------------------------------------------
     def base_signature(self, ins: Mapping[str, TensorSpec], params: Mapping[str, Any]) -> Signature:
@@ -157,7 +159,7 @@ class Kernel:
         return {**self.params_defaults, **params}
 
     def signature(self, ins: Mapping[str, TensorSpec], params: Mapping[str, Any]) -> Signature:
-        missing = [p for p in self.inputs if p not in ins]
+        missing = [p for p in self.inputs if p not in ins and p not in self.optional_inputs]
         extra = [p for p in ins if p not in self.inputs]
         if missing or extra:
             raise SignatureError(

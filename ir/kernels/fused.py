@@ -37,8 +37,8 @@ def stage_port(i: int, port: str) -> str:
 def _stage_ports(k: Kernel, i: int, ins: Mapping[str, Any]) -> tuple[str, ...]:
     """Stage ``i``'s own ports: its kernel's, or for a stage 0 whose kernel takes its ports from
     its params (``norm_matmul``), the fused op's ``0.<port>`` inputs."""
-    if k.inputs or i:
-        return tuple(k.inputs)
+    if k.inputs or i:  # an optional port (attention's bias) is a stage's own when the fused op has it
+        return tuple(p for p in k.inputs if p not in k.optional_inputs or stage_port(i, p) in ins)
     return tuple(p[2:] for p in ins if p.startswith("0."))
 
 

@@ -545,7 +545,7 @@ def fuse_attention(g: Graph, op: str) -> Graph:
         for x, n in m.grads:
             kernel = f"attention_grad_{x}"
             ports = get_kernel(kernel).inputs
-            ins = tuple((pt, rows[pt]) for pt in ports)
+            ins = tuple((pt, rows[pt]) for pt in ports if pt in rows)  # a bias only where the pattern has one
             sig = get_kernel(kernel).signature({pt: (tensors[t] or g.tensors[t]).spec if t in tensors
                                                 else g.tensors[t].spec for pt, t in ins}, p)
             out = g.ops[n].output

@@ -12,11 +12,13 @@ import scipy.special
 from ir.kernels import get_kernel
 
 
-def attention_ref(q, k, v, scale, causal=False, offset=0):
+def attention_ref(q, k, v, scale, causal=False, offset=0, bias=None):
     extra = q.ndim - k.ndim  # grouped-query heads: k and v broadcast over q's group dims
     k = k.reshape(k.shape[:-2] + (1,) * extra + k.shape[-2:])
     v = v.reshape(v.shape[:-2] + (1,) * extra + v.shape[-2:])
     s = scale * np.einsum("...se,...te->...st", q, k)
+    if bias is not None:  # NumPy's broadcasting onto the scores
+        s = s + bias
     if causal:
         keep = np.arange(k.shape[-2])[None, :] <= np.arange(q.shape[-2])[:, None] + offset
         s = np.where(keep, s, -np.inf)
@@ -27,10 +29,12 @@ def _layernorm(x, g, b, eps):
     return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * g + b
 
 
-def _scores(q, k, scale, causal, offset):
+def _scores(q, k, scale, causal, offset, bias=None):
     extra = q.ndim - k.ndim
     k = k.reshape(k.shape[:-2] + (1,) * extra + k.shape[-2:])
     s = scale * np.einsum("...se,...te->...st", q, k)
+    if bias is not None:
+        s = s + bias
     if causal:
         s = np.where(np.arange(k.shape[-2])[None, :] <= np.arange(q.shape[-2])[:, None] + offset, s, -np.inf)
     return s
@@ -38,12 +42,13 @@ def _scores(q, k, scale, causal, offset):
 
 def grad_ref(which, scale, causal=False, offset=0):
     """The backward formulas written out with einsums, for arbitrary o, dy and lse (FlashAttention
-    Alg. 4: P = exp(S - L), D = rowsum(dy ∘ o), dS = P ∘ (dy·vᵀ - D))."""
+    Alg. 4: P = exp(S - L), D = rowsum(dy ∘ o), dS = P ∘ (dy·vᵀ - D)); dbias: dS summed down to the
+    bias's shape."""
     def ref(i):
         q, k = i["q"], i["k"]
         extra = q.ndim - k.ndim
         ax = tuple(range(k.ndim - 2, q.ndim - 2))  # q's group dims, summed for k and v
-        P = np.exp(_scores(q, k, scale, causal, offset) - i["lse"][..., None])
+        P = np.exp(_scores(q, k, scale, causal, offset, i.get("bias")) - i["lse"][..., None])
         if which == "v":
             return np.einsum("...st,...se->...te", P, i["dy"]).sum(axis=ax)
         v = i["v"].reshape(i["v"].shape[:-2] + (1,) * extra + i["v"].shape[-2:])
@@ -51,6 +56,10 @@ def grad_ref(which, scale, causal=False, offset=0):
         dS = P * (np.einsum("...se,...te->...st", i["dy"], v) - (i["dy"] * i["o"]).sum(-1)[..., None])
         if which == "q":
             return scale * np.einsum("...st,...te->...se", dS, kk)
+        if which == "bias":
+            b = i["bias"]
+            dS = dS.sum(axis=tuple(range(dS.ndim - b.ndim)))
+            return dS.sum(axis=tuple(a for a, n in enumerate(b.shape) if n == 1), keepdims=True)
         return (scale * np.einsum("...st,...se->...te", dS, q)).sum(axis=ax)
     return ref
 
@@ -83,7 +92,34 @@ def attention_cases(Case):
                 "lse": (2, 2, 5)} if w != "v" else
                {"q": (2, 2, 5, 3), "k": (2, 6, 3), "dy": (2, 2, 5, 4), "lse": (2, 2, 5)},
                {"scale": 0.5, "causal": True, "offset": 1}, grad_ref(w, 0.5, True, 1)) for w in "qkv"],
+        *bias_cases(Case),
     ]
+
+
+#: (id, q, k, v, bias): the biases the attention kernels take (T5's [1, h, s, t] over grouped heads,
+#: ALiBi's [b·h, 1, t], a padding mask [b, 1, 1, t], a missing leading dim [h, s, t])
+BIASES = [("t5", (2, 2, 3, 5, 4), (2, 2, 6, 4), (2, 2, 6, 3), (1, 2, 3, 5, 6)),
+          ("alibi", (6, 5, 4), (6, 6, 4), (6, 6, 3), (6, 1, 6)),
+          ("padding", (2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 3), (2, 1, 1, 6)),
+          ("heads", (2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 3), (3, 5, 6))]
+
+
+def bias_cases(Case):
+    """The attention kernels with a bias on the scores: the forward and every backward kernel."""
+    out = []
+    for bid, q, k, v, b in BIASES:
+        causal = {"scale": 0.5, "causal": True, "offset": 1}
+        out.append(Case(f"attention_bias_{bid}", "attention", {"q": q, "k": k, "v": v, "bias": b}, causal,
+                        lambda i: attention_ref(i["q"], i["k"], i["v"], 0.5, True, 1, i["bias"])))
+        o = q[:-1] + v[-1:]
+        rows = {"q": q, "k": k, "v": v, "o": o, "dy": o, "lse": q[:-1], "bias": b}
+        for w in ("q", "k", "v", "bias"):
+            ins = rows if w != "v" else {p: rows[p] for p in ("q", "k", "dy", "lse", "bias")}
+            out.append(Case(f"attention_grad_{w}_bias_{bid}", f"attention_grad_{w}", ins, causal,
+                            grad_ref(w, 0.5, True, 1)))
+        out.append(Case(f"attention_lse_bias_{bid}", "attention_lse", {"q": q, "k": k, "bias": b}, causal,
+                        lambda i: scipy.special.logsumexp(_scores(i["q"], i["k"], 0.5, True, 1, i["bias"]), axis=-1)))
+    return out
 
 
 def check_softmax_split(case, sig, base, params, parts, whole, run_box, random_subbox, slice_of) -> None:
