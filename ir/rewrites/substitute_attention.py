@@ -32,7 +32,10 @@ The pattern, checked op by op (each refusal names the failing condition):
   ``[b, e, t]`` for ``einsum(q[b, h, s, e], ·)``, so a squeeze of k ``[b, 1, t, e]`` to ``[b, t, e]``
   stays). A k that only a permute and a squeeze together bring to ``[*Lk, t, e]`` is refused;
 - then, each the only reader of the previous tensor: ``scale`` ops (factors multiply into the
-  attention's ``scale``), at most one ``causal_mask`` with ``fill`` -inf, and a ``softmax``;
+  attention's ``scale``), at most one ``causal_mask`` with ``fill`` -inf, at most one ``add`` of a
+  bias onto the scores (T5's relative-position bias, ALiBi, a padding mask: its other operand
+  broadcasts onto the scores, which keep their shape; it becomes the attention's ``bias``; a scale
+  after it, which would scale the bias too, is refused), and a ``softmax``;
 - optionally torch's NaN guard on the probabilities ``p`` (``Where(IsNaN(p), 0, p)``, imported as
   ``masked_fill(x=p, c=compare(p, p, op="ne"), value=0)``), ``p`` read by those two only and the
   test by the ``masked_fill`` only. It is absorbed only when no row can be fully masked (no mask,
@@ -55,6 +58,9 @@ it. The gradients of q and k leave through the VJPs of the outermost absorbed op
 (``<q scale>.dx``, ``<k permute, squeeze or scale>.dx``), else the scores op's (``.da``/``.db``); the
 absorbed scales' and guard's VJPs (``scale``, ``where_grad``; ``compare`` has none) are replaced
 with the rest. ``origin["backward"]`` records the replaced backward ops for ``unfuse_attention``.
+A trainable bias's gradient contribution leaves through the add's ``reduce_to`` (``<add>.d<port>``,
+a broadcast bias) or, for a bias of the scores' shape, through the gradient of the add's output
+(``<next op>.dx``, which the add passes on unchanged); ``attention_grad_bias`` writes that tensor.
 """
 
 from __future__ import annotations
@@ -108,6 +114,7 @@ class AttentionMatch:
     dy: str | None = None  # the gradient of the attention's output
     # the one relayout of ``k`` to [*Lk, t, e] the fused graph keeps, if any: ("permute", perm) or ("reshape", shape)
     k_relayout: tuple[str, tuple[int, ...]] | None = None
+    bias: str | None = None  # the tensor an absorbed ``add`` put onto the scores
 
     @property
     def k_perm(self) -> tuple[int, ...] | None:
@@ -331,7 +338,7 @@ def match_attention(g: Graph, op: str) -> AttentionMatch | str:
         return k_side
     k_tensor, k_factor, k_relayout, nk = k_side
     ops: list[tuple[str, str]] = q_ops + k_ops + [("qk", op)]
-    scale, causal, offset = alpha * q_factor * k_factor, False, 0
+    scale, causal, offset, bias = alpha * q_factor * k_factor, False, 0, None
     t = o.output
     while True:
         sole = _sole_reader(g, t)
@@ -339,7 +346,15 @@ def match_attention(g: Graph, op: str) -> AttentionMatch | str:
             return sole
         name, _port = sole
         c = g.ops[name]
-        if c.kernel == "scale" and not causal:
+        if c.kernel == "scale" and bias is not None:
+            return f"{name} scales the scores after the bias add; the attention's scale would scale the bias too"
+        if c.kernel == "add" and bias is None:
+            other = c.input_map["b" if _port == "a" else "a"]
+            if not _plain(c) or g.tensors[c.output].shape != g.tensors[t].shape or other == t:
+                return f"{name} is not an add of a bias onto the scores {t} (the scores keep their shape)"
+            bias = other
+            ops.append(("bias", name))
+        elif c.kernel == "scale" and not causal:
             scale *= float(c.params.get("alpha", 1.0))
             ops.append(("scale", name))
         elif c.kernel == "causal_mask" and not causal:
@@ -352,7 +367,7 @@ def match_attention(g: Graph, op: str) -> AttentionMatch | str:
             t = c.output
             break
         else:
-            return f"{name} ({c.kernel}) between the scores and the softmax is not a scale or causal_mask"
+            return f"{name} ({c.kernel}) between the scores and the softmax is not a scale, causal_mask or bias add"
         t = c.output
     guard = _nan_guard(g, t)
     if isinstance(guard, str):
@@ -384,7 +399,7 @@ def match_attention(g: Graph, op: str) -> AttentionMatch | str:
                 f"its letters are {pa},{pb}->{po}")
     ops.append(("av", av_name))
     m = AttentionMatch(q_tensor, k_tensor, av.input_map["b" if port == "a" else "a"], scale, causal, offset,
-                       tuple(ops), av.output, k_relayout=k_relayout)
+                       tuple(ops), av.output, k_relayout=k_relayout, bias=bias)
     bwd = _match_backward(g, m, port)
     if isinstance(bwd, str):
         return bwd
@@ -393,8 +408,9 @@ def match_attention(g: Graph, op: str) -> AttentionMatch | str:
     if m.k_relayout is not None:
         k_spec = type(k_spec)(_relayout(*m.k_relayout, k_spec.shape)[1], k_spec.dtype)
     try:
-        get_kernel("attention").signature({"q": g.tensors[m.q].spec, "k": k_spec,
-                                           "v": g.tensors[m.v].spec}, _params(m, None))
+        get_kernel("attention").signature({"q": g.tensors[m.q].spec, "k": k_spec, "v": g.tensors[m.v].spec,
+                                           **({"bias": g.tensors[m.bias].spec} if m.bias else {})},
+                                          _params(m, None))
     except SignatureError as err:
         return f"the matched tensors do not make an attention: {err}"
     return m
@@ -425,6 +441,13 @@ def _match_backward(g: Graph, m: AttentionMatch, p_port: str) -> AttentionMatch 
     wanted = {"q": f"{q_out}.dx" if q_out else f"{roles['qk']}.da",
               "k": f"{k_out}.dx" if k_out else f"{roles['qk']}.db",
               "v": f"{roles['av']}.d{v_port}"}
+    if m.bias is not None:  # the add's reduce_to of a broadcast bias, else the add's output gradient (passed on)
+        add = roles["bias"]
+        port = "b" if g.ops[add].input_map["a"] != m.bias else "a"
+        after = [n for r, n in m.ops][[n for _, n in m.ops].index(add) + 1]
+        wanted["bias"] = f"{add}.d{port}" if f"{add}.d{port}" in backward else f"{after}.dx"
+        if wanted["bias"] in backward and not _read_outside(g, wanted["bias"], backward):
+            del wanted["bias"]  # a bias without a gradient (a mask): its add's output gradient stays inside
     grads = tuple((x, n) for x, n in wanted.items() if n in backward)
     dp = f"{roles['av']}.d{p_port}"
     if dp not in g.ops:
@@ -448,6 +471,12 @@ def _match_backward(g: Graph, m: AttentionMatch, p_port: str) -> AttentionMatch 
     if dy in {g.ops[n].output for n in backward}:
         return f"the output gradient {dy} is computed inside the pattern's backward"
     return dataclasses.replace(m, backward=tuple(backward), grads=grads, dy=dy)
+
+
+def _read_outside(g: Graph, op: str, inside: list[str]) -> bool:
+    """Whether ``op``'s output is a graph output or read by an op outside ``inside``."""
+    out = g.ops[op].output
+    return g.tensors[out].role == "output" or any(r not in inside for r, _ in g.consumers.get(out, []))
 
 
 def _is_k_layout(letters: str, lead: str, t: str, e: str) -> bool:
@@ -512,6 +541,7 @@ def fuse_attention(g: Graph, op: str) -> Graph:
     insert: dict[str, list[Op]] = {}
     tensors: dict[str, Tensor | None] = dict(gone)
     k_in = m.k  # the tensor the attention reads as k: m.k, or its relayout
+    bias_in = (("bias", m.bias),) if m.bias else ()
     back: dict = {}  # the params of the kept relayout's inverse (dk back to k's layout)
     if m.k_relayout is not None:  # one relayout of k stays, to [*Lk, t, e] (named after the attention op)
         rel = f"{name}.k"
@@ -538,10 +568,11 @@ def fuse_attention(g: Graph, op: str) -> Graph:
             raise RewriteError(f"cannot fuse attention at {op}: an operation named {lse_name} exists")
         tensors[f"{lse_name}.out"] = Tensor(f"{lse_name}.out", q_spec.shape[:-1], q_spec.dtype, "intermediate")
         dev = int(shards.device[0])
-        lse_op = Op(lse_name, "attention_lse", (("q", m.q), ("k", k_in)), f"{lse_name}.out", p,
+        lse_op = Op(lse_name, "attention_lse", (("q", m.q), ("k", k_in)) + bias_in, f"{lse_name}.out", p,
                     Shards.whole(q_spec.shape[:-1], dev))
         grad_ops = [lse_op]
-        rows = {"q": m.q, "k": k_in, "v": m.v, "o": m.output, "dy": m.dy, "lse": f"{lse_name}.out"}
+        rows = {"q": m.q, "k": k_in, "v": m.v, "o": m.output, "dy": m.dy, "lse": f"{lse_name}.out",
+                **({"bias": m.bias} if m.bias else {})}
         for x, n in m.grads:
             kernel = f"attention_grad_{x}"
             ports = get_kernel(kernel).inputs
@@ -564,7 +595,8 @@ def fuse_attention(g: Graph, op: str) -> Graph:
                 tensors[g.ops[n].output] = None
         drop[first] = grad_ops[0]
         insert[first] = grad_ops[1:]
-    new = Op(name, "attention", (("q", m.q), ("k", k_in), ("v", m.v)), m.output, _params(m, origin), shards)
+    new = Op(name, "attention", (("q", m.q), ("k", k_in), ("v", m.v)) + bias_in, m.output, _params(m, origin),
+             shards)
     drop[av.name] = new
     return g.with_ops(drop, insert_after=insert, tensors=tensors)
 

@@ -15,12 +15,16 @@ import pytest
 
 from executor import verify
 from ir.builder import GraphBuilder
+from ir.autodiff import training_step
+from ir.graph import Graph
 from ir.kernels import SignatureError, TensorSpec, get_kernel
-from ir.rewrites import place, split, split_reduction
+from ir.rewrites import (RewriteError, fuse_attention, match_attention, place, random_walk, split, split_reduction,
+                         unfuse_attention)
 from ir.validate import validate
 from ir.zspace import ZRange
 from tests.autodiff.test_vjp_finite_differences import fd_check, one_op
 from tests.ir.kernel_cases_attention import BIASES, attention_ref
+from tests.ir.test_rewrite_attention_sdpa import assert_same_ops
 
 
 def spec(shape, dtype="float32"):
@@ -131,3 +135,103 @@ def test_unsupported_biases_are_refused_with_the_reason(bias, msg):
                                              "lse": spec((2, 3, 5))} if kernel == "attention_grad_k" else {}), {})
     with pytest.raises(SignatureError, match="takes inputs"):  # the bias gradient needs the bias
         get_kernel("attention_grad_bias").signature({p: ins[p] for p in "qkv"}, {})
+
+
+# -- the substitution ------------------------------------------------------------------------------
+
+B, HEADS, S, E = 2, 2, 6, 4
+
+
+def biased(bias_shape=(1, HEADS, S, S), order=("scale", "bias", "mask"), trainable=True, bias_first=False) -> Graph:
+    """``einsum(q, k) → order of scale / add(bias) / causal_mask → softmax → einsum(·, v)``, a residual add
+    after it; the bias a parameter (``trainable``) or an input (a mask)."""
+    gb = GraphBuilder()
+    q, k, v = (gb.parameter(n, (B, HEADS, S, E)) for n in "qkv")
+    bias = (gb.parameter if trainable else gb.input)("pos_bias", bias_shape)
+    x = gb.einsum(q, k, name="qk", equation="bhse,bhte->bhst")
+    for step in order:
+        if step == "scale":
+            x = gb.scale(x, name="scale", alpha=E ** -0.5)
+        elif step == "bias":
+            x = gb.add(bias, x, name="bias_add") if bias_first else gb.add(x, bias, name="bias_add")
+        else:
+            x = gb.causal_mask(x, name="mask")
+    gb.add(gb.einsum(gb.softmax(x, name="softmax"), v, name="av", equation="bhst,bhte->bhse"), q, name="resid")
+    return gb.build()
+
+
+SITE = "qk+av"
+FORMS = {
+    "t5": dict(bias_shape=(1, HEADS, S, S), order=("bias",)),
+    "t5-causal": dict(bias_shape=(1, HEADS, S, S), order=("bias", "mask")),
+    "full": dict(bias_shape=(B, HEADS, S, S), order=("scale", "mask", "bias"), bias_first=True),
+    "alibi": dict(bias_shape=(HEADS, 1, S), order=("scale", "bias", "mask")),
+    "padding-mask": dict(bias_shape=(B, 1, 1, S), order=("scale", "bias"), trainable=False),
+}
+
+
+def check_fused(h: Graph, ref: Graph, original: Graph) -> None:
+    """``h`` computes what ``ref`` does, unfuses to ``original`` exactly, and random sharded plans verify."""
+    rep = verify(h, reference=ref)
+    assert rep.ok, str(rep)
+    assert_same_ops(unfuse_attention(h, SITE), original)
+    for seed in range(3):
+        rep = verify(random_walk(h, np.random.default_rng(seed), 4, 15), reference=ref)
+        assert rep.ok, str(rep)
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_biased_forward_fuses_verifies_and_unfuses(form):
+    g = biased(**FORMS[form])
+    m = match_attention(g, "qk")
+    assert not isinstance(m, str), m
+    assert ("bias", "bias_add") in m.ops and m.bias == "pos_bias"
+    assert m.causal == ("mask" in FORMS[form]["order"])
+    h = fuse_attention(g, "qk")
+    assert dict(h.ops[SITE].inputs)["bias"] == "pos_bias"
+    assert not {"bias_add", "softmax", "qk"} & set(h.ops)
+    check_fused(h, g, g)
+    p = place(split_reduction(split(split(h, SITE, "h", 2), SITE, "s", 2), SITE, 2), SITE, [0, 1, 2, 3])
+    rep = verify(p, reference=g)
+    assert rep.ok, str(rep)
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_biased_training_step_fuses_verifies_and_unfuses(form):
+    step = training_step(biased(**FORMS[form]), loss="mse", optimizer="sgd")
+    m = match_attention(step, "qk")
+    assert not isinstance(m, str), m
+    grads = dict(m.grads)
+    if not FORMS[form].get("trainable", True):
+        assert "bias" not in grads  # a mask: no gradient to write
+    elif FORMS[form]["bias_shape"] == (B, HEADS, S, S):  # the add passes its output gradient on
+        assert grads["bias"] == "softmax.dx"
+    else:
+        assert grads["bias"] == "bias_add.da" if FORMS[form].get("bias_first") else grads["bias"] == "bias_add.db"
+    h = fuse_attention(step, "qk")
+    if "bias" in grads:
+        dbias = h.ops[f"{SITE}.dbias"]
+        assert dbias.kernel == "attention_grad_bias" and dbias.output == step.ops[grads["bias"]].output
+    assert all(dict(o.inputs).get("bias") == "pos_bias" for n, o in h.ops.items() if n.startswith(SITE))
+    assert not any(o.kernel in ("softmax", "softmax_grad", "reduce_to") and n.startswith(("bias_add", "softmax"))
+                   for n, o in h.ops.items())
+    check_fused(h, step, step)
+
+
+def test_biased_refusals_name_the_reason():
+    why = match_attention(biased(order=("bias", "scale")), "qk")
+    assert isinstance(why, str) and "after the bias add" in why
+    why = match_attention(biased(bias_shape=(1, HEADS, S, 1)), "qk")
+    assert isinstance(why, str) and "constant over the keys" in why
+    gb = GraphBuilder.from_graph(biased())
+    gb.reduce_sum("bias_add.out", name="peek", dim=-1)
+    why = match_attention(gb.build(), "qk")
+    assert isinstance(why, str) and "peek" in why
+    with pytest.raises(RewriteError, match="after the bias add"):
+        fuse_attention(biased(order=("bias", "scale")), "qk")
+
+
+def test_unbiased_patterns_keep_their_inputs():
+    """Without an add the attention op reads q, k and v only, as before."""
+    h = fuse_attention(biased(order=("scale", "mask")), "qk")
+    assert [p for p, _ in h.ops[SITE].inputs] == ["q", "k", "v"]
