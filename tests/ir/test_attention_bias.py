@@ -235,3 +235,41 @@ def test_unbiased_patterns_keep_their_inputs():
     """Without an add the attention op reads q, k and v only, as before."""
     h = fuse_attention(biased(order=("scale", "mask")), "qk")
     assert [p for p, _ in h.ops[SITE].inputs] == ["q", "k", "v"]
+
+
+def test_t5_encoder_relative_position_bias_fuses_in_its_training_step():
+    """Hugging Face T5's encoder: scores + the relative-position bias (an embedding lookup shared by
+    the layers, [1, h, s, t], trained) before the softmax: one site a layer; the fused training step
+    (attention_grad_bias writing the bias's gradient) verifies against the unfused one and unfuses exactly."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from ir.importers.torch_export import import_torch
+    from ir.rewrites.substitute_attention import attention_sites
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = transformers.T5EncoderModel(transformers.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64,
+                                                                       num_layers=2, num_heads=4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.m(x).last_hidden_state
+
+    torch.manual_seed(0)
+    g, values = import_torch(Encoder().eval(), {"x": torch.randint(0, 96, (2, 12))})
+    sites = attention_sites(g)
+    assert len(sites) == 2
+    assert all(match_attention(g, s).bias is not None for s in sites)
+    step = training_step(g, loss="mse", optimizer="sgd")
+    assert attention_sites(step) == sites
+    h = step
+    for s in sites:
+        h = fuse_attention(h, s)
+    assert sum(o.kernel == "attention_grad_bias" for o in h.ops.values()) == 2
+    rep = verify(h, reference=step, values=values)
+    assert rep.ok, str(rep)
+    back = h
+    for s in sites:
+        m = [n for n, o in back.ops.items() if o.kernel == "attention" and n.startswith(s + "+")]
+        back = unfuse_attention(back, m[0])
+    assert_same_ops(back, step)
