@@ -24,6 +24,7 @@ from ir.validate import validate
 from ir.zspace import ZRange
 from tests.autodiff.test_vjp_finite_differences import fd_check, one_op
 from tests.ir.kernel_cases_attention import BIASES, attention_ref
+from tests.ir.test_attention_grad import run
 
 
 def spec(shape, dtype="float32"):
@@ -32,14 +33,7 @@ def spec(shape, dtype="float32"):
 
 def run_box(ins, params, box=None):
     """The attention kernel's output block for ``box`` (default: the whole index space)."""
-    k = get_kernel("attention")
-    sig = k.signature({p: spec(a.shape) for p, a in ins.items()}, params)
-    box = box or sig.index
-    blocks = {}
-    for p, proj in sig.inputs.items():
-        b = proj.apply(box)
-        blocks[p] = ins[p][tuple(slice(a, z) for a, z in zip(b.start, b.end))]
-    return k.run(np, blocks, k.check_params(params), box, sig), sig
+    return run("attention", ins, params, box)
 
 
 # -- the kernel ------------------------------------------------------------------------------------
