@@ -170,11 +170,12 @@ def assert_same_ops(back: Graph, g: Graph) -> None:
     same(back, g)
 
 
-def check_fused(h: Graph, ref: Graph, original: Graph) -> None:
-    """``h`` computes what ``ref`` does, unfuses to ``original`` exactly, and random sharded plans verify."""
+def check_fused(h: Graph, ref: Graph, original: Graph, site: str = SITE) -> None:
+    """``h`` computes what ``ref`` does, unfuses at ``site`` to ``original`` exactly, and random
+    sharded plans verify."""
     rep = verify(h, reference=ref)
     assert rep.ok, str(rep)
-    assert_same_ops(unfuse_attention(h, SITE), original)
+    assert_same_ops(unfuse_attention(h, site), original)
     for seed in range(3):
         rep = verify(random_walk(h, np.random.default_rng(seed), 4, 15), reference=ref)
         assert rep.ok, str(rep)
