@@ -37,6 +37,11 @@ class ExecutionTooLarge(ValueError):
 # splits, so the bound scales with the storage dtype's unit roundoff (float16 eps ~ 9.8e-4).
 TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 1e-4,  # bfloat16 executes as float32
              "int32": 0.0}  # indices (argmax) are equal or wrong
+# An output whose exact value is (near) zero, such as the gradient of a key bias (softmax is
+# shift-invariant), is pure rounding noise in both runs, so its relative error means nothing. Such
+# an output passes when the plan is within NOISE_FACTOR times the program's own float32 error
+# (its distance from a float64 run of the program): a wrong computation is off by far more.
+NOISE_FACTOR = 8.0
 
 
 @dataclass
@@ -46,13 +51,17 @@ class VerifyReport:
     tolerance: float
     per_output: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # interface differences (then nothing ran)
+    # outputs judged against the program's own rounding error (NOISE_FACTOR): name -> that error
+    rounding: dict[str, float] = field(default_factory=dict)
 
     def __str__(self) -> str:
         verdict = "PASS" if self.ok else "FAIL"
         if self.problems:
             return f"{verdict}: the plan does not compute the program's tensors: " + "; ".join(self.problems)
         rows = ", ".join(f"{k}: {v:.2e}" for k, v in self.per_output.items())
-        return f"{verdict}: max relative error {self.max_rel_error:.2e} (tolerance {self.tolerance:.0e}; {rows})"
+        noise = "".join(f"; {k} is rounding noise in the program itself (its float32 error {v:.1e}), so it is "
+                        f"judged against {NOISE_FACTOR:g}x that" for k, v in self.rounding.items())
+        return f"{verdict}: max relative error {self.max_rel_error:.2e} (tolerance {self.tolerance:.0e}; {rows}{noise})"
 
 
 def rel_error(a: np.ndarray, ref: np.ndarray) -> float:
@@ -61,6 +70,16 @@ def rel_error(a: np.ndarray, ref: np.ndarray) -> float:
         return float("inf")
     scale = max(float(np.max(np.abs(ref))), 1e-30)
     return float(np.max(np.abs(a - ref))) / scale
+
+
+def rounding_error(a: np.ndarray, ref: np.ndarray, exact: np.ndarray, tol: float) -> tuple[float, float]:
+    """(relative error, the reference's own error) of ``a`` against ``ref``, for an output whose
+    ``ref`` is ``exact`` (the program in float64) rounded: the scale is raised so that an error
+    within ``NOISE_FACTOR`` times the reference's own error from ``exact`` is within ``tol``."""
+    a, ref, exact = (np.asarray(v, np.float64) for v in (a, ref, exact))
+    own = float(np.max(np.abs(ref - exact))) if ref.size else 0.0
+    scale = max(float(np.max(np.abs(ref))) if ref.size else 0.0, NOISE_FACTOR * own / tol, 1e-30)
+    return float(np.max(np.abs(a - ref))) / scale if a.size else 0.0, own
 
 
 def interface_problems(g: Graph, ref: Graph) -> list[str]:
@@ -117,6 +136,14 @@ def verify(g: Graph, seed: int = 0, reference: Graph | None = None, backend: str
     per = {n: rel_error(to_numpy(plan[n]), to_numpy(ref[n])) for n in outputs(ref_graph)}
     dtypes = {ref_graph.tensors[n].dtype for n in per}
     tol = max(TOLERANCE[d] for d in dtypes) if dtypes else TOLERANCE["float32"]
+    rounding: dict[str, float] = {}
+    noisy = [n for n, v in per.items() if v > tol and TOLERANCE[ref_graph.tensors[n].dtype] > 0]
+    if noisy:  # only then is the program run again, in float64
+        exact = execute(ref_graph, inputs, "numpy", precision="float64")
+        for n in noisy:
+            err, own = rounding_error(to_numpy(plan[n]), to_numpy(ref[n]), exact[n], tol)
+            if err < per[n]:
+                per[n], rounding[n] = err, own
     # NaN compares false with everything: max() would skip it and a NaN output would PASS
     worst = max(per.values(), key=lambda v: (np.isnan(v), v)) if per else 0.0
-    return VerifyReport(bool(worst <= tol), worst, tol, per)
+    return VerifyReport(bool(worst <= tol), worst, tol, per, rounding=rounding)
