@@ -24,6 +24,8 @@ from ir.graph import Graph
 from ir.model_presets import PRESETS
 from ir.zspace import MAX_DIM
 
+MAX_CAPACITY_FACTOR = 8.0  # an expert's buffer at most this many times its balanced share
+
 
 class WorkloadError(ValueError):
     """Unknown workload or parameter, or parameters that make no program."""
@@ -172,7 +174,7 @@ def _swiglu(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int)
 
 
 def _moe(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int, experts: int, top_k: int,
-         batch: int, seq: int) -> str:
+         batch: int, seq: int, capacity_factor: float = 1.0) -> str:
     """A Mixtral-style mixture of SwiGLU experts (Jiang et al. 2024, "Mixtral of Experts", §2.1)
     with *balanced routing*: token ``s``'s ``j``-th choice (``j < top_k``) is expert
     ``(s·top_k + j) mod experts``, the assignment of a perfectly balanced router (every expert gets
@@ -187,14 +189,26 @@ def _moe(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int, ex
     row-major order puts copy ``(s, j)`` on expert ``(s·k + j) mod e``) -> ``[e, b, c, d]``
     (dispatch) -> the experts' SwiGLU with weights ``[e, d, f]`` -> back to ``[b, s, k, d]`` ->
     the gate-weighted sum over ``k``. The router's weight ``[d, e]`` is read per expert on the
-    dispatched tokens (``ebcd,de->ebc``), the logit of each chosen expert."""
+    dispatched tokens (``ebcd,de->ebc``), the logit of each chosen expert.
+
+    ``capacity_factor`` (GShard, Lepikhin et al. 2020, §2.2; Switch, Fedus et al. 2022, §2.2): each
+    expert's buffer holds ``ceil(capacity_factor · c)`` token slots per sequence, the ones past
+    ``c`` zero padding (``moe_capacity``, a ``pad`` before the dispatch, cropped after the
+    combine): the experts' GEMMs and both all-to-alls carry the whole buffer, as a capacity-based
+    implementation does, and as a dropless one pays for its busiest expert (capacity factor =
+    the busiest expert's load over the mean). 1 (the default) adds no op."""
     c = seq * top_k // experts
+    cap = math.ceil(capacity_factor * c - 1e-9)  # slots per expert and sequence (1e-9: 1.25·8 is 10)
     xk = b.expand(x, name=f"{pre}moe_copies", dim=2, size=top_k)
     xe = b.reshape(xk, name=f"{pre}moe_slots", shape=[batch, c, experts, d_model],
                    **{"from": [batch, seq, top_k, d_model]})
+    if cap > c:
+        xe = b.pad(xe, name=f"{pre}moe_capacity", axis=1, after=cap - c)
     xe = b.permute(xe, name=f"{pre}moe_dispatch", perm=[2, 0, 1, 3])
     logits = b.einsum(xe, b.parameter(f"{pp}W_router", (d_model, experts)), name=f"{pre}moe_router",
                       equation="ebcd,de->ebc")
+    if cap > c:  # the padding slots' logits are dropped before the gates
+        logits = b.pad(logits, name=f"{pre}moe_router_crop", axis=2, after=c - cap)
     logits = b.permute(logits, name=f"{pre}moe_router_t", perm=[1, 2, 0])
     logits = b.reshape(logits, name=f"{pre}moe_router_k", shape=[batch, seq, top_k], **{"from": [batch, c, experts]})
     gates = b.softmax(logits, name=f"{pre}moe_gates")
@@ -206,6 +220,8 @@ def _moe(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int, ex
     y = b.einsum(y, b.parameter(f"{pp}W_down", (experts, d_ff, d_model)), name=f"{pre}ff_down",
                  equation="ebcf,efd->ebcd")
     y = b.permute(y, name=f"{pre}moe_combine", perm=[1, 2, 0, 3])
+    if cap > c:
+        y = b.pad(y, name=f"{pre}moe_crop", axis=1, after=c - cap)
     y = b.reshape(y, name=f"{pre}moe_unslot", shape=[batch, seq, top_k, d_model],
                   **{"from": [batch, c, experts, d_model]})
     return b.einsum(gates, y, name=f"{pre}moe_mix", equation="bsk,bskd->bsd")
@@ -213,11 +229,12 @@ def _moe(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int, ex
 
 def llama(layers: int = 2, d_model: int = 32, heads: int = 4, kv_heads: int | None = None, d_ff: int | None = None,
           vocab: int = 64, seq: int = 16, batch: int = 2, rope: bool = True, experts: int | None = None,
-          top_k: int = 2, dtype: str = "float32") -> Graph:
+          top_k: int = 2, capacity_factor: float = 1.0, dtype: str = "float32") -> Graph:
     """Llama-style decoder (Touvron et al. 2023): RMSNorm, causal attention with grouped-query heads
     and rotary position embeddings (exact: ``rope`` kernel, rotate-half pairing), SwiGLU MLP, untied
     head; no biases. With ``experts`` (Mixtral), each MLP is a mixture of that many SwiGLU experts,
-    ``top_k`` per token, balanced routing (``_moe``): ``seq·top_k`` must be a multiple of ``experts``."""
+    ``top_k`` per token, balanced routing (``_moe``): ``seq·top_k`` must be a multiple of ``experts``;
+    each expert's buffer holds ``capacity_factor`` (at least 1) times its tokens."""
     kv_heads = kv_heads or heads
     d_ff = d_ff or 4 * d_model
     _check_lm(layers, d_model, heads, kv_heads, d_ff, vocab, seq, batch)
@@ -229,6 +246,13 @@ def llama(layers: int = 2, d_model: int = 32, heads: int = 4, kv_heads: int | No
         if (seq * top_k) % experts:
             raise WorkloadError(f"seq * top_k = {seq * top_k} must be a multiple of experts {experts} (balanced "
                                 f"routing gives every expert as many tokens); change seq or top_k")
+        if not (isinstance(capacity_factor, (int, float)) and 1 <= capacity_factor <= MAX_CAPACITY_FACTOR):
+            raise WorkloadError(f"capacity_factor {capacity_factor!r} must be a number from 1 to "
+                                f"{MAX_CAPACITY_FACTOR:g} (each expert's buffer over its balanced share of the "
+                                f"tokens; below 1 would drop tokens, which balanced routing never needs)")
+    elif capacity_factor != 1.0:
+        raise WorkloadError(f"capacity_factor {capacity_factor!r} needs experts (a mixture of experts per MLP); "
+                            f"set experts or drop capacity_factor")
     b = GraphBuilder(dtype)
     h = b.embedding(b.parameter("tok_emb", (vocab, d_model)), b.input("ids", (batch, seq), "int32"), name="tok_emb")
     for i in range(layers):
@@ -239,7 +263,7 @@ def llama(layers: int = 2, d_model: int = 32, heads: int = 4, kv_heads: int | No
         if experts is None:
             x = _swiglu(b, x, pre, pp, d_model, d_ff)
         else:
-            x = _moe(b, x, pre, pp, d_model, d_ff, experts, top_k, batch, seq)
+            x = _moe(b, x, pre, pp, d_model, d_ff, experts, top_k, batch, seq, capacity_factor)
         h = b.add(h, x, name=f"{pre}resid2")
     h = b.rmsnorm(h, b.parameter("final_norm", (d_model,)), name="final_norm")
     b.einsum(h, b.parameter("W_head", (d_model, vocab)), name="lm_head", equation="bsd,dv->bsv")
@@ -311,13 +335,16 @@ def _check_types(name: str, params: dict[str, Any]) -> None:
             continue
         if "int" in kinds and _is_size(value):
             continue
+        if "float" in kinds and isinstance(value, numbers.Real) and not isinstance(value, bool) \
+                and math.isfinite(value):
+            continue
         if "Sequence[int]" in kinds and isinstance(value, (list, tuple)) and value and all(map(_is_size, value)):
             continue
         if "str" in kinds and isinstance(value, str):
             continue
-        want = {"int": "a whole number from 1 to 2**40", "Sequence[int]": "a non-empty list of whole numbers from 1 "
-                "to 2**40", "str": "a name"}
-        what = " or ".join(want[k] for k in ("int", "Sequence[int]", "str") if k in kinds)
+        want = {"int": "a whole number from 1 to 2**40", "float": "a number", "Sequence[int]": "a non-empty list "
+                "of whole numbers from 1 to 2**40", "str": "a name"}
+        what = " or ".join(want[k] for k in ("int", "float", "Sequence[int]", "str") if k in kinds)
         raise WorkloadError(f"workload {name!r}: {key} must be {what}, got {value!r}; set it in the workload's "
                             f"params (--set {key}=... on the command line)")
 

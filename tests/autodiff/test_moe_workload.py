@@ -68,6 +68,66 @@ def test_every_expert_gets_as_many_tokens():
             np.testing.assert_array_equal(xe[e, :, slot], x[:, t])
 
 
+@pytest.mark.parametrize("factor,cap", [(1.25, 5), (1.5, 6), (2, 8), (1.1, 5)])
+def test_a_capacity_factor_pads_each_experts_buffer(factor, cap):
+    """``c = 4`` tokens per expert and sequence; the buffer holds ``ceil(factor·4)`` slots, the
+    ones past 4 zero: the experts' GEMMs and the dispatch carry them, the layer's output is
+    Mixtral's all the same, and the training step computes the same update as without padding."""
+    g = workloads.build("llama", **SMALL, experts=4, top_k=2, capacity_factor=factor)
+    assert g.tensors["l0.moe_dispatch.out"].shape == (4, 2, cap, 16)
+    assert g.tensors["l1.ff_gate.out"].shape == (4, 2, cap, 24)
+    ins = {k: (v.astype(np.float64) if v.dtype.kind == "f" else v) for k, v in random_inputs(g, 0).items()}
+    env = execute(g, ins, precision="float64")
+    assert not np.asarray(env["l0.moe_dispatch.out"])[:, :, 4:].any()  # padding, written as zeros
+    x = np.asarray(env["l0.ffn_norm.out"])
+    want = moe_formula(x, ins["l0_W_router"], ins["l0_W_gate"], ins["l0_W_up"], ins["l0_W_down"], 2)
+    np.testing.assert_allclose(np.asarray(env["l0.moe_mix.out"]), want, rtol=1e-10, atol=1e-12)
+    # the padded training step updates every parameter as the unpadded one does, also split by experts
+    plain, padded = (workloads.build("llama", **SMALL, mode="train", experts=4, top_k=2, capacity_factor=f)
+                     for f in (1.0, factor))
+    assert {n for n in padded.tensors if n not in plain.tensors} >= {"l0.moe_capacity.out", "l0.moe_crop.out"}
+    ep = layout(padded, "all", Mesh((2, 2), 2), ("b", "e"))
+    ins = random_inputs(plain, 3)
+    a, b = execute(plain, ins), execute(ep, ins)
+    outs = [n for n, t in plain.tensors.items() if t.role == "output"]
+    assert len(outs) > 10
+    for n in outs:
+        np.testing.assert_allclose(np.asarray(b[n]), np.asarray(a[n]), rtol=1e-5, atol=1e-7, err_msg=n)
+
+
+def test_a_capacity_factor_costs_what_the_buffer_holds():
+    """The experts' FLOPs grow by the buffer's slots over the tokens (6 / 4), and an expert-parallel
+    plan's step gets slower; a factor of 1 builds the program without padding, op for op."""
+    from costmodel import evaluate
+
+    flops = {}
+    for f in (1.0, 1.5):
+        g = workloads.build("llama", **SMALL, experts=4, top_k=2, capacity_factor=f)
+        sig = g.signature(g.ops["l0.ff_down"])
+        flops[f] = float(np.prod(sig.extents)) * sig.flops_per_point
+    assert flops[1.5] / flops[1.0] == pytest.approx(6 / 4)
+    big = dict(SMALL, d_model=1024, heads=8, d_ff=4096, seq=512, batch=8, vocab=64)
+    steps = {f: workloads.build("llama", **big, mode="train", experts=4, top_k=2, capacity_factor=f)
+             for f in (1.0, 1.5, 2.0)}
+    assert steps[1.0].digest == workloads.build("llama", **big, mode="train", experts=4, top_k=2).digest
+    ev = {f: evaluate(layout(g, "all", Mesh((2, 4), 4), ("b", "e")), "h100-sxm-8") for f, g in steps.items()}
+    assert ev[2.0].makespan > 1.3 * ev[1.0].makespan
+    # the all-to-alls carry the buffers: each half of a factor adds as many bytes
+    moved = [ev[f].bytes_moved for f in (1.0, 1.5, 2.0)]
+    assert moved[1] - moved[0] == pytest.approx(moved[2] - moved[1], rel=1e-9) and moved[1] > moved[0]
+
+
+@pytest.mark.parametrize("params,field", [
+    (dict(experts=4, capacity_factor=0.8), "capacity_factor 0.8 must be a number from 1"),
+    (dict(experts=4, capacity_factor=100), "from 1 to 8"),
+    (dict(capacity_factor=1.5), "needs experts"),
+    (dict(experts=4, capacity_factor="big"), "capacity_factor must be a number"),
+])
+def test_capacity_factors_that_make_no_buffer_are_refused(params, field):
+    with pytest.raises(workloads.WorkloadError, match=field):
+        workloads.build("llama", **{**SMALL, **params})
+
+
 @pytest.mark.slow  # 11 s of central differences: CI's test-slow runs it (each VJP is checked in make test)
 def test_training_gradients_match_finite_differences():
     g = workloads.build("llama", layers=1, d_model=4, heads=2, d_ff=3, vocab=5, seq=4, batch=1, experts=4, top_k=2)
