@@ -35,6 +35,14 @@ Default curves (ESTIMATES from published measurements; calibrate with :func:`fit
   before launch ramp-up and tail effects fade.
 * H200: the same SMs and tensor cores as H100 (same curves for compute); HBM3e at 4.8 TB/s, same
   fractions (no separate public measurement used here).
+* A100 SXM, ESTIMATES: ``gemm_peak`` 0.80 (cuBLAS bf16/fp16 GEMMs of a few thousand per side
+  reach about 250 of the 312 dense TFLOP/s; NVIDIA's "Matrix Multiplication Background User's
+  Guide", Deep Learning Performance documentation, A100 throughput plots), 108 SMs [A100 whitepaper],
+  ``k_half`` 32 (Ampere CUTLASS mainloops move K in steps of 32 for 16-bit types); memory
+  ``mem_peak`` 0.88 (STREAM-like copies reach about 1.8 of the 2.04 TB/s).
+* B200, ESTIMATES: 148 SMs (two dies of 74); ``gemm_peak`` 0.75 (early public bf16 GEMM figures
+  of 1.6-1.7 dense PFLOP/s of 2.25); the Hopper tile and K step; memory as H100's fractions.
+  Calibrate (``fit``) before trusting B200 prices.
 
 ``scripts/measure_gemm_curve.py`` measures GEMM points on a real GPU (CuPy) for calibration.
 
@@ -76,11 +84,13 @@ class Curves:
 
 
 OFF = np.zeros(7)
-DEFAULT_CURVES = {"H100": Curves(), "H200": Curves()}
+DEFAULT_CURVES = {"H100": Curves(), "H200": Curves(),
+                  "A100": Curves(gemm_peak=0.80, n_sm=108.0, k_half=32.0, mem_peak=0.88),
+                  "B200": Curves(gemm_peak=0.75, n_sm=148.0)}
 
 
 def curves_for(hw: Hardware) -> Curves | None:
-    """The default curves of ``hw``'s device (by name: H100, H200), or None: no published curve,
+    """The default curves of ``hw``'s device (by name: H100, H200, A100, B200), or None: no published curve,
     or ``hw`` carries its own efficiency factors (calibrated or written in a hardware file: any
     factor other than 1), which then apply as given (calibration wins over published curves)."""
     if any(f != (1.0, 1.0) for f in hw.efficiency.values()):

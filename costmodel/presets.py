@@ -18,6 +18,17 @@ figure with a footnote, twice the dense one):
 [DGX-H100] NVIDIA DGX H100 user guide / DGX SuperPOD reference architecture: 8 single-port
            ConnectX-7 adapters, one per GPU, 400 Gb/s NDR InfiniBand each for the compute fabric
            (400 Gb/s = 50 GB/s per direction per GPU).
+[A100-DS]  NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM column): FP64 9.7 TFLOPS, FP64
+           Tensor 19.5, FP32 19.5, TF32 Tensor 156 (312 with sparsity), BF16/FP16 Tensor 312 (624
+           with sparsity), 80 GB HBM2e at 2,039 GB/s, max TDP 400 W, NVLink 600 GB/s (third
+           generation, 12 links: 300 GB/s per direction); 108 SMs [NVIDIA Ampere GA100 whitepaper].
+[DGX-A100] NVIDIA DGX A100 user guide: 8 single-port ConnectX-6 adapters for the compute fabric,
+           200 Gb/s HDR InfiniBand each (25 GB/s per direction per GPU).
+[B200-TB]  NVIDIA Blackwell architecture technical brief (2024), HGX B200 at 1,000 W per GPU: FP64
+           40 TFLOPS, FP32 80, TF32 Tensor 1,100 dense, FP16/BF16 Tensor 2,250 dense (4,500 with
+           sparsity); DGX B200 datasheet: 1,440 GB HBM3e and 64 TB/s for 8 GPUs (180 GB and 8 TB/s
+           each), NVLink 5 at 1.8 TB/s per GPU (900 GB/s per direction), 8 single-port ConnectX-7
+           for the compute fabric at 400 Gb/s. 148 SMs (two dies of 74).
 
 Choices and estimates (not datasheet figures; calibrate where it matters):
 
@@ -26,6 +37,9 @@ Choices and estimates (not datasheet figures; calibrate where it matters):
   e.g. CUPY_TF32=1). The TF32 rate is kept under the extra key ``"tf32"`` for what-if studies, and
   FP64 (vector, 33.5) under ``"float64"``. float16/bfloat16 use the dense tensor-core rate; an
   elementwise shard in these dtypes is memory-bound anyway, so the vector rate does not matter.
+* A100 and B200 follow the same choices (float32 = the vector rate, float16/bfloat16 = the dense
+  tensor rate, active power = max TDP); their idle power (A100 50 W, B200 140 W) is an ESTIMATE
+  scaled from H100's by TDP; NVLink and InfiniBand latency and energy as for H100 (ESTIMATES).
 * memory capacity = the datasheet's decimal 80 GB / 141 GB. The usable amount after the CUDA
   context and allocator reserve is a little lower; leave headroom or override ``mem_capacity``.
 * active power = max TDP (700 W): an upper bound; real kernels often draw 400-650 W.
@@ -73,7 +87,8 @@ from __future__ import annotations
 
 from costmodel.hardware import DeviceSpec, Hardware, HardwareError, LinkSpec
 
-__all__ = ["PRESETS", "preset", "preset_names", "H100_SXM", "H200_SXM", "NVLINK4", "IB_NDR_400", "CPU_DEVICE"]
+__all__ = ["PRESETS", "preset", "preset_names", "A100_SXM", "B200", "H100_SXM", "H200_SXM", "NVLINK3", "NVLINK4",
+           "NVLINK5", "IB_HDR_200", "IB_NDR_400", "CPU_DEVICE"]
 
 # -- devices -----------------------------------------------------------------------------------
 
@@ -103,6 +118,38 @@ H200_SXM = DeviceSpec(
     idle_power=75.0,  # ESTIMATE, as for H100
 )
 
+A100_SXM = DeviceSpec(
+    name="NVIDIA A100 SXM4 80GB",
+    peak_flops={
+        "float32": 19.5e12,  # FP32 vector [A100-DS]
+        "float16": 312e12,  # FP16 tensor, dense [A100-DS]
+        "bfloat16": 312e12,  # BF16 tensor, dense [A100-DS]
+        "tf32": 156e12,  # TF32 tensor, dense [A100-DS]
+        "float64": 9.7e12,  # FP64 vector [A100-DS]; FP64 tensor is 19.5
+    },
+    mem_bandwidth=2.039e12,  # HBM2e 2,039 GB/s [A100-DS]
+    mem_capacity=80e9,  # 80 GB [A100-DS]
+    launch_overhead=5e-6,  # estimate, as for H100
+    active_power=400.0,  # max TDP [A100-DS]
+    idle_power=50.0,  # ESTIMATE, see module docstring
+)
+
+B200 = DeviceSpec(
+    name="NVIDIA B200 180GB",
+    peak_flops={
+        "float32": 80e12,  # FP32 vector, HGX B200 [B200-TB]
+        "float16": 2250e12,  # FP16 tensor, dense [B200-TB]
+        "bfloat16": 2250e12,  # BF16 tensor, dense [B200-TB]
+        "tf32": 1100e12,  # TF32 tensor, dense [B200-TB]
+        "float64": 40e12,  # FP64 [B200-TB]
+    },
+    mem_bandwidth=8e12,  # HBM3e 8 TB/s [B200-TB]
+    mem_capacity=180e9,  # 180 GB [B200-TB]
+    launch_overhead=5e-6,  # estimate, as for H100
+    active_power=1000.0,  # HGX B200 configuration [B200-TB]
+    idle_power=140.0,  # ESTIMATE, see module docstring
+)
+
 CPU_DEVICE = DeviceSpec(
     name="AMD EPYC 2 vCPU (this machine)",
     peak_flops={
@@ -124,6 +171,24 @@ NVLINK4 = LinkSpec(
     bandwidth=450e9,  # 900 GB/s total per GPU = 450 GB/s per direction [H100-DS, H100-WP]
     latency=2.5e-6,  # ESTIMATE: effective incl. software (2-3 us)
     energy_per_byte=5e-12 * 8,  # ESTIMATE: 5 pJ/bit
+)
+
+NVLINK3 = LinkSpec(
+    bandwidth=300e9,  # 600 GB/s total per GPU = 300 GB/s per direction [A100-DS]
+    latency=2.5e-6,  # ESTIMATE, as NVLINK4
+    energy_per_byte=5e-12 * 8,  # ESTIMATE, as NVLINK4
+)
+
+NVLINK5 = LinkSpec(
+    bandwidth=900e9,  # 1.8 TB/s total per GPU = 900 GB/s per direction [B200-TB]
+    latency=2.5e-6,  # ESTIMATE, as NVLINK4
+    energy_per_byte=5e-12 * 8,  # ESTIMATE, as NVLINK4
+)
+
+IB_HDR_200 = LinkSpec(
+    bandwidth=25e9,  # ConnectX-6 HDR 200 Gb/s per GPU = 25 GB/s per direction [DGX-A100]
+    latency=5e-6,  # ESTIMATE, as IB_NDR_400
+    energy_per_byte=30e-12 * 8,  # ESTIMATE, as IB_NDR_400
 )
 
 IB_NDR_400 = LinkSpec(
@@ -185,6 +250,50 @@ PRESETS: dict[str, Hardware] = {
         efficiency=dict(_DEFAULT_EFF),
         contention=GPU_CONTENTION,
         description="64 HGX H100 nodes (512 GPUs), NVLink inside a node, 400 Gb/s NDR InfiniBand per GPU across",
+    ),
+    "a100-sxm-8": Hardware(
+        name="a100-sxm-8",
+        device=A100_SXM,
+        n_nodes=1,
+        devices_per_node=8,
+        intra_link=NVLINK3,
+        inter_link=IB_HDR_200,
+        efficiency=dict(_DEFAULT_EFF),
+        contention=GPU_CONTENTION,
+        description="one HGX A100 8-GPU node: 8 x A100 SXM4 80GB, NVLink 3 through NVSwitch",
+    ),
+    "a100-sxm-64": Hardware(
+        name="a100-sxm-64",
+        device=A100_SXM,
+        n_nodes=8,
+        devices_per_node=8,
+        intra_link=NVLINK3,
+        inter_link=IB_HDR_200,
+        efficiency=dict(_DEFAULT_EFF),
+        contention=GPU_CONTENTION,
+        description="8 HGX A100 nodes (64 GPUs), NVLink inside a node, 200 Gb/s HDR InfiniBand per GPU across",
+    ),
+    "b200-8": Hardware(
+        name="b200-8",
+        device=B200,
+        n_nodes=1,
+        devices_per_node=8,
+        intra_link=NVLINK5,
+        inter_link=IB_NDR_400,
+        efficiency=dict(_DEFAULT_EFF),
+        contention=GPU_CONTENTION,
+        description="one HGX B200 8-GPU node: 8 x B200 180GB, NVLink 5 through NVSwitch",
+    ),
+    "b200-64": Hardware(
+        name="b200-64",
+        device=B200,
+        n_nodes=8,
+        devices_per_node=8,
+        intra_link=NVLINK5,
+        inter_link=IB_NDR_400,
+        efficiency=dict(_DEFAULT_EFF),
+        contention=GPU_CONTENTION,
+        description="8 HGX B200 nodes (64 GPUs), NVLink 5 inside a node, 400 Gb/s NDR InfiniBand per GPU across",
     ),
     "cpu": Hardware(
         name="cpu",

@@ -35,6 +35,20 @@ def test_8192_cubed_bf16_gemm_on_one_h100():
     assert flat == pytest.approx(2.0 * n**3 / 989.4e12 + 5e-6, rel=1e-12)
 
 
+@pytest.mark.parametrize("name,peak,gemm_peak,n_sm,k_half", [("a100-sxm-8", 312e12, 0.80, 108, 32),
+                                                              ("b200-8", 2250e12, 0.75, 148, 64)])
+def test_a100_and_b200_curves(name, peak, gemm_peak, n_sm, k_half):
+    """Each device gets its own curves: its SMs set the waves, so a GEMM of 4096 tiles is its own
+    number of waves (A100: 38, the last partial; B200: 28)."""
+    hw = PRESETS[name]
+    c = curves_for(hw)
+    assert (c.gemm_peak, c.n_sm, c.k_half) == (gemm_peak, n_sm, k_half)
+    n = 8192
+    tiles = (n * n) // (128 * 128)
+    eff = gemm_peak * tiles / (math.ceil(tiles / n_sm) * n_sm) * n / (n + k_half)
+    assert gemm_time(n, n, n, "bfloat16", hw) == pytest.approx(2.0 * n**3 / (peak * eff) + 5e-6, rel=1e-12)
+
+
 def test_skinny_and_small_shapes_are_less_efficient():
     c = Curves()
     big = float(gemm_efficiency(8192 * 8192, 8192, c))

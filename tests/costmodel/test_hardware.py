@@ -11,7 +11,8 @@ from costmodel.presets import PRESETS, preset, preset_names
 
 
 def test_preset_names():
-    assert set(preset_names()) == {"h100-sxm-8", "h200-sxm-8", "h100-sxm-64", "h100-sxm-512", "cpu"}
+    assert set(preset_names()) == {"h100-sxm-8", "h200-sxm-8", "h100-sxm-64", "h100-sxm-512", "a100-sxm-8",
+                                   "a100-sxm-64", "b200-8", "b200-64", "cpu"}
     assert preset("cpu") is PRESETS["cpu"]
 
 
@@ -51,6 +52,20 @@ def test_h200_and_cluster_presets():
     assert cpu.n_devices == 1
     assert cpu.device.mem_capacity <= 24 * 2**30
     assert cpu.peak_flops("float32") < 1e12
+
+
+def test_a100_and_b200_presets():
+    """The datasheets' figures (costmodel/presets.py cites them), and the fleets' links."""
+    a100, b200 = load_hardware("a100-sxm-64"), load_hardware("b200-64")
+    assert a100.peak_flops("bfloat16") == 312e12 and a100.peak_flops("float32") == 19.5e12
+    assert (a100.device.mem_bandwidth, a100.device.mem_capacity, a100.device.active_power) == (2.039e12, 80e9, 400)
+    assert b200.peak_flops("bfloat16") == 2250e12 and b200.peak_flops("float32") == 80e12
+    assert (b200.device.mem_bandwidth, b200.device.mem_capacity, b200.device.active_power) == (8e12, 180e9, 1000)
+    for hw, nvlink, ib in ((a100, 300e9, 25e9), (b200, 900e9, 50e9)):
+        assert (hw.n_nodes, hw.devices_per_node) == (8, 8)
+        np.testing.assert_array_equal(hw.link_bandwidth(np.array([0, 0]), np.array([7, 8])), [nvlink, ib])
+    for one, many in (("a100-sxm-8", a100), ("b200-8", b200)):
+        assert load_hardware(one).device == many.device and load_hardware(one).n_devices == 8
 
 
 def test_links_vectorized():
