@@ -267,7 +267,8 @@ def _assign(sig: Signature, kernel: str, inputs: tuple[tuple[str, Sharding, bool
             if asg.red is not None:
                 break
             for r, axes in sharding:
-                free = [a for a in axes if a not in asg.used]
+                # an expert axis stays for the experts' dim (step 3): the tokens go to their experts
+                free = [a for a in axes if a not in asg.used and not (use[a] == "e" and edims)]
                 red = next((x for x in sig.reductions if (port, r) in x.spans), None)
                 if not free or red is None or any(v != 0 for v in sig.inputs[port].A[r]):
                     continue

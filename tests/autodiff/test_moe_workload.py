@@ -153,6 +153,22 @@ def test_sharded_and_expert_parallel_plans_verify():
     assert {(int(lo[0]), int(lo[3])) for lo in sh.lo} == {(0, 0), (0, 4), (1, 0), (1, 4)}
 
 
+def test_the_expert_axis_goes_to_the_experts_when_their_tokens_cannot_take_it():
+    """8 experts with 4 tokens each per sequence, batch 2, on 2 x 8: the dispatch cannot split its
+    tokens (4) or batch (2, taken) 8 ways, so the expert axis lands on its model dim. The experts'
+    GEMMs took that as a reduction split (partial sums over d, each device holding every expert's
+    weights in part); they now split their experts (an all-to-all before them), as ``e`` means."""
+    from ir.layout_describe import describe_op
+
+    step = workloads.build("llama", **{**SMALL, "seq": 16}, mode="train", experts=8, top_k=2)
+    mesh = Mesh((2, 8), 8)
+    ep = layout(step, "all", mesh, ("b", "e"))
+    assert describe_op(ep, "l1.moe_dispatch", mesh).startswith("d1/2 over n0 · d3/8 over g0")
+    for name in ("l0.ff_gate", "l1.ff_up", "l1.ff_down"):
+        assert describe_op(ep, name, mesh).startswith("e/8 over g0 · b/2 over n0"), name
+    assert verify(ep).ok
+
+
 @pytest.mark.parametrize("params,field", [
     (dict(experts=3, top_k=2, seq=8), "seq * top_k"),  # 16 tokens' choices over 3 experts
     (dict(experts=4, top_k=5), "top_k"),
