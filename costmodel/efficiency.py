@@ -42,7 +42,7 @@ Default curves (ESTIMATES from published measurements; calibrate with :func:`fit
   ``mem_peak`` 0.88 (STREAM-like copies reach about 1.8 of the 2.04 TB/s).
 * B200, ESTIMATES: 148 SMs (two dies of 74); ``gemm_peak`` 0.75 (early public bf16 GEMM figures
   of 1.6-1.7 dense PFLOP/s of 2.25); the Hopper tile and K step; memory as H100's fractions.
-  Calibrate (``fit``) before trusting B200 prices.
+  Calibrate (``fit``) before trusting B200 prices. GB200's GPU is a B200 (the same curves).
 
 ``scripts/measure_gemm_curve.py`` measures GEMM points on a real GPU (CuPy) for calibration.
 

@@ -29,6 +29,11 @@ figure with a footnote, twice the dense one):
            sparsity); DGX B200 datasheet: 1,440 GB HBM3e and 64 TB/s for 8 GPUs (180 GB and 8 TB/s
            each), NVLink 5 at 1.8 TB/s per GPU (900 GB/s per direction), 8 single-port ConnectX-7
            for the compute fabric at 400 Gb/s. 148 SMs (two dies of 74).
+[GB200]    NVIDIA GB200 NVL72 datasheet: 72 Blackwell GPUs in one NVLink domain (NVLink 5 through the
+           rack's NVLink switches, 1.8 TB/s per GPU, 130 TB/s in all), 13.4 TB HBM3e at 576 TB/s
+           (186 GB and 8 TB/s a GPU), BF16/FP16 Tensor 5 PFLOPS per GPU with sparsity (2.5 dense), TF32
+           2.5 with sparsity, FP64 45 TFLOPS, FP32 90 [Blackwell technical brief, GB200 at 1,200 W];
+           DGX GB200: one single-port ConnectX-7 at 400 Gb/s per GPU for the fabric between racks.
 
 Choices and estimates (not datasheet figures; calibrate where it matters):
 
@@ -37,9 +42,9 @@ Choices and estimates (not datasheet figures; calibrate where it matters):
   e.g. CUPY_TF32=1). The TF32 rate is kept under the extra key ``"tf32"`` for what-if studies, and
   FP64 (vector, 33.5) under ``"float64"``. float16/bfloat16 use the dense tensor-core rate; an
   elementwise shard in these dtypes is memory-bound anyway, so the vector rate does not matter.
-* A100 and B200 follow the same choices (float32 = the vector rate, float16/bfloat16 = the dense
-  tensor rate, active power = max TDP); their idle power (A100 50 W, B200 140 W) is an ESTIMATE
-  scaled from H100's by TDP; NVLink and InfiniBand latency and energy as for H100 (ESTIMATES).
+* A100, B200 and GB200 follow the same choices (float32 = the vector rate, float16/bfloat16 = the
+  dense tensor rate, active power = max TDP); their idle power (A100 50 W, B200 140 W, GB200 170
+  W) is an ESTIMATE scaled from H100's by TDP; NVLink and InfiniBand latency and energy as for H100 (ESTIMATES).
 * memory capacity = the datasheet's decimal 80 GB / 141 GB. The usable amount after the CUDA
   context and allocator reserve is a little lower; leave headroom or override ``mem_capacity``.
 * active power = max TDP (700 W): an upper bound; real kernels often draw 400-650 W.
@@ -87,7 +92,7 @@ from __future__ import annotations
 
 from costmodel.hardware import DeviceSpec, Hardware, HardwareError, LinkSpec
 
-__all__ = ["PRESETS", "preset", "preset_names", "A100_SXM", "B200", "H100_SXM", "H200_SXM", "NVLINK3", "NVLINK4",
+__all__ = ["PRESETS", "preset", "preset_names", "A100_SXM", "B200", "GB200", "H100_SXM", "H200_SXM", "NVLINK3", "NVLINK4",
            "NVLINK5", "IB_HDR_200", "IB_NDR_400", "CPU_DEVICE"]
 
 # -- devices -----------------------------------------------------------------------------------
@@ -148,6 +153,22 @@ B200 = DeviceSpec(
     launch_overhead=5e-6,  # estimate, as for H100
     active_power=1000.0,  # HGX B200 configuration [B200-TB]
     idle_power=140.0,  # ESTIMATE, see module docstring
+)
+
+GB200 = DeviceSpec(
+    name="NVIDIA GB200 (B200 186GB)",
+    peak_flops={
+        "float32": 90e12,  # FP32 vector [GB200]
+        "float16": 2500e12,  # FP16 tensor, dense [GB200]
+        "bfloat16": 2500e12,  # BF16 tensor, dense [GB200]
+        "tf32": 1250e12,  # TF32 tensor, dense [GB200]
+        "float64": 45e12,  # FP64 [GB200]
+    },
+    mem_bandwidth=8e12,  # 576 TB/s over 72 GPUs [GB200]
+    mem_capacity=186e9,  # 13.4 TB over 72 GPUs [GB200]
+    launch_overhead=5e-6,  # estimate, as for H100
+    active_power=1200.0,  # GB200 configuration [GB200]
+    idle_power=170.0,  # ESTIMATE, see module docstring
 )
 
 CPU_DEVICE = DeviceSpec(
@@ -294,6 +315,28 @@ PRESETS: dict[str, Hardware] = {
         efficiency=dict(_DEFAULT_EFF),
         contention=GPU_CONTENTION,
         description="8 HGX B200 nodes (64 GPUs), NVLink 5 inside a node, 400 Gb/s NDR InfiniBand per GPU across",
+    ),
+    "gb200-nvl72": Hardware(
+        name="gb200-nvl72",
+        device=GB200,
+        n_nodes=1,
+        devices_per_node=72,  # one NVLink domain: a "node" here is the rack
+        intra_link=NVLINK5,
+        inter_link=IB_NDR_400,
+        efficiency=dict(_DEFAULT_EFF),
+        contention=GPU_CONTENTION,
+        description="one GB200 NVL72 rack: 72 B200 GPUs in one NVLink 5 domain",
+    ),
+    "gb200-nvl72x2": Hardware(
+        name="gb200-nvl72x2",
+        device=GB200,
+        n_nodes=2,
+        devices_per_node=72,
+        intra_link=NVLINK5,
+        inter_link=IB_NDR_400,
+        efficiency=dict(_DEFAULT_EFF),
+        contention=GPU_CONTENTION,
+        description="two GB200 NVL72 racks (144 GPUs): NVLink 5 inside a rack, 400 Gb/s InfiniBand per GPU across",
     ),
     "cpu": Hardware(
         name="cpu",

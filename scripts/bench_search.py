@@ -99,6 +99,13 @@ CASES = [
     # a mixture of experts (balanced routing): expert parallelism's all-to-all against the dense recipes
     Case("mixtral-train-64", "llama", dict(preset="mixtral-8x7b", batch=32, seq=4096, dtype="bfloat16"),
          "h100-sxm-64", True, PROXY, report_layers="repeat"),
+    # the same with each expert's buffer 1.25x its share (capacity factor: imbalance provisioned)
+    Case("mixtral-cap-train-64", "llama", dict(preset="mixtral-8x7b", batch=32, seq=4096, dtype="bfloat16",
+                                               capacity_factor=1.25), "h100-sxm-64", True, PROXY,
+         report_layers="repeat"),
+    # another fleet: A100s, a third of H100's tensor rate, half its links
+    Case("llama7b-train-a100-64", "llama", dict(preset="llama2-7b", batch=64, seq=4096, dtype="bfloat16"),
+         "a100-sxm-64", True, PROXY),
 ]
 
 

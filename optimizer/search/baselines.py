@@ -71,12 +71,28 @@ def megatron_mlp(g: Graph, n: int) -> Graph:
     return g
 
 
+# Megatron-LM's recipes keep tensor (and context, expert) parallelism to one 8-GPU NVLink board; a
+# larger NVLink domain (a GB200 NVL72 rack) runs several such groups side by side, data parallel.
+INNER_MAX = 8
+
+
+def inner_group(n: int, per_node: int) -> int:
+    """Devices of a recipe's inner (tensor, context or expert parallel) group on ``n`` devices in
+    nodes of ``per_node``: a node's devices (at most ``n``), or in a node of more than
+    ``INNER_MAX`` the largest power of two up to ``INNER_MAX`` that divides both."""
+    per = min(per_node, n)
+    if per <= INNER_MAX:
+        return per
+    return max(d for d in (1, 2, 4, 8) if d <= INNER_MAX and per % d == 0 and n % d == 0)
+
+
 def _mesh(n: int, per_node: int, inner: str, outer: str) -> tuple[Mesh, tuple[str, ...]]:
-    """Nodes x devices per node, uses (outer, inner); one node: the inner use alone."""
-    per_node = min(per_node, n)
-    if n <= per_node:
+    """Groups (``inner_group``: a node's devices, as a rule) x the devices of a group, uses (outer,
+    inner); one group: the inner use alone."""
+    group = inner_group(n, per_node)
+    if n <= group:
         return Mesh((n,), per_node), (inner,)
-    return Mesh((n // per_node, per_node), per_node), (outer, inner)
+    return Mesh((n // group, group), per_node), (outer, inner)
 
 
 def _training(g: Graph) -> bool:
@@ -161,7 +177,9 @@ def megatron_3d(g: Graph, n: int, per_node: int = 8, pp: int | None = None, m: i
                            f"(tensor parallelism would cross nodes)")
     mesh, use = _mesh(group, per_node if group > per_node else max(1, group), "t", "b")
     if group <= per_node and group > 1:
-        mesh, use = Mesh((group,), per_node), ("t",)
+        tp = inner_group(group, group)
+        mesh, use = (Mesh((group,), per_node), ("t",)) if tp == group else (Mesh((group // tp, tp), per_node),
+                                                                             ("b", "t"))
     staged = pipeline(layout(unshard(g), "all", mesh, use), pp, group)
     last: RewriteError | None = None
     for k in ([m] if m else [2 * pp, pp, 2]):
@@ -202,19 +220,20 @@ def _has_sequence(g: Graph) -> bool:
 
 def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> dict[str, Graph]:
     """The baselines that apply to ``g`` on ``n_devices`` (nodes of ``devices_per_node``, 8 where
-    it divides): single device, data parallel, ZeRO-3 (training steps), Megatron TP x DP,
+    it divides; the inner groups of a larger NVLink domain are 8 of its devices, ``inner_group``): single device, data parallel, ZeRO-3 (training steps), Megatron TP x DP,
     DP x CP (programs with attention), DP x EP (mixtures of experts), Megatron-LM 3D TP x PP x DP
     (training steps of layered models), ZeRO-3 and 3D with full activation recomputation (``…-recompute``, layered training
     steps), and the hand-written Megatron MLP (MLPs)."""
     per = devices_per_node or (8 if n_devices % 8 == 0 else n_devices)
-    nodes = max(1, n_devices // per)
+    inner = inner_group(n_devices, per)  # a node's devices, or 8 of a larger NVLink domain's
+    outer = max(1, n_devices // inner)
     train = _training(g)
     out = {"single-device": single_device(g)}
     out[f"data-parallel-{n_devices}"] = data_parallel_step(g, n_devices, per) if train else data_parallel(g, n_devices)
     recipes = [(f"zero3-{n_devices}", zero3, train),
-               (f"megatron-tp{min(per, n_devices)}-dp{nodes}", megatron, True),
-               (f"dp{nodes}-cp{min(per, n_devices)}", dp_cp, _has_sequence(g)),
-               (f"dp{nodes}-ep{min(per, n_devices)}", expert_parallel, has_experts(g)),
+               (f"megatron-tp{inner}-dp{outer}", megatron, True),
+               (f"dp{outer}-cp{inner}", dp_cp, _has_sequence(g)),
+               (f"dp{outer}-ep{inner}", expert_parallel, has_experts(g)),
                ("megatron-3d", megatron_3d, train and n_devices >= 4 and _has_layers(g))]
     for name, build, valid in recipes:
         if n_devices > 1 and valid:
@@ -234,5 +253,5 @@ def baselines(g: Graph, n_devices: int, devices_per_node: int | None = None) -> 
     return out
 
 
-__all__ = ["baselines", "data_parallel", "data_parallel_step", "dp_cp", "expert_parallel", "megatron", "megatron_3d",
+__all__ = ["INNER_MAX", "baselines", "data_parallel", "inner_group", "data_parallel_step", "dp_cp", "expert_parallel", "megatron", "megatron_3d",
            "megatron_mlp", "place", "recompute_layers", "single_device", "zero3"]

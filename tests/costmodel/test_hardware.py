@@ -12,7 +12,7 @@ from costmodel.presets import PRESETS, preset, preset_names
 
 def test_preset_names():
     assert set(preset_names()) == {"h100-sxm-8", "h200-sxm-8", "h100-sxm-64", "h100-sxm-512", "a100-sxm-8",
-                                   "a100-sxm-64", "b200-8", "b200-64", "cpu"}
+                                   "a100-sxm-64", "b200-8", "b200-64", "gb200-nvl72", "gb200-nvl72x2", "cpu"}
     assert preset("cpu") is PRESETS["cpu"]
 
 
@@ -66,6 +66,9 @@ def test_a100_and_b200_presets():
         np.testing.assert_array_equal(hw.link_bandwidth(np.array([0, 0]), np.array([7, 8])), [nvlink, ib])
     for one, many in (("a100-sxm-8", a100), ("b200-8", b200)):
         assert load_hardware(one).device == many.device and load_hardware(one).n_devices == 8
+    rack = load_hardware("gb200-nvl72x2")  # an NVLink domain of 72 is one "node"
+    assert (rack.n_nodes, rack.devices_per_node, rack.peak_flops("bfloat16")) == (2, 72, 2500e12)
+    np.testing.assert_array_equal(rack.link_bandwidth(np.array([0, 0]), np.array([71, 72])), [900e9, 50e9])
 
 
 def test_links_vectorized():

@@ -138,3 +138,26 @@ def test_a_campaigns_baselines_follow_its_fleets_nodes():
     base = workloads.build("mlp", batch=16, widths=[16, 32, 16])
     names = {r["rewrite"] for r in initial_records(cfg, hw, base, None)}
     assert "baseline:megatron-tp4-dp4" in names and "baseline:megatron-tp8-dp2" not in names
+
+
+def test_an_nvlink_rack_runs_eight_gpu_groups_side_by_side():
+    """A GB200 NVL72 rack is one node of 72 (one NVLink domain). Its experts keep tensor, context
+    and expert parallelism to groups of 8, as Megatron-LM's recipes do, with the other factor of 9
+    data parallel (TP72 would split 8 heads 72 ways); the 3D expert's two stages of 36 take TP 4."""
+    from ir.mesh import Mesh
+    from optimizer.search.baselines import inner_group
+
+    assert [inner_group(n, p) for n, p in ((64, 8), (4, 8), (6, 6), (72, 72), (144, 72), (36, 36))] == \
+        [8, 4, 6, 8, 8, 4]
+    step = workloads.build("llama", layers=2, d_model=32, heads=8, d_ff=48, vocab=40, seq=16, batch=18,
+                           mode="train", experts=8, top_k=2)
+    hw = preset("gb200-nvl72")
+    plans = baselines(step, hw.n_devices, hw.devices_per_node)
+    assert {"megatron-tp8-dp9", "dp9-cp8", "dp9-ep8", "zero3-72", "megatron-3d"} <= set(plans)
+    m = Mesh((9, 8), 72)
+    assert describe_op(plans["megatron-tp8-dp9"], "l0.q_proj", m).startswith("b/9 over g0 · k/8 over g1")
+    assert describe_op(plans["dp9-ep8"], "l1.ff_gate", m).startswith("e/8 over g1 · b/9 over g0")
+    sh = plans["megatron-3d"].ops["l1.q_proj"].shards  # the second stage: devices 36..71, 9 x TP 4
+    assert set(sh.device.tolist()) == set(range(36, 72)) and len(sh) == 72  # two microbatches a device
+    assert {int(b - a) for a, b in zip(sh.lo[:, 1], sh.hi[:, 1])} == {2}  # 8 heads' k: 4 ways (q_proj's kv dim)
+    assert verify(plans["megatron-tp8-dp9"], reference=step).ok
