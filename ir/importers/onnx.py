@@ -15,7 +15,8 @@ How a model becomes a graph:
    pooling in ``onnx_conv``, batch normalisation (inference and training mode) in
    ``onnx_batchnorm``, comparisons and boolean masks in ``onnx_masks``, Einsum in
    ``onnx_einsum``, group and instance normalisation in ``onnx_norm``, Pad, Tile, CumSum and
-   nearest Resize/Upsample in ``onnx_pad_tile``). Inputs and outputs keep their ONNX names;
+   nearest Resize/Upsample in ``onnx_pad_tile``, slice assignment (``ScatterND`` of a box) in
+   ``onnx_scatter``). Inputs and outputs keep their ONNX names;
    initializers read by an op become ``parameter`` tensors of the same name, their values
    returned beside the graph (``program.npz``). Folded constants read by an op become parameters
    named after the ONNX value that holds them.
@@ -52,7 +53,7 @@ from ir.graph import Graph
 from ir.importers.errors import ImportFailure
 # (imported to register their handlers in HANDLERS)
 from ir.importers import (onnx_argreduce, onnx_batchnorm, onnx_conv, onnx_einsum, onnx_masks,  # noqa: F401
-                          onnx_norm, onnx_pad_tile)  # noqa: F401
+                          onnx_norm, onnx_pad_tile, onnx_scatter)  # noqa: F401
 from ir.importers.onnx_ops import HANDLERS, Context, Unsupported
 from ir.importers.patterns import apply_patterns
 from ir.importers.program import Program
