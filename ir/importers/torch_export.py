@@ -15,9 +15,9 @@ over several dims it stays elementary ops (exact, unfused). On float16/bfloat16 
 refused (``_elementary_rms_norm`` says why). ``torch.diff``, which Hugging Face decoders call on
 their position ids, gets a symbolic of its own for the export (``ir.importers.torch_symbolics``).
 
-Hugging Face sparse mixture-of-experts blocks (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, OLMoE's) route
-tokens by a data-dependent top-k, which neither exports to ops the importer maps nor has
-an affine projection. For the export each is swapped, like the norms, for a twin with *balanced
+Hugging Face sparse mixture-of-experts blocks (Mixtral's, Qwen2-MoE's, Qwen3-MoE's, OLMoE's,
+DeepSeek-V2's and -V3's) route tokens by a data-dependent top-k, which neither exports to ops the
+importer maps nor has an affine projection. For the export each is swapped, like the norms, for a twin with *balanced
 routing* (``ir.importers.torch_moe``): token ``s``'s ``j``-th expert is ``(s·top_k + j) mod E``,
 as in ``workloads.llama(experts=...)``, with the block's gates and experts on the block's own
 weights (same ``state_dict`` names). A plan of the program prices an even load over the experts;
