@@ -13,13 +13,14 @@ try:  # typer >= 0.22 vendors click; older versions use the click package
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
-from optimizer.cli import archive_cmds, campaign_cmds, eval_cmd, gpu_cmds, graph_cmds, import_cmds
+from optimizer.cli import archive_cmds, campaign_cmds, eval_cmd, experts_cmd, gpu_cmds, graph_cmds, import_cmds
 from optimizer.cli.errors import print_error, user_error_types
 
 #: every ``tapestry`` command (in the order ``--help`` lists them); a new command is one row here
 COMMANDS: dict[str, Callable[..., None]] = {
     "verify": graph_cmds.verify_cmd,
     "eval": eval_cmd.eval_cmd,
+    "experts": experts_cmd.experts_cmd,
     "run": campaign_cmds.run_cmd,
     "resume": campaign_cmds.resume_cmd,
     "status": campaign_cmds.status_cmd,

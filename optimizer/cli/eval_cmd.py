@@ -176,8 +176,8 @@ def _devices(ds: list[int]) -> str:
 def eval_cmd(
     plan: Annotated[str, typer.Argument(help="plan file (JSON)")],
     hardware: Annotated[str, typer.Option("--hardware", "-H",
-                                          help="hardware preset (h100-sxm-8, h200-sxm-8, h100-sxm-64, h100-sxm-512, cpu) "
-                                               "or a hardware YAML file")],
+                                          help="hardware preset (h100-sxm-8, h100-sxm-64, a100-sxm-64, b200-64, "
+                                               "gb200-nvl72, ...: costmodel/presets.py) or a hardware YAML file")],
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of tables")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="where the time goes: compute-, memory- or "
                                           "communication-bound ops, the critical path, the collectives")] = False,

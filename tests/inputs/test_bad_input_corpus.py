@@ -453,6 +453,11 @@ BAD_COMMANDS: dict[str, list[str]] = {
     "verify values a folder": ["verify", "{plan}", "--values", "{tmp}"],
     "verify values not npz": ["verify", "{plan}", "--values", "{plan}"],
     "execute seed -1": ["execute", "{plan}", "--seed", "-1"],
+    "experts unknown fleet": ["experts", "{plan}", "--hardware", "h100-sxm-8,h100-sxm-9"],
+    "experts no fleet": ["experts", "{plan}", "--hardware", ","],
+    "experts layers some": ["experts", "{plan}", "--hardware", "h100-sxm-8", "--layers", "some"],
+    "experts out a file": ["experts", "{plan}", "--hardware", "h100-sxm-8", "--out", "{plan}"],
+    "experts missing program": ["experts", "{tmp}/none.json", "--hardware", "h100-sxm-8"],
 }
 
 
