@@ -228,3 +228,8 @@ def test_mixtral_campaign_config_builds():
     params = {**cfg.workload.params, "layers": 2, "seq": 64, "batch": 1, "dtype": "float32"}
     g = workloads.build(cfg.workload.name, **params)
     assert g.tensors["l1_W_gate"].shape == (8, 4096, 14336) and "l1_W_gate.m.next" in g.tensors
+    rack = load_config(Path(__file__).resolve().parents[2] / "configs" / "mixtral-train-gb200-nvl72.yaml")
+    assert rack.hardware == "gb200-nvl72"
+    params = {**rack.workload.params, "layers": 2, "seq": 64, "batch": 1, "dtype": "float32"}
+    g = workloads.build(rack.workload.name, **params)
+    assert g.tensors["l1.moe_dispatch.out"].shape == (8, 1, 20, 4096)  # 16 tokens an expert, 20 slots
