@@ -1,5 +1,5 @@
 """Built-in workloads: ``build(name, **params)`` for ``mlp``, ``transformer``, ``convnet``, and the
-model families ``gpt`` and ``llama`` (with named size presets).
+model families ``gpt``, ``llama`` and ``deepseek`` (with named size presets).
 
 Every workload takes ``mode`` (``forward``, or ``train``: one training step from
 ``ir.autodiff.training_step``) and, for training, ``optimizer`` (``sgd`` or ``adamw``). The loss
@@ -7,7 +7,7 @@ is ``mse`` against a ``target`` for mlp/transformer/convnet and token cross-entr
 ``labels`` for the language models.
 
 Operation names are deterministic (``fc1``, ``act1``, ``attn_qk``, ``conv1``, ``l3.attn_qk``, ...),
-so plans, configs and tests can refer to them; in gpt/llama every layer ``i`` prefixes its ops
+so plans, configs and tests can refer to them; in gpt/llama/deepseek every layer ``i`` prefixes its ops
 with ``l<i>.`` and its parameters with ``l<i>_``.
 """
 
@@ -174,7 +174,8 @@ def _swiglu(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int)
 
 
 def _moe(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int, experts: int, top_k: int,
-         batch: int, seq: int, capacity_factor: float = 1.0) -> str:
+         batch: int, seq: int, capacity_factor: float = 1.0, gates: str = "softmax", scale: float = 1.0,
+         shared_d_ff: int = 0) -> str:
     """A Mixtral-style mixture of SwiGLU experts (Jiang et al. 2024, "Mixtral of Experts", §2.1)
     with *balanced routing*: token ``s``'s ``j``-th choice (``j < top_k``) is expert
     ``(s·top_k + j) mod experts``, the assignment of a perfectly balanced router (every expert gets
@@ -196,7 +197,16 @@ def _moe(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int, ex
     ``c`` zero padding (``moe_capacity``, a ``pad`` before the dispatch, cropped after the
     combine): the experts' GEMMs and both all-to-alls carry the whole buffer, as a capacity-based
     implementation does, and as a dropless one pays for its busiest expert (capacity factor =
-    the busiest expert's load over the mean). 1 (the default) adds no op."""
+    the busiest expert's load over the mean). 1 (the default) adds no op.
+
+    DeepSeekMoE (DeepSeek-V3 report §2.1.2, eqs. 12-16; ``deepseek``) changes three things, each
+    off by default (the defaults build Mixtral's layer op for op): ``gates="sigmoid"``: the
+    sigmoid of each chosen expert's logit, renormalised over the token's chosen experts
+    (``moe_scores``, ``moe_score_sum``, ``moe_score_sums``, ``moe_gates``); ``scale``: the gates
+    times DeepSeek's ``routed_scaling_factor`` (the ``alpha`` of ``moe_mix``); ``shared_d_ff``: a
+    dense SwiGLU of that width on every token (``shared_ff_*``, weights ``shared_W_*``; DeepSeek's
+    ``n_shared_experts · moe_intermediate_size``), added ungated to the routed output
+    (``moe_shared_add``)."""
     c = seq * top_k // experts
     cap = math.ceil(capacity_factor * c - 1e-9)  # slots per expert and sequence (1e-9: 1.25·8 is 10)
     xk = b.expand(x, name=f"{pre}moe_copies", dim=2, size=top_k)
@@ -211,7 +221,15 @@ def _moe(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int, ex
         logits = b.pad(logits, name=f"{pre}moe_router_crop", axis=2, after=c - cap)
     logits = b.permute(logits, name=f"{pre}moe_router_t", perm=[1, 2, 0])
     logits = b.reshape(logits, name=f"{pre}moe_router_k", shape=[batch, seq, top_k], **{"from": [batch, c, experts]})
-    gates = b.softmax(logits, name=f"{pre}moe_gates")
+    if gates == "softmax":
+        gates = b.softmax(logits, name=f"{pre}moe_gates")
+    elif gates == "sigmoid":  # sigmoid scores renormalised over the chosen experts (eq. 13, 15)
+        scores = b.sigmoid(logits, name=f"{pre}moe_scores")
+        total = b.reduce_sum(scores, name=f"{pre}moe_score_sum", dim=2)
+        total = b.expand(total, name=f"{pre}moe_score_sums", dim=2, size=top_k)
+        gates = b.div(scores, total, name=f"{pre}moe_gates")
+    else:
+        raise WorkloadError(f"mixture-of-experts gates {gates!r} must be softmax or sigmoid")
     gate = b.einsum(xe, b.parameter(f"{pp}W_gate", (experts, d_model, d_ff)), name=f"{pre}ff_gate",
                     equation="ebcd,edf->ebcf")
     up = b.einsum(xe, b.parameter(f"{pp}W_up", (experts, d_model, d_ff)), name=f"{pre}ff_up",
@@ -224,7 +242,26 @@ def _moe(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int, ex
         y = b.pad(y, name=f"{pre}moe_crop", axis=1, after=c - cap)
     y = b.reshape(y, name=f"{pre}moe_unslot", shape=[batch, seq, top_k, d_model],
                   **{"from": [batch, c, experts, d_model]})
-    return b.einsum(gates, y, name=f"{pre}moe_mix", equation="bsk,bskd->bsd")
+    # the routed scaling rides on the combine (no op, no param when 1: Mixtral's graph is unchanged)
+    alpha = {"alpha": float(scale)} if scale != 1 else {}
+    mix = b.einsum(gates, y, name=f"{pre}moe_mix", equation="bsk,bskd->bsd", **alpha)
+    if shared_d_ff:
+        mix = b.add(mix, _swiglu(b, x, f"{pre}shared_", f"{pp}shared_", d_model, shared_d_ff),
+                    name=f"{pre}moe_shared_add")
+    return mix
+
+
+def _check_experts(experts: int, top_k: int, seq: int, capacity_factor: float) -> None:
+    """``WorkloadError`` unless ``_moe``'s balanced routing exists for these sizes."""
+    if not 1 <= top_k <= experts:
+        raise WorkloadError(f"top_k {top_k} must be between 1 and experts {experts} (each token's experts)")
+    if (seq * top_k) % experts:
+        raise WorkloadError(f"seq * top_k = {seq * top_k} must be a multiple of experts {experts} (balanced "
+                            f"routing gives every expert as many tokens); change seq or top_k")
+    if not (isinstance(capacity_factor, (int, float)) and 1 <= capacity_factor <= MAX_CAPACITY_FACTOR):
+        raise WorkloadError(f"capacity_factor {capacity_factor!r} must be a number from 1 to "
+                            f"{MAX_CAPACITY_FACTOR:g} (each expert's buffer over its balanced share of the "
+                            f"tokens; below 1 would drop tokens, which balanced routing never needs)")
 
 
 def llama(layers: int = 2, d_model: int = 32, heads: int = 4, kv_heads: int | None = None, d_ff: int | None = None,
@@ -241,15 +278,7 @@ def llama(layers: int = 2, d_model: int = 32, heads: int = 4, kv_heads: int | No
     if (d_model // heads) % 2:
         raise WorkloadError(f"llama needs an even head dimension for rotary embeddings, got {d_model // heads}")
     if experts is not None:
-        if not 1 <= top_k <= experts:
-            raise WorkloadError(f"top_k {top_k} must be between 1 and experts {experts} (each token's experts)")
-        if (seq * top_k) % experts:
-            raise WorkloadError(f"seq * top_k = {seq * top_k} must be a multiple of experts {experts} (balanced "
-                                f"routing gives every expert as many tokens); change seq or top_k")
-        if not (isinstance(capacity_factor, (int, float)) and 1 <= capacity_factor <= MAX_CAPACITY_FACTOR):
-            raise WorkloadError(f"capacity_factor {capacity_factor!r} must be a number from 1 to "
-                                f"{MAX_CAPACITY_FACTOR:g} (each expert's buffer over its balanced share of the "
-                                f"tokens; below 1 would drop tokens, which balanced routing never needs)")
+        _check_experts(experts, top_k, seq, capacity_factor)
     elif capacity_factor != 1.0:
         raise WorkloadError(f"capacity_factor {capacity_factor!r} needs experts (a mixture of experts per MLP); "
                             f"set experts or drop capacity_factor")
@@ -270,9 +299,130 @@ def llama(layers: int = 2, d_model: int = 32, heads: int = 4, kv_heads: int | No
     return b.build()
 
 
+def _mla(b: GraphBuilder, h: str, pre: str, pp: str, d_model: int, heads: int, q_lora_rank: int | None,
+         kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int, v_head_dim: int) -> str:
+    """DeepSeek's multi-head latent attention (DeepSeek-V3 report §2.1.1, eqs. 1-11), causal, as
+    einsums over ``[b, h, s, e]`` (no reshape op).
+
+    Queries: ``x[b, s, d]`` -> ``q_a_proj`` (``[d, q_lora_rank]``) -> ``q_a_norm`` (RMSNorm) ->
+    per-head nope and rope parts (``q_nope_proj``, ``q_rope_proj``: HF's ``q_b_proj`` with its output
+    columns split in the two parts), or a plain projection from ``x`` when ``q_lora_rank`` is None;
+    the rope part rotated. Keys and values: ``kv_a_proj`` (``[d, kv_lora_rank]``) -> ``kv_a_norm`` ->
+    per-head nope keys and values (``k_nope_proj``, ``v_proj``: HF's ``kv_b_proj`` split); the
+    decoupled rope key ``k_rope_proj`` (``[d, qk_rope_head_dim]``, HF's last columns of
+    ``kv_a_proj_with_mqa``) is one per token, rotated and broadcast to every head (``k_rope_heads``).
+    Query = ``[nope, rope]``, key = ``[nope, shared rope]`` (``q_cat``, ``k_cat``), scores scaled by
+    ``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``, causal softmax, values, ``o_proj``
+    (``[h, v_head_dim, d]``). Parameter counts equal HF's ``DeepseekV3Attention``'s (no biases)."""
+    qk = qk_nope_head_dim + qk_rope_head_dim
+    if q_lora_rank is None:
+        cq, r_q, eq = h, d_model, "bsd,dhe->bhse"
+    else:
+        cq = b.einsum(h, b.parameter(f"{pp}Wq_a", (d_model, q_lora_rank)), name=f"{pre}q_a_proj",
+                      equation="bsd,dr->bsr")
+        cq = b.rmsnorm(cq, b.parameter(f"{pp}q_a_norm", (q_lora_rank,)), name=f"{pre}q_a_norm")
+        r_q, eq = q_lora_rank, "bsr,rhe->bhse"
+    q_nope = b.einsum(cq, b.parameter(f"{pp}Wq_nope", (r_q, heads, qk_nope_head_dim)), name=f"{pre}q_nope_proj",
+                      equation=eq)
+    q_rope = b.einsum(cq, b.parameter(f"{pp}Wq_rope", (r_q, heads, qk_rope_head_dim)), name=f"{pre}q_rope_proj",
+                      equation=eq)
+    q = b.concat(q_nope, b.rope(q_rope, name=f"{pre}q_rope"), name=f"{pre}q_cat", axis=3)
+    ckv = b.einsum(h, b.parameter(f"{pp}Wkv_a", (d_model, kv_lora_rank)), name=f"{pre}kv_a_proj",
+                   equation="bsd,dr->bsr")
+    ckv = b.rmsnorm(ckv, b.parameter(f"{pp}kv_a_norm", (kv_lora_rank,)), name=f"{pre}kv_a_norm")
+    k_rope = b.einsum(h, b.parameter(f"{pp}Wk_rope", (d_model, qk_rope_head_dim)), name=f"{pre}k_rope_proj",
+                      equation="bsd,de->bse")
+    k_rope = b.rope(k_rope, name=f"{pre}k_rope")  # [b, s, e]: one key per token, shared by the heads
+    k_rope = b.expand(k_rope, name=f"{pre}k_rope_heads", dim=1, size=heads)
+    k_nope = b.einsum(ckv, b.parameter(f"{pp}Wk_nope", (kv_lora_rank, heads, qk_nope_head_dim)),
+                      name=f"{pre}k_nope_proj", equation="bsr,rhe->bhse")
+    k = b.concat(k_nope, k_rope, name=f"{pre}k_cat", axis=3)
+    v = b.einsum(ckv, b.parameter(f"{pp}Wv", (kv_lora_rank, heads, v_head_dim)), name=f"{pre}v_proj",
+                 equation="bsr,rhe->bhse")
+    s = b.einsum(q, k, name=f"{pre}attn_qk", equation="bhse,bhte->bhst", alpha=1.0 / math.sqrt(qk))
+    s = b.causal_mask(s, name=f"{pre}attn_mask")
+    p = b.softmax(s, name=f"{pre}attn_softmax")
+    ctx = b.einsum(p, v, name=f"{pre}attn_av", equation="bhst,bhte->bhse")
+    return b.einsum(ctx, b.parameter(f"{pp}Wo", (heads, v_head_dim, d_model)), name=f"{pre}o_proj",
+                    equation="bhse,hed->bsd")
+
+
+def deepseek(layers: int = 3, d_model: int = 32, heads: int = 4, q_lora_rank: int | None = 16, kv_lora_rank: int = 8,
+             qk_nope_head_dim: int = 8, qk_rope_head_dim: int = 4, v_head_dim: int = 8, d_ff: int = 64,
+             moe_d_ff: int = 16, experts: int = 4, top_k: int = 2, shared_experts: int = 1, first_k_dense: int = 1,
+             routed_scaling_factor: float = 2.5, capacity_factor: float = 1.0, vocab: int = 64, seq: int = 16,
+             batch: int = 2, dtype: str = "float32") -> Graph:
+    """DeepSeek-V3's decoder (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", §2.1; sizes in §4.2
+    and the released ``config.json``; HF ``DeepseekV3ForCausalLM`` as the reference for shapes and
+    arithmetic): token embedding, pre-RMSNorm layers of multi-head latent attention (``_mla``,
+    §2.1.1) and an MLP, final RMSNorm, untied head; no biases.
+
+    The first ``first_k_dense`` layers (HF ``first_k_dense_replace``) have a dense SwiGLU MLP of
+    width ``d_ff``; the others a DeepSeekMoE layer (§2.1.2, ``_moe``): ``experts`` fine-grained
+    routed SwiGLU experts of width ``moe_d_ff`` (HF ``n_routed_experts``,
+    ``moe_intermediate_size``), ``top_k`` per token (``num_experts_per_tok``), gated by the sigmoid
+    of the chosen experts' router logits renormalised over them (eq. 13, ``norm_topk_prob``) times
+    ``routed_scaling_factor``, plus ``shared_experts`` shared experts as one dense SwiGLU of width
+    ``shared_experts · moe_d_ff`` added ungated. Dense and MoE layers form two layer classes.
+
+    What is not modelled: routing is *balanced* as in ``_moe`` (token ``s``'s ``j``-th choice is
+    expert ``(s·top_k + j) mod experts``), so the learned top-k choice, its node-limited
+    (group-limited) routing and the auxiliary-loss-free bias (§2.1.2, which only enter the choice)
+    are replaced by an even load; ``seq·top_k`` must be a multiple of ``experts``. Multi-token
+    prediction (§2.2, a training-only extra module of 14B parameters in the release) is left out:
+    the loss is next-token cross-entropy of the main model. The router scores in the model's dtype
+    (DeepSeek's in float32; HF adds 1e-20 to the renormalising sum, which a sum of sigmoids never
+    needs). Rotary embeddings use the ``rope`` kernel's rotate-half pairing; HF's DeepSeek-V3
+    pairs interleaved dims (``rope_interleave``), the same rotation up to a fixed permutation of
+    the rope dims (of the weights that produce them), at the same cost. The softmax scale is
+    ``1/sqrt(qk_nope_head_dim + qk_rope_head_dim)``, pre-training's (the released config's YaRN
+    ``mscale`` is the 128K context extension's, §4.3). ``capacity_factor`` pads each expert's
+    buffer as in ``llama``.
+    """
+    for k, v in dict(layers=layers, d_model=d_model, heads=heads, kv_lora_rank=kv_lora_rank,
+                     qk_nope_head_dim=qk_nope_head_dim, qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim,
+                     d_ff=d_ff, moe_d_ff=moe_d_ff, experts=experts, top_k=top_k, vocab=vocab, seq=seq,
+                     batch=batch, **({} if q_lora_rank is None else {"q_lora_rank": q_lora_rank})).items():
+        if not isinstance(v, int) or v < 1:
+            raise WorkloadError(f"{k} must be a positive integer, got {v!r}")
+    for k, v in dict(first_k_dense=first_k_dense, shared_experts=shared_experts).items():
+        if not isinstance(v, int) or v < 0:
+            raise WorkloadError(f"{k} must be a whole number (0 or more), got {v!r}")
+    if first_k_dense > layers:
+        raise WorkloadError(f"first_k_dense {first_k_dense} must be at most layers {layers} (the first layers "
+                            f"with a dense MLP); lower first_k_dense or raise layers")
+    if qk_rope_head_dim % 2:
+        raise WorkloadError(f"qk_rope_head_dim {qk_rope_head_dim} must be even (rotary embeddings rotate pairs of "
+                            f"dims); set an even qk_rope_head_dim")
+    if not (isinstance(routed_scaling_factor, (int, float)) and routed_scaling_factor > 0):
+        raise WorkloadError(f"routed_scaling_factor {routed_scaling_factor!r} must be a positive number (the "
+                            f"routed experts' gates are multiplied by it; DeepSeek-V3's is 2.5)")
+    _check_experts(experts, top_k, seq, capacity_factor)
+    b = GraphBuilder(dtype)
+    h = b.embedding(b.parameter("tok_emb", (vocab, d_model)), b.input("ids", (batch, seq), "int32"), name="tok_emb")
+    for i in range(layers):
+        pre, pp = f"l{i}.", f"l{i}_"
+        x = b.rmsnorm(h, b.parameter(f"{pp}attn_norm", (d_model,)), name=f"{pre}attn_norm")
+        x = _mla(b, x, pre, pp, d_model, heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+                 v_head_dim)
+        h = b.add(h, x, name=f"{pre}resid1")
+        x = b.rmsnorm(h, b.parameter(f"{pp}ffn_norm", (d_model,)), name=f"{pre}ffn_norm")
+        if i < first_k_dense:
+            x = _swiglu(b, x, pre, pp, d_model, d_ff)
+        else:
+            x = _moe(b, x, pre, pp, d_model, moe_d_ff, experts, top_k, batch, seq, capacity_factor, gates="sigmoid",
+                     scale=routed_scaling_factor, shared_d_ff=shared_experts * moe_d_ff)
+        h = b.add(h, x, name=f"{pre}resid2")
+    h = b.rmsnorm(h, b.parameter("final_norm", (d_model,)), name="final_norm")
+    b.einsum(h, b.parameter("W_head", (d_model, vocab)), name="lm_head", equation="bsd,dv->bsv")
+    return b.build()
+
+
 WORKLOADS: dict[str, Callable[..., Graph]] = {"mlp": mlp, "transformer": transformer, "convnet": convnet,
-                                              "gpt": gpt, "llama": llama}
-LANGUAGE_MODELS = ("gpt", "llama")
+                                              "gpt": gpt, "llama": llama, "deepseek": deepseek}
+LANGUAGE_MODELS = ("gpt", "llama", "deepseek")
+# Counts that may be 0 (the type check takes other sizes from 1): (workload, parameter).
+ZERO_COUNTS = {("deepseek", "first_k_dense"), ("deepseek", "shared_experts")}
 MODES = ("forward", "train")
 # Parameters every workload takes besides its own (``preset`` only the language models).
 COMMON = {"mode": "forward", "optimizer": "adamw"}
@@ -287,7 +437,7 @@ def workload_params(name: str) -> dict[str, Any]:
 def build(name: str, **params: Any) -> Graph:
     """Build a built-in workload; unknown names or parameters raise ``WorkloadError``.
 
-    ``preset`` (gpt/llama) fills the model's sizes from ``ir.model_presets`` (explicit parameters
+    ``preset`` (gpt/llama/deepseek) fills the model's sizes from ``ir.model_presets`` (explicit parameters
     win, e.g. ``preset="llama2-7b", layers=2``); ``mode="train"`` returns one training step.
     """
     if name not in WORKLOADS:
@@ -333,7 +483,7 @@ def _check_types(name: str, params: dict[str, Any]) -> None:
             if not isinstance(value, bool):
                 raise WorkloadError(f"workload {name!r}: {key} must be true or false, got {value!r}")
             continue
-        if "int" in kinds and _is_size(value):
+        if "int" in kinds and (_is_size(value) or ((name, key) in ZERO_COUNTS and _is_count(value))):
             continue
         if "float" in kinds and isinstance(value, numbers.Real) and not isinstance(value, bool) \
                 and math.isfinite(value):
@@ -342,7 +492,8 @@ def _check_types(name: str, params: dict[str, Any]) -> None:
             continue
         if "str" in kinds and isinstance(value, str):
             continue
-        want = {"int": "a whole number from 1 to 2**40", "float": "a number", "Sequence[int]": "a non-empty list "
+        least = 0 if (name, key) in ZERO_COUNTS else 1
+        want = {"int": f"a whole number from {least} to 2**40", "float": "a number", "Sequence[int]": "a non-empty list "
                 "of whole numbers from 1 to 2**40", "str": "a name"}
         what = " or ".join(want[k] for k in ("int", "float", "Sequence[int]", "str") if k in kinds)
         raise WorkloadError(f"workload {name!r}: {key} must be {what}, got {value!r}; set it in the workload's "
@@ -351,3 +502,8 @@ def _check_types(name: str, params: dict[str, Any]) -> None:
 
 def _is_size(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool) and 1 <= v <= MAX_DIM
+
+
+def _is_count(v: Any) -> bool:
+    """A size, or 0 (``ZERO_COUNTS``)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and 0 <= v <= MAX_DIM
