@@ -203,7 +203,8 @@ def _moe(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int, ex
     off by default (the defaults build Mixtral's layer op for op): ``gates="sigmoid"``: the
     sigmoid of each chosen expert's logit, renormalised over the token's chosen experts
     (``moe_scores``, ``moe_score_sum``, ``moe_score_sums``, ``moe_gates``); ``scale``: the gates
-    times DeepSeek's ``routed_scaling_factor`` (the ``alpha`` of ``moe_mix``); ``shared_d_ff``: a
+    times DeepSeek's ``routed_scaling_factor`` (the ``alpha`` of ``moe_mix``; the released
+    configs' and HF's router's, not in the report's equations); ``shared_d_ff``: a
     dense SwiGLU of that width on every token (``shared_ff_*``, weights ``shared_W_*``; DeepSeek's
     ``n_shared_experts · moe_intermediate_size``), added ungated to the routed output
     (``moe_shared_add``)."""
@@ -223,7 +224,7 @@ def _moe(b: GraphBuilder, x: str, pre: str, pp: str, d_model: int, d_ff: int, ex
     logits = b.reshape(logits, name=f"{pre}moe_router_k", shape=[batch, seq, top_k], **{"from": [batch, c, experts]})
     if gates == "softmax":
         gates = b.softmax(logits, name=f"{pre}moe_gates")
-    elif gates == "sigmoid":  # sigmoid scores renormalised over the chosen experts (eq. 13, 15)
+    elif gates == "sigmoid":  # sigmoid scores renormalised over the chosen experts (eqs. 13-15)
         scores = b.sigmoid(logits, name=f"{pre}moe_scores")
         total = b.reduce_sum(scores, name=f"{pre}moe_score_sum", dim=2)
         total = b.expand(total, name=f"{pre}moe_score_sums", dim=2, size=top_k)
