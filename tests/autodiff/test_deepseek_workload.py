@@ -318,3 +318,15 @@ def test_preset_builds_a_few_layers_and_keeps_other_presets():
     assert PRESETS["llama2-7b"].sizes()["kv_heads"] == 32
     with pytest.raises(workloads.WorkloadError, match="deepseek presets are \\['deepseek-v3'\\]"):
         workloads.build("deepseek", preset="mixtral-8x7b")
+
+
+def test_deepseek_campaign_config_builds():
+    from pathlib import Path
+
+    from optimizer.campaign.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "deepseek-v3-train-h100x512.yaml")
+    assert cfg.workload.name == "deepseek" and cfg.workload.params["preset"] == "deepseek-v3"
+    params = {**cfg.workload.params, "layers": 4, "seq": 64, "batch": 1, "dtype": "float32"}
+    g = workloads.build(cfg.workload.name, **params)
+    assert g.tensors["l3_W_gate"].shape == (256, 7168, 2048) and "l3_W_gate.m.next" in g.tensors
