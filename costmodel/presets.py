@@ -92,8 +92,8 @@ from __future__ import annotations
 
 from costmodel.hardware import DeviceSpec, Hardware, HardwareError, LinkSpec
 
-__all__ = ["PRESETS", "preset", "preset_names", "A100_SXM", "B200", "GB200", "H100_SXM", "H200_SXM", "NVLINK3", "NVLINK4",
-           "NVLINK5", "IB_HDR_200", "IB_NDR_400", "CPU_DEVICE"]
+__all__ = ["PRESETS", "preset", "preset_names", "A100_SXM", "B200", "GB200", "H100_SXM", "H200_SXM", "NVLINK3",
+           "NVLINK4", "NVLINK5", "IB_HDR_200", "IB_NDR_400", "CPU_DEVICE"]
 
 # -- devices -----------------------------------------------------------------------------------
 

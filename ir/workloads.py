@@ -494,8 +494,8 @@ def _check_types(name: str, params: dict[str, Any]) -> None:
         if "str" in kinds and isinstance(value, str):
             continue
         least = 0 if (name, key) in ZERO_COUNTS else 1
-        want = {"int": f"a whole number from {least} to 2**40", "float": "a number", "Sequence[int]": "a non-empty list "
-                "of whole numbers from 1 to 2**40", "str": "a name"}
+        want = {"int": f"a whole number from {least} to 2**40", "float": "a number",
+                "Sequence[int]": "a non-empty list of whole numbers from 1 to 2**40", "str": "a name"}
         what = " or ".join(want[k] for k in ("int", "float", "Sequence[int]", "str") if k in kinds)
         raise WorkloadError(f"workload {name!r}: {key} must be {what}, got {value!r}; set it in the workload's "
                             f"params (--set {key}=... on the command line)")
