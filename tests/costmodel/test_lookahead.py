@@ -423,6 +423,7 @@ def test_ops_with_several_nodes_on_a_device_equal_a_count_per_op_and_device():
     assert seen >= 10
 
 
+@pytest.mark.slow  # 18 s of random walks, checked against the batch flow: CI's test-slow runs it
 def test_the_two_starts_check_answers_as_the_batch_flow_would(monkeypatch):
     """``_microbatch_parts`` says "not microbatched" without the batch flow where no op has two
     starts a device in any dim. ``_two_starts`` is ``_shard_starts``' test over every dim, and
