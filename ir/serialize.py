@@ -14,11 +14,21 @@ document). Neither is part of the plan's graph or digest. Tools that derive plan
 program, not with the plan's own unsharded form; ``load_document`` returns them, checked: an
 embedded program must be an unsharded program whose digest is ``program_digest``.
 
+**Shared shard tables.** A whole model repeats its layers, and a plan usually shards every layer
+alike: llama2-70b on 512 GPUs holds 4.8 million shards but a few tens of thousands of distinct
+ones. Where a table of two or more shards is used by two or more ops, the writer lists it once in
+``shard_tables`` and those ops name it by its index (``"shards": 3``), under the format
+``tapestry-graph/2``; a document with no such table is written as ``tapestry-graph/1``, as before.
+Both are read; the digest is the same either way (``Graph.canonical_json`` writes every table
+inline). The loaded ops share one ``Shards`` object per table, and validation checks a table once
+per index space it is used for.
+
 Reading is bounded, so a hostile or broken file costs milliseconds and gives one clear
 ``GraphFormatError`` (never a traceback, never a hang): at most ``MAX_PLAN_BYTES`` of UTF-8 text
 (UTF-16 and binary files are named as such), JSON nested at most ``MAX_JSON_DEPTH`` deep, no
 ``NaN``/``Infinity``, integers of at most ``MAX_INT_DIGITS`` digits and shapes, shard bounds and
-devices within ``±MAX_COORD``, at most ``MAX_ITEMS`` tensors, ops and shards.
+devices within ``±MAX_COORD``, at most ``MAX_ITEMS`` tensors, ops and written shards, and at most
+``MAX_SHARDS`` shards in all (a shared table counted for each op that uses it).
 """
 
 from __future__ import annotations
@@ -37,6 +47,9 @@ MAX_JSON_DEPTH = 64
 MAX_INT_DIGITS = 19
 MAX_COORD = 2**53
 MAX_ITEMS = 1_000_000
+MAX_SHARDS = 1 << 26  # ops x their shards, shared tables included: a bound on what validation walks
+FORMAT_SHARED = "tapestry-graph/2"  # FORMAT with shard tables that ops share (module doc)
+FORMATS = (FORMAT, FORMAT_SHARED)
 MAX_RANK = 32
 
 
@@ -89,20 +102,70 @@ class Provenance:
     program: Graph | None = None
 
 
+def shared_tables(g: Graph) -> dict[str, int]:
+    """The shard tables that the document shares, by canonical text: tables of two or more shards
+    used by two or more ops, numbered in the order of their first use (a one-shard table is
+    written inline: a reference would save a few bytes)."""
+    seen: dict[str, int] = {}
+    for o in g.ops.values():
+        sh = o.shards
+        if sh is not None and len(sh) > 1:
+            text = sh.canonical_text
+            seen[text] = seen.get(text, 0) + 1
+    index: dict[str, int] = {}
+    for text, uses in seen.items():  # dicts keep first-use order
+        if uses > 1:
+            index[text] = len(index)
+    return index
+
+
+def document(g: Graph) -> dict:
+    """The plan's JSON document as a dict: ``tapestry-graph/2`` with ``shard_tables`` where ops share
+    tables, else ``tapestry-graph/1`` (``Graph.to_json``)."""
+    index = shared_tables(g)
+    if not index:
+        return g.to_json()
+    tables: list[dict] = [{}] * len(index)
+    ops = []
+    for o in g.ops.values():
+        d = o.to_json()
+        i = index.get(o.shards.canonical_text) if o.shards is not None and len(o.shards) > 1 else None
+        if i is not None:
+            tables[i], d["shards"] = d["shards"], i
+        ops.append(d)
+    return {"format": FORMAT_SHARED, "tensors": [t.to_json() for t in g.tensors.values()], "ops": ops,
+            "shard_tables": tables}
+
+
+def _compact_text(g: Graph) -> str:
+    """``document(g)`` as compact JSON, joined from each op's cached canonical text, so a plan that
+    shares most ops with one written before (a search's child) costs its new ops only."""
+    index = shared_tables(g)
+    ops = []
+    for o in g.ops.values():
+        text = o.canonical_text
+        i = index.get(o.shards.canonical_text) if index and o.shards is not None and len(o.shards) > 1 else None
+        if i is not None:  # the canonical text ends with the table's text and the op's closing brace
+            text = f"{text[:len(text) - len(o.shards.canonical_text) - 1]}{i}}}"
+        ops.append(text)
+    compact = (",", ":")
+    parts = ['{"format":', json.dumps(FORMAT_SHARED if index else FORMAT), ',"tensors":[',
+             ",".join(json.dumps(t.to_json(), separators=compact) for t in g.tensors.values()),
+             '],"ops":[', ",".join(ops), "]"]
+    if index:
+        parts += [',"shard_tables":[', ",".join(index), "]"]
+    return "".join(parts + ["}"])
+
+
 def dumps(g: Graph, indent: int | None = 1, program: Graph | None = None, program_digest: str | None = None) -> str:
-    """The plan's JSON document; with ``program`` (embedded, and its digest) or ``program_digest``
-    the document records the program the plan was derived from."""
+    """The plan's JSON document (``document``); with ``program`` (embedded, and its digest) or
+    ``program_digest`` the document records the program the plan was derived from."""
     if indent is None and program is None and program_digest is None:
-        # compact: joined from each op's cached canonical text, so a plan that shares most ops with
-        # one written before (a search's child) costs its new ops only (a whole model: 1.6 s -> ms)
-        compact = (",", ":")
-        return "".join(('{"format":', json.dumps(FORMAT), ',"tensors":[',
-                        ",".join(json.dumps(t.to_json(), separators=compact) for t in g.tensors.values()),
-                        '],"ops":[', ",".join(o.canonical_text for o in g.ops.values()), "]}"))
-    doc = g.to_json()
+        return _compact_text(g)  # a whole model: 1.6 s -> ms
+    doc = document(g)
     if program is not None:
         doc["program_digest"] = program.digest
-        doc["program"] = program.to_json()
+        doc["program"] = document(program)
     elif program_digest is not None:
         doc["program_digest"] = program_digest
     return json.dumps(doc, indent=indent)
@@ -218,18 +281,44 @@ def from_json(data: Any, source: str = "graph", validate: bool = True, n_devices
         raise _bad("unreadable", "$", f"the plan cannot be read: {type(e).__name__}: {str(e)[:200]}", source) from None
 
 
+def _shards(sh: Any, p: str) -> Shards:
+    """One shard table from its JSON object (``p``: where it lies in the document)."""
+    _need(isinstance(sh, dict) and all(k in sh for k in ("lo", "hi", "device")), p,
+          "shards must be an object with lo, hi and device lists" + (
+              " (an index into shard_tables needs the format tapestry-graph/2)" if type(sh) is int else ""))
+    for key in ("lo", "hi", "device"):  # numpy would silently truncate 0.5 or true to an integer
+        _need(isinstance(sh[key], list) and _all_ints(sh[key]), f"{p}.{key}",
+              f"shard {key} must be a list of integers within ±2**53")
+    try:
+        shards = Shards(sh["lo"], sh["hi"], sh["device"])
+    except (ValueError, TypeError, OverflowError) as e:
+        raise GraphFormatError([Issue("bad-format", p, f"malformed shard table: {e}")]) from None
+    _need(shards.lo.shape == shards.hi.shape, p, "lo and hi differ in shape")
+    return shards
+
+
 def _from_json(data: Any, source: str, validate: bool, n_devices: int | None = None) -> Graph:
     _need(isinstance(data, dict), "$", "a graph document is a JSON object")
     _need("format" in data or not {"expressible", "not_expressible", "tensors"} <= set(data), "$",
           "this is the DTensor placements file written beside a generated program, not a plan; "
           "pass the plan itself (NN_<digest>.json, without .placements)")
-    _need(data.get("format") == FORMAT, "$.format",
-          f"format must be {FORMAT!r} (got {str(data.get('format'))[:40]!r}); re-export the plan with this version")
+    _need(data.get("format") in FORMATS, "$.format",
+          f"format must be {FORMAT!r} or {FORMAT_SHARED!r} (got {str(data.get('format'))[:40]!r}); re-export the "
+          "plan with this version")
     _need(isinstance(data.get("tensors"), list), "$.tensors", "tensors must be a list")
     _need(isinstance(data.get("ops"), list), "$.ops", "ops must be a list")
     _need(len(data["tensors"]) <= MAX_ITEMS and len(data["ops"]) <= MAX_ITEMS, "$",
           f"a plan holds at most {MAX_ITEMS} tensors and {MAX_ITEMS} ops")
-    n_shards = 0
+    tables: list[Shards] = []
+    n_shards = 0  # written: inline tables and shared ones, each once
+    if data["format"] == FORMAT_SHARED:
+        _need(isinstance(data.get("shard_tables"), list), "$.shard_tables",
+              f"a {FORMAT_SHARED} document lists the shard tables its ops share in shard_tables")
+        for j, sh in enumerate(data["shard_tables"]):
+            tables.append(_shards(sh, f"$.shard_tables[{j}]"))
+            n_shards += len(tables[-1])
+            _need(n_shards <= MAX_ITEMS, f"$.shard_tables[{j}]", f"a plan holds at most {MAX_ITEMS} shards in all")
+    in_all = 0  # each op's shards, a shared table counted for every op that uses it
     tensors: dict[str, Tensor] = {}
     for i, t in enumerate(data["tensors"]):
         p = f"$.tensors[{i}]"
@@ -258,18 +347,17 @@ def _from_json(data: Any, source: str, validate: bool, n_devices: int | None = N
         _need(isinstance(o.get("output"), str), p + ".output", "output must be a tensor name")
         _need(isinstance(o.get("params", {}), dict), p + ".params", "params must be an object")
         sh = o.get("shards")
-        _need(isinstance(sh, dict) and all(k in sh for k in ("lo", "hi", "device")), p + ".shards",
-              "shards must be an object with lo, hi and device lists")
-        for key in ("lo", "hi", "device"):  # numpy would silently truncate 0.5 or true to an integer
-            _need(isinstance(sh[key], list) and _all_ints(sh[key]), f"{p}.shards.{key}",
-                  f"shard {key} must be a list of integers within ±2**53")
-        n_shards += len(sh["device"])
-        _need(n_shards <= MAX_ITEMS, p + ".shards", f"a plan holds at most {MAX_ITEMS} shards in all")
-        try:
-            shards = Shards(sh["lo"], sh["hi"], sh["device"])
-            _need(shards.lo.shape == shards.hi.shape, p + ".shards", "lo and hi differ in shape")
-        except (ValueError, TypeError, OverflowError) as e:
-            raise GraphFormatError([Issue("bad-format", p + ".shards", f"malformed shard table: {e}")]) from None
+        if type(sh) is int and data["format"] == FORMAT_SHARED:
+            _need(0 <= sh < len(tables), p + ".shards", f"shard table {sh} does not exist: shard_tables holds "
+                  f"{len(tables)}" + (f" (0..{len(tables) - 1})" if tables else ""))
+            shards = tables[sh]
+        else:
+            shards = _shards(sh, p + ".shards")
+            n_shards += len(shards)
+            _need(n_shards <= MAX_ITEMS, p + ".shards", f"a plan holds at most {MAX_ITEMS} shards in all")
+        in_all += len(shards)
+        _need(in_all <= MAX_SHARDS, p + ".shards", f"a plan holds at most {MAX_SHARDS} shards in all, counting a "
+              "shared table for each op that uses it")
         ops[o["name"]] = Op(o["name"], o["kernel"], tuple(o["inputs"].items()), o["output"],
                             o.get("params", {}), shards)
     g = Graph(tensors, ops)

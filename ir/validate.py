@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ir.graph import DTYPES_OK, ROLES, SOURCE_ROLES, Graph
+from ir.graph import DTYPES_OK, ROLES, SOURCE_ROLES, Graph, Shards
 from ir.kernels import SignatureError, get_kernel
 from ir.zspace import ZRange, partition_problem
 
@@ -70,6 +70,7 @@ def validate(g: Graph, n_devices: int | None = None) -> list[Issue]:
             add("bad-role", p, f"role {t.role!r} is not one of {list(ROLES)}")
 
     bad_tensors = {i.path.split(".", 1)[1] for i in issues}  # their ops cannot be checked further
+    table_problems: dict[tuple, list[tuple[str, str, str]]] = {}
     producers: dict[str, list[str]] = {}
     for name, o in g.ops.items():
         p = f"ops.{name}"
@@ -117,23 +118,12 @@ def validate(g: Graph, n_devices: int | None = None) -> list[Issue]:
             add("shard-rank", p + ".shards", f"shards have rank {sh.ndim}, the index space {list(sig.dims)} "
                 f"has rank {len(sig.dims)}")
             continue
-        prob = partition_problem((sh.lo, sh.hi), whole)
-        if prob:
-            add(prob[0], p + ".shards", prob[1] + "; shards must partition the index space exactly")
-        empty = np.nonzero(np.any(sh.hi <= sh.lo, axis=1))[0] if sh.ndim else np.zeros(0, int)
-        if empty.size:
-            i = int(empty[0])
-            add("empty-shard", f"{p}.shards[{i}]", f"shard box {sh.lo[i].tolist()}..{sh.hi[i].tolist()} holds no "
-                f"index point ({empty.size} empty shard{'s' if empty.size > 1 else ''}); merge it away")
-        bad = np.nonzero(sh.device < 0)[0]
-        if bad.size:
-            add("bad-device", f"{p}.shards[{int(bad[0])}]", f"device {int(sh.device[bad[0]])} is negative")
-        limit = MAX_DEVICES if n_devices is None else min(n_devices, MAX_DEVICES)
-        far = np.nonzero(sh.device >= limit)[0]
-        if far.size:
-            what = (f"the hardware has {n_devices} devices (0..{n_devices - 1})" if n_devices is not None
-                    else f"device numbers are below {MAX_DEVICES}")
-            add("bad-device", f"{p}.shards[{int(far[0])}]", f"device {int(sh.device[far[0]])} does not exist: {what}")
+        key = (id(sh), whole.start, whole.end)  # ops of repeated layers share a table (ir.serialize)
+        found = table_problems.get(key)
+        if found is None:
+            found = table_problems[key] = _table_problems(sh, whole, n_devices)
+        for code, where, msg in found:
+            add(code, p + ".shards" + where, msg)
         if o.kernel == "fused":
             _check_fused(g, name, o, add)
 
@@ -151,6 +141,30 @@ def validate(g: Graph, n_devices: int | None = None) -> list[Issue]:
     except ValueError as e:
         add("cycle", "ops", str(e))
     return issues
+
+
+def _table_problems(sh: Shards, whole: ZRange, n_devices: int | None) -> list[tuple[str, str, str]]:
+    """``(code, where under the op's shards, message)`` of each problem of the shard table ``sh``
+    over the index space ``whole``."""
+    found = []
+    prob = partition_problem((sh.lo, sh.hi), whole)
+    if prob:
+        found.append((prob[0], "", prob[1] + "; shards must partition the index space exactly"))
+    empty = np.nonzero(np.any(sh.hi <= sh.lo, axis=1))[0] if sh.ndim else np.zeros(0, int)
+    if empty.size:
+        i = int(empty[0])
+        found.append(("empty-shard", f"[{i}]", f"shard box {sh.lo[i].tolist()}..{sh.hi[i].tolist()} holds no "
+                      f"index point ({empty.size} empty shard{'s' if empty.size > 1 else ''}); merge it away"))
+    bad = np.nonzero(sh.device < 0)[0]
+    if bad.size:
+        found.append(("bad-device", f"[{int(bad[0])}]", f"device {int(sh.device[bad[0]])} is negative"))
+    limit = MAX_DEVICES if n_devices is None else min(n_devices, MAX_DEVICES)
+    far = np.nonzero(sh.device >= limit)[0]
+    if far.size:
+        what = (f"the hardware has {n_devices} devices (0..{n_devices - 1})" if n_devices is not None
+                else f"device numbers are below {MAX_DEVICES}")
+        found.append(("bad-device", f"[{int(far[0])}]", f"device {int(sh.device[far[0]])} does not exist: {what}"))
+    return found
 
 
 def _declared_ports(o) -> set[str] | None:  # noqa: ANN001

@@ -139,9 +139,10 @@ def evaluator_for(hw_dict: dict, layers: str = "whole") -> Any:
 
 class _PlanCache:
     """Plans this process already parsed and validated, by the SHA-256 of their text: the
-    ``max_plans`` latest, up to ``max_shards`` shards in all. The farm sends the same parents (front members) again and again:
-    parsing and validating a whole-model plan takes seconds (llama2-7b on 64 GPUs: 8 s), hashing
-    its text milliseconds; and the very same Graph object lets the lowering reuse its pieces."""
+    ``max_plans`` latest, up to ``max_shards`` shards in all. The farm sends the same parents (front
+    members) again and again: parsing and validating a whole-model plan takes up to seconds
+    (llama2-7b ZeRO-3 on 64 GPUs: 0.3 s; llama2-70b on 512: 0.9 s), hashing its text milliseconds;
+    and the very same Graph object lets the lowering reuse its pieces."""
 
     def __init__(self, max_shards: int = 2_000_000, max_plans: int = 64) -> None:
         self.max_shards, self.max_plans = max_shards, max_plans

@@ -321,6 +321,13 @@ PLAN_MUTATIONS: dict[str, Callable[[dict], dict]] = {
         stages=_op(d, fused=True)["params"]["stages"][:1])),
     "fused stages not a list": _plan_mut(lambda d: _op(d, fused=True)["params"].update(stages="all")),
     "fused stage a number": _plan_mut(lambda d: _op(d, fused=True)["params"]["stages"].append(3)),
+    "shared table missing": _plan_mut(lambda d: (d.update(format="tapestry-graph/2"), d["ops"][0].update(shards=0))),
+    "shared table index past the end": _plan_mut(lambda d: (
+        d.update(format="tapestry-graph/2", shard_tables=[d["ops"][0]["shards"]]), d["ops"][0].update(shards=1))),
+    "shared table that another op does not fit": _plan_mut(lambda d: (
+        d.update(format="tapestry-graph/2", shard_tables=[d["ops"][0]["shards"]]), d["ops"][0].update(shards=0),
+        d["ops"][-1].update(shards=0))),
+    "shared table index in a tapestry-graph/1 plan": _plan_mut(lambda d: d["ops"][0].update(shards=0)),
     "program digest short": _plan_mut(lambda d: d.update(program_digest="abc")),
     "program edited": _plan_mut(lambda d: d["program"]["ops"][0].update(name="renamed")),
     "program sharded": _plan_mut(lambda d: d.update(program=copy.deepcopy({k: d[k] for k in ("format", "tensors",
