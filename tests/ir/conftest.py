@@ -11,11 +11,13 @@ import json
 from types import SimpleNamespace
 from typing import Any, Callable
 
+import numpy as np
 import pytest
 
 from executor import verify
 from ir import workloads
 from ir.graph import Graph
+from ir.rewrites import RewriteError, random_rewrite
 from ir.serialize import from_json
 from ir.validate import Issue, validate
 
@@ -67,11 +69,22 @@ def assert_shared_except(h: Graph, g: Graph, changed: set[str]) -> None:
         assert h.ops[name].shards.lo is o.shards.lo and h.ops[name].shards.device is o.shards.device
 
 
+def random_walk(g: Graph, rng: np.random.Generator, steps: int, n_devices: int) -> Graph:
+    """``g`` after up to ``steps`` random legal rewrites (fewer where no legal move is found in the
+    bounded draws)."""
+    for _ in range(steps):
+        try:
+            g, _ = random_rewrite(g, rng, n_devices)
+        except RewriteError:
+            break
+    return g
+
+
 @pytest.fixture(scope="session")
 def kit() -> SimpleNamespace:
     return SimpleNamespace(SMALL=SMALL, small=small, edited=edited, op_json=op_json, tensor_json=tensor_json,
                            issues_with=issues_with, assert_rewrite_ok=assert_rewrite_ok,
-                           assert_shared_except=assert_shared_except)
+                           assert_shared_except=assert_shared_except, random_walk=random_walk)
 
 
 @pytest.fixture
