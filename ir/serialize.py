@@ -15,11 +15,11 @@ program, not with the plan's own unsharded form; ``load_document`` returns them,
 embedded program must be an unsharded program whose digest is ``program_digest``.
 
 **Shared shard tables.** A whole model repeats its layers, and a plan usually shards every layer
-alike: llama2-70b on 512 GPUs holds 4.8 million shards but a few tens of thousands of distinct
-ones. Where a table of two or more shards is used by two or more ops, the writer lists it once in
-``shard_tables`` and those ops name it by its index (``"shards": 3``), under the format
+alike. Where a table of two or more shards is used by two or more ops, the writer lists it once
+in ``shard_tables`` and those ops name it by its index (``"shards": 3``), under the format
 ``tapestry-graph/2``; a document with no such table is written as ``tapestry-graph/1``, as before.
-Both are read; the digest is the same either way (``Graph.canonical_json`` writes every table
+A llama2-70b ZeRO-3 step on 512 GPUs (4.6 million shards) takes 2.9 MB so, 129 MB inline. Both
+formats are read; the digest is the same either way (``Graph.canonical_json`` writes every table
 inline). The loaded ops share one ``Shards`` object per table, and validation checks a table once
 per index space it is used for.
 
