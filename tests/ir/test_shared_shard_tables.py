@@ -154,3 +154,14 @@ def test_randomly_rewritten_plans_of_repeated_layers_read_back_the_same(kit, pla
     for text in (dumps(g, indent=None), dumps(g)):
         h = loads(text)
         assert h.digest == g.digest and all(h.ops[n].shards == o.shards for n, o in g.ops.items())
+
+
+def test_an_indented_document_has_a_line_per_tensor_op_and_table(plan):
+    text = dumps(plan)
+    doc = json.loads(text)
+    assert doc == json.loads(dumps(plan, indent=None))
+    lines = text.splitlines()
+    assert len(lines) == len(doc["tensors"]) + len(doc["ops"]) + len(doc["shard_tables"]) + 9
+    assert json.loads(lines[len(doc["tensors"]) + 5].rstrip(",")) == doc["ops"][0]
+    with_program = json.loads(dumps(plan, program=unshard(plan), indent=4))
+    assert with_program["program"] == document(unshard(plan)) and with_program["ops"] == doc["ops"]
