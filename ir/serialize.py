@@ -119,6 +119,11 @@ def shared_tables(g: Graph) -> dict[str, int]:
     return index
 
 
+def _table_of(o: Op, index: dict[str, int]) -> int | None:
+    """The index of ``o``'s shard table among the shared ones (``shared_tables``), if it is one."""
+    return index.get(o.shards.canonical_text) if index and o.shards is not None and len(o.shards) > 1 else None
+
+
 def document(g: Graph) -> dict:
     """The plan's JSON document as a dict: ``tapestry-graph/2`` with ``shard_tables`` where ops share
     tables, else ``tapestry-graph/1`` (``Graph.to_json``)."""
@@ -128,7 +133,7 @@ def document(g: Graph) -> dict:
     tables: list[dict] = [{}] * len(index)
     ops = []
     for o in g.ops.values():
-        i = index.get(o.shards.canonical_text) if o.shards is not None and len(o.shards) > 1 else None
+        i = _table_of(o, index)
         if i is None:
             ops.append(o.to_json())
             continue
@@ -147,7 +152,7 @@ def _compact_text(g: Graph) -> str:
     ops = []
     for o in g.ops.values():
         text = o.canonical_text
-        i = index.get(o.shards.canonical_text) if index and o.shards is not None and len(o.shards) > 1 else None
+        i = _table_of(o, index)
         if i is not None:  # the canonical text ends with the table's text and the op's closing brace
             text = f"{text[:len(text) - len(o.shards.canonical_text) - 1]}{i}}}"
         ops.append(text)
